@@ -1,0 +1,27 @@
+"""The one exception for bad user input, raised before anything compiles or loads data."""
+
+
+class ConfigError(ValueError):
+  """A config field has a value that is not allowed.
+
+  The message names the field, the value and what is allowed, in one line, e.g.
+  `algorithm.local_steps=0 is not allowed: must be an integer >= 1`.
+  """
+
+  def __init__(self, field: str, value, allowed: str):
+    self.field, self.value, self.allowed = field, value, allowed
+    super().__init__(f'{field}={value!r} is not allowed: {allowed}')
+
+
+def require(condition: bool, field: str, value, allowed: str) -> None:
+  """Raises ConfigError(field, value, allowed) unless `condition`."""
+  if not condition:
+    raise ConfigError(field, value, allowed)
+
+
+def require_int(value, field: str, minimum: int, maximum: int | None = None) -> None:
+  """`value` must be an int in [minimum, maximum]."""
+  ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+  ok = ok and (maximum is None or value <= maximum)
+  bound = f'>= {minimum}' if maximum is None else f'in {minimum}..{maximum}'
+  require(ok, field, value, f'must be an integer {bound}')

@@ -1,0 +1,26 @@
+"""Name -> algorithm: how the harness builds an optax transformation and its time rule from a config.
+
+Adding an algorithm: one module in `algorithms/` defining `SPEC = spec.AlgorithmSpec(...)`, one entry in
+`_SPECS` below, one config variant, its tests. The common registry test picks it up automatically.
+"""
+
+from __future__ import annotations
+
+from algorithms import errors
+from algorithms import local_sgd
+from algorithms import spec
+from algorithms import sync
+
+_SPECS = (sync.SPEC, local_sgd.SPEC)
+REGISTRY: dict[str, spec.AlgorithmSpec] = {s.name: s for s in _SPECS}
+
+
+def names() -> tuple[str, ...]:
+  return tuple(sorted(REGISTRY))
+
+
+def get(name: str) -> spec.AlgorithmSpec:
+  """The spec of `name`; a ConfigError listing the known names otherwise."""
+  if name not in REGISTRY:
+    raise errors.ConfigError('algorithm.name', name, f'known algorithms: {", ".join(names())}')
+  return REGISTRY[name]

@@ -1,0 +1,44 @@
+"""What an algorithm module declares so the harness can build it: its `SPEC`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from algorithms import collectives
+
+
+def _no_checks(config: ml_collections.ConfigDict) -> None:
+  del config
+
+
+def mean_of_workers(params: Any, opt_state: Any) -> Any:
+  """Consensus model = the average of the workers' parameters (leading axis = workers)."""
+  del opt_state
+  return jax.tree.map(lambda x: jnp.mean(x, axis=0), params)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  """Everything the harness needs to know about one algorithm.
+
+  Attributes:
+    name: registry name, `config.algorithm.name`.
+    defaults: the `config.algorithm.*` fields it reads, with their defaults.
+    build: (config, inner optimizer, axis_name) -> the per-worker optax transformation.
+    time_rule: config -> the cluster time rule that produces its schedules.
+    validate: config -> None; raises errors.ConfigError for a bad value. Runs before anything compiles.
+    consensus: (stacked params, stacked opt state) -> the model to evaluate (leading axis = workers).
+  """
+  name: str
+  defaults: Mapping[str, Any]
+  build: Callable[[ml_collections.ConfigDict, optax.GradientTransformation, collectives.AxisName],
+                  optax.GradientTransformationExtraArgs]
+  time_rule: Callable[[ml_collections.ConfigDict], Any]
+  validate: Callable[[ml_collections.ConfigDict], None] = _no_checks
+  consensus: Callable[[Any, Any], Any] = mean_of_workers

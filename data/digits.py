@@ -1,0 +1,39 @@
+"""The embedded default data set: scikit-learn's 8x8 handwritten digits (ships with the package, no download).
+
+1,797 images of 64 pixels, 10 classes. Fixed stratified split (20% test, split seed 0, independent of the run
+seed), pixels scaled to [0, 1] then standardised with the training split's per-pixel mean and std.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn import datasets as sk_datasets
+from sklearn import model_selection
+
+from data import base
+from data import in_memory
+
+SPLIT_SEED = 0
+
+
+def load_arrays(test_fraction: float = 0.2):
+  """(train, test) dicts with `image` float32 (n, 64) and `label` int32 (n,)."""
+  digits = sk_datasets.load_digits()
+  x = digits.data.astype(np.float32) / 16.0
+  y = digits.target.astype(np.int32)
+  x_train, x_test, y_train, y_test = model_selection.train_test_split(
+      x, y, test_size=test_fraction, random_state=SPLIT_SEED, stratify=y)
+  mean, std = x_train.mean(axis=0), x_train.std(axis=0) + 1e-6
+  x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
+  return ({'image': x_train.astype(np.float32), 'label': y_train},
+          {'image': x_test.astype(np.float32), 'label': y_test})
+
+
+def make_dataset(config) -> base.Dataset:
+  train, test = load_arrays(config.dataset.test_fraction)
+  streams = in_memory.InMemoryStreams(
+      train, workers=config.workers, microbatch_size=config.batch_size // config.microbatches,
+      seed=config.seed)
+  return base.Dataset(
+      train=streams, eval_batches=lambda batch_size: base.padded_batches(test, batch_size),
+      example={k: v[0] for k, v in train.items()}, num_classes=10, train_size=len(train['label']))

@@ -1,0 +1,18 @@
+"""`config.dataset.name` -> the function that builds its `base.Dataset`."""
+
+from __future__ import annotations
+
+from algorithms import errors
+from data import digits
+from data import synthetic
+
+BUILDERS = {
+    'digits': digits.make_dataset,
+    'synthetic': synthetic.make_dataset,
+}
+
+
+def make_dataset(config):
+  if config.dataset.name not in BUILDERS:
+    raise errors.ConfigError('dataset.name', config.dataset.name, f'known: {", ".join(sorted(BUILDERS))}')
+  return BUILDERS[config.dataset.name](config)

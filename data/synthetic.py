@@ -1,0 +1,43 @@
+"""Synthetic problems with known structure, for exactness tests and quick experiments.
+
+`least_squares`: y = x . w* + noise, x ~ N(0, I_d). `logistic`: label = 1[x . w* + noise > 0].
+Generated from `dataset.problem_seed` (not the run seed), so runs with different seeds see the same problem.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from data import base
+from data import in_memory
+
+PROBLEMS = ('least_squares', 'logistic')
+
+
+def make_arrays(problem: str, num_examples: int, dim: int, noise: float, seed: int):
+  """(train, test) dicts: `image` float32 (n, dim) and `label` (float32 target or int32 class)."""
+  rng = np.random.default_rng([seed, 7])
+  w_star = rng.normal(size=dim) / np.sqrt(dim)
+  x = rng.normal(size=(num_examples, dim)).astype(np.float32)
+  z = x @ w_star + noise * rng.normal(size=num_examples)
+  if problem == 'least_squares':
+    y = z.astype(np.float32)
+  elif problem == 'logistic':
+    y = (z > 0).astype(np.int32)
+  else:
+    raise ValueError(f'dataset.problem={problem!r}; allowed: {", ".join(PROBLEMS)}')
+  cut = int(0.8 * num_examples)
+  return {'image': x[:cut], 'label': y[:cut]}, {'image': x[cut:], 'label': y[cut:]}
+
+
+def make_dataset(config) -> base.Dataset:
+  d = config.dataset
+  train, test = make_arrays(d.problem, d.num_examples, d.dim, d.noise, d.problem_seed)
+  streams = in_memory.InMemoryStreams(
+      train, workers=config.workers, microbatch_size=config.batch_size // config.microbatches,
+      seed=config.seed)
+  return base.Dataset(
+      train=streams, eval_batches=lambda batch_size: base.padded_batches(test, batch_size),
+      example={k: v[0] for k, v in train.items()},
+      num_classes=1 if d.problem == 'least_squares' else 2, train_size=len(train['label']),
+      task='regression' if d.problem == 'least_squares' else 'classification')

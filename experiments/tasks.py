@@ -1,0 +1,71 @@
+"""Losses and evaluation metrics per task, shared by every model and algorithm.
+
+A task turns (model, variables, batch) into a scalar training loss and into evaluation sums. `model_state`
+holds the non-parameter collections (e.g. `batch_stats`), per worker; it is updated only in training mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from algorithms import errors
+
+
+def _apply(model, params, model_state, inputs, train: bool, rng):
+  variables = {'params': params, **model_state}
+  rngs = {'dropout': rng} if rng is not None else None
+  if train and model_state:
+    out, new_state = model.apply(variables, inputs, train=True, mutable=list(model_state), rngs=rngs)
+    return out, dict(new_state)
+  return model.apply(variables, inputs, train=train, rngs=rngs), model_state
+
+
+def _classification_loss(model, params, model_state, batch, rng):
+  logits, new_state = _apply(model, params, model_state, batch['image'], True, rng)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch['label'])
+  return loss.mean(), new_state
+
+
+def _classification_eval(model, params, model_state, batch):
+  logits, _ = _apply(model, params, model_state, batch['image'], False, None)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch['label'])
+  correct = (jnp.argmax(logits, -1) == batch['label']).astype(jnp.float32)
+  mask = batch['mask']
+  return {'loss_sum': (loss * mask).sum(), 'correct': (correct * mask).sum(), 'count': mask.sum()}
+
+
+def _regression_loss(model, params, model_state, batch, rng):
+  pred, new_state = _apply(model, params, model_state, batch['image'], True, rng)
+  return 0.5 * jnp.mean((pred[..., 0] - batch['label']) ** 2), new_state
+
+
+def _regression_eval(model, params, model_state, batch):
+  pred, _ = _apply(model, params, model_state, batch['image'], False, None)
+  mask = batch['mask']
+  loss = 0.5 * (pred[..., 0] - batch['label']) ** 2
+  return {'loss_sum': (loss * mask).sum(), 'correct': jnp.zeros(()), 'count': mask.sum()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """loss(model, params, model_state, batch, rng) -> (scalar loss, new model_state);
+  eval_sums(model, params, model_state, batch) -> {'loss_sum', 'correct', 'count'} over the batch's mask."""
+  loss: Callable[..., tuple[jax.Array, Any]]
+  eval_sums: Callable[..., dict[str, jax.Array]]
+
+
+TASKS = {
+    'classification': Task(_classification_loss, _classification_eval),
+    'regression': Task(_regression_loss, _regression_eval),
+}
+
+
+def get(name: str) -> Task:
+  if name not in TASKS:
+    raise errors.ConfigError('task', name, f'known: {", ".join(sorted(TASKS))}')
+  return TASKS[name]

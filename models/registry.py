@@ -1,0 +1,33 @@
+"""`config.model.name` -> a Flax module. Every module takes `(inputs, train: bool)`."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from algorithms import errors
+from models import mlp
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float64': jnp.float64}
+
+
+def _dtype(config, field):
+  name = config.get(field, 'float32')
+  errors.require(name in DTYPES, f'model.{field}', name, f'one of {", ".join(DTYPES)}')
+  return DTYPES[name]
+
+
+def _mlp(config, num_outputs):
+  return mlp.MLP(hidden_sizes=tuple(config.hidden_sizes), num_outputs=num_outputs,
+                 dtype=_dtype(config, 'dtype'), param_dtype=_dtype(config, 'param_dtype'))
+
+
+BUILDERS = {
+    'mlp': _mlp,
+}
+
+
+def make_model(config, num_outputs: int):
+  """The module named by `config.name` (`config` = the `model` section), with `num_outputs` outputs."""
+  if config.name not in BUILDERS:
+    raise errors.ConfigError('model.name', config.name, f'known: {", ".join(sorted(BUILDERS))}')
+  return BUILDERS[config.name](config, num_outputs)
