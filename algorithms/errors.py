@@ -8,9 +8,15 @@ class ConfigError(ValueError):
   `algorithm.local_steps=0 is not allowed: must be an integer >= 1`.
   """
 
-  def __init__(self, field: str, value, allowed: str):
+  _MESSAGE_ONLY = object()
+
+  def __init__(self, field: str, value=_MESSAGE_ONLY, allowed: str = ''):
+    # With one argument (as when a library re-raises the exception with its message) it is the message.
     self.field, self.value, self.allowed = field, value, allowed
-    super().__init__(f'{field}={value!r} is not allowed: {allowed}')
+    if value is ConfigError._MESSAGE_ONLY:
+      super().__init__(field)
+    else:
+      super().__init__(f'{field}={value!r} is not allowed: {allowed}')
 
 
 def require(condition: bool, field: str, value, allowed: str) -> None:

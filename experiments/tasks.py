@@ -51,12 +51,22 @@ def _regression_eval(model, params, model_state, batch):
   return {'loss_sum': (loss * mask).sum(), 'correct': jnp.zeros(()), 'count': mask.sum()}
 
 
+def _image(batch):
+  return batch['image']
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """loss(model, params, model_state, batch, rng) -> (scalar loss, new model_state);
-  eval_sums(model, params, model_state, batch) -> {'loss_sum', 'correct', 'count'} over the batch's mask."""
+  """How a model is trained and evaluated on a kind of data.
+
+  Attributes:
+    loss: (model, params, model_state, batch, rng) -> (scalar loss, new model_state).
+    eval_sums: (model, params, model_state, batch) -> {'loss_sum', 'correct', 'count'} over the batch's mask.
+    model_inputs: batch -> what `model.init` takes as inputs (a batch of one example at init).
+  """
   loss: Callable[..., tuple[jax.Array, Any]]
   eval_sums: Callable[..., dict[str, jax.Array]]
+  model_inputs: Callable[[Any], Any] = _image
 
 
 TASKS = {

@@ -1,0 +1,98 @@
+"""Runs one experiment: `python -m experiments.main --config=experiments/configs/digits.py:sync --workdir=W`.
+
+Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
+resumes from its latest checkpoint. User errors (bad config, missing data, a workdir holding another run)
+print one line and exit with status 2; a diverged run exits with status 3.
+"""
+
+from __future__ import annotations
+
+import json
+import logging as std_logging
+import os
+import re
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. experiments/configs/digits.py:sync',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the summary.')
+_MOCK_DATA = flags.DEFINE_bool('mock_data', False, 'Run under tfds.testing.mock_data (dry run, no dataset files).')
+_MOCK_EXAMPLES = flags.DEFINE_integer('mock_examples', 64, 'Examples per split under --mock_data.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def force_host_devices(count: int) -> None:
+  """Makes the CPU platform expose `count` devices; must run before JAX initialises its backends."""
+  flag = f'--xla_force_host_platform_device_count={count}'
+  existing = [f for f in os.environ.get('XLA_FLAGS', '').split() if 'xla_force_host_platform_device_count' not in f]
+  os.environ['XLA_FLAGS'] = ' '.join(existing + [flag])
+
+
+def _run(config, workdir):
+  from experiments import train  # imported after XLA_FLAGS is set
+  if not _MOCK_DATA.value:
+    return train.train_and_evaluate(config, workdir)
+  import tensorflow_datasets as tfds
+  with tfds.testing.mock_data(num_examples=_MOCK_EXAMPLES.value):
+    return train.train_and_evaluate(config, workdir)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  force_host_devices(config.devices)
+  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
+  handler = std_logging.StreamHandler(sys.stderr)
+  handler.setFormatter(std_logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))
+  progress = std_logging.getLogger('waitless')
+  progress.addHandler(handler)
+  progress.setLevel(std_logging.INFO)
+  progress.propagate = False
+  from algorithms import errors
+  from experiments import train
+  try:
+    summary = _run(config, _WORKDIR.value)
+  except (errors.ConfigError, train.WorkdirConflict, FileNotFoundError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  except train.TrainingDiverged as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(3)
+  except KeyboardInterrupt:
+    print(f'interrupted: rerun the same command to resume from the last checkpoint in {_WORKDIR.value}',
+          file=sys.stderr)
+    sys.exit(130)
+  progress.info('summary: %s', json.dumps(summary))
+
+
+def _one_line(message: str) -> str:
+  """The last line of a (possibly traceback-laden) message, without its exception class prefix."""
+  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+  match = re.match(r'^[\w.]*(?:Error|Exception): (.*)$', lines[-1]) if lines else None
+  return match.group(1) if match else (lines[-1] if lines else message)
+
+
+def parse_flags(argv):
+  """absl's parser; a bad --config (unknown algorithm, unknown key, missing file) is one line, exit 2."""
+  try:
+    argv = flags.FLAGS(argv)
+    _CONFIG.value.get('workers')  # config_flags defers load errors to the first access
+  except Exception as e:  # pylint: disable=broad-except
+    print(f'error: {_one_line(str(e))}', file=sys.stderr)
+    sys.exit(2)
+  return argv
+
+
+def run():
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # TensorFlow only feeds data here; silences its notice
+  app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == '__main__':
+  run()

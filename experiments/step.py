@@ -1,0 +1,99 @@
+"""The jitted training step: a block of iterations of one algorithm on every worker.
+
+Per worker and iteration: the gradient of the worker's loss is accumulated over the micro-batches the
+schedule says it finished (`microbatches_done`; the others are masked out), divided by that count, and handed
+to the algorithm's transformation, which communicates over the worker axes and returns this worker's
+updates. A block of n iterations is one `lax.scan` inside one `shard_map`, jitted once with the state donated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import optax
+from jax.sharding import PartitionSpec
+
+from algorithms import collectives
+from experiments import workers as workers_lib
+
+
+class TrainState(NamedTuple):
+  params: Any        # per-worker parameters, leading dimension P
+  opt_state: Any     # per-worker algorithm state (incl. the inner optimizer's), leading dimension P
+  model_state: Any   # per-worker non-parameter collections (batch_stats), leading dimension P; {} if none
+
+
+def tree_l2(tree) -> jax.Array:
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    return jnp.zeros((), jnp.float32)
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
+
+
+def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs, axis_name, microbatches: int,
+                          seed: int):
+  """One iteration of one worker: (state, batch (m, b/m, ...), schedule, step) -> (state, measurements)."""
+  grad_fn = jax.value_and_grad(functools.partial(task.loss, model), has_aux=True)
+
+  def iteration(state: TrainState, batch, schedule, step):
+    worker = collectives.worker_index(axis_name)
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), worker)
+    done = schedule['microbatches_done']
+
+    def micro(carry, xs):
+      grad_sum, loss_sum, model_state = carry
+      mb, k = xs
+      (loss, new_model_state), grads = grad_fn(state.params, model_state, mb, jax.random.fold_in(rng, k))
+      used = k < done
+      grad_sum = jax.tree.map(lambda s, g: s + jnp.where(used, g, jnp.zeros_like(g)), grad_sum, grads)
+      model_state = jax.tree.map(lambda new, old: jnp.where(used, new, old), new_model_state, model_state)
+      loss_sum = loss_sum + jnp.where(used, loss, 0.0).astype(loss_sum.dtype)
+      return (grad_sum, loss_sum, model_state), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    carry = (zeros, jnp.zeros((), jnp.float32), state.model_state)
+    if microbatches == 1:
+      carry, _ = micro(carry, (jax.tree.map(lambda x: x[0], batch), jnp.zeros((), jnp.int32)))
+    else:
+      carry, _ = lax.scan(micro, carry, (batch, jnp.arange(microbatches)))
+    grad_sum, loss_sum, model_state = carry
+    count = jnp.maximum(done, 1)
+    grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule=schedule)
+    params = optax.apply_updates(state.params, updates)
+    measurements = {'loss': loss_sum / count, 'l2_grads': tree_l2(grads), 'l2_params': tree_l2(params)}
+    return TrainState(params, opt_state, model_state), measurements
+
+  return iteration
+
+
+def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int):
+  """The jitted `(state, batches, schedules, steps) -> (state, measurements)` for a block of n iterations.
+
+  Args (of the returned function):
+    state: TrainState, every leaf (P, ...) sharded over the workers (donated).
+    batches: dict of (n, P, m, b/m, ...) arrays, worker dimension sharded.
+    schedules: dict of (n, P, ...) arrays, worker dimension sharded.
+    steps: int32 (n,), the global step of each iteration (replicated).
+
+  Returns:
+    The new state and measurements (name -> (n, P)): `loss`, `l2_grads`, `l2_params`.
+  """
+  iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed)
+
+  def device_block(state, batches, schedules, steps):
+    def body(state, xs):
+      batch, schedule, step = xs
+      lifted = layout.per_worker(lambda s, b, sc: iteration(s, b, sc, step))
+      return lifted(state, batch, schedule)
+    return lax.scan(body, state, (batches, schedules, steps))
+
+  worker = PartitionSpec(workers_lib.DEVICE_AXIS)
+  per_iteration = PartitionSpec(None, workers_lib.DEVICE_AXIS)
+  mapped = layout.shard_map(device_block, in_specs=(worker, per_iteration, per_iteration, PartitionSpec()),
+                            out_specs=(worker, per_iteration))
+  return jax.jit(mapped, donate_argnums=(0,))

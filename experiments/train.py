@@ -1,0 +1,279 @@
+"""The training loop: one algorithm, P workers, a simulated cluster clock, checkpoints that resume exactly.
+
+Each block of iterations: the clock samples the schedules (who finished what, how long it took), the data
+streams serve every worker the micro-batches at its own positions, one jitted call runs the block, and the
+host logs, evaluates the consensus model and checkpoints at fixed step boundaries. Block lengths depend only on
+absolute step numbers, so a resumed run executes the same programs on the same inputs as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from algorithms import optimizers
+from algorithms import registry
+from cluster import factory as cluster_factory
+from data import registry as data_registry
+from experiments import checkpointing
+from experiments import metrics_io
+from experiments import step as step_lib
+from experiments import tasks
+from experiments import validation
+from experiments import workers as workers_lib
+from models import registry as model_registry
+
+# Fields that may differ when a run is resumed: they do not change the trajectory.
+RESUMABLE_CHANGES = frozenset({'progress_every_s', 'devices', 'eval_batch_size'})
+
+
+log = logging.getLogger('waitless')
+
+
+class TrainingDiverged(RuntimeError):
+  """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class WorkdirConflict(ValueError):
+  """The workdir holds a run with another config."""
+
+
+def to_host(tree):
+  """Fetches (possibly multi-host sharded) arrays as numpy on every process."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _next_boundary(step: int, config) -> int:
+  candidates = [config.num_steps]
+  for every in (config.log_every, config.eval_every, config.checkpoint_every):
+    candidates.append((step // every + 1) * every)
+  return min(candidates)
+
+
+def block_length(step: int, config) -> int:
+  """Iterations in the block starting at `step`: never crosses a log, eval or checkpoint boundary."""
+  return min(config.steps_per_call, _next_boundary(step, config) - step)
+
+
+def param_count_and_bytes(params) -> tuple[int, int]:
+  leaves = jax.tree.leaves(params)
+  return sum(x.size for x in leaves), sum(x.size * x.dtype.itemsize for x in leaves)
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything built from a config before training starts (no compilation yet)."""
+  config: ml_collections.ConfigDict
+  spec: Any
+  layout: workers_lib.WorkerLayout
+  dataset: Any
+  task: tasks.Task
+  model: Any
+  tx: Any
+
+
+def build(config: ml_collections.ConfigDict) -> Run:
+  """Validates the config and builds the pieces of a run."""
+  validation.validate(config)
+  spec = registry.get(config.algorithm.name)
+  layout = workers_lib.WorkerLayout.create(config.workers, config.devices)
+  dataset = data_registry.make_dataset(config)
+  model = model_registry.make_model(config.model, dataset.num_classes)
+  inner = optimizers.make_optimizer(config.optimizer, config.num_steps)
+  tx = spec.build(config, inner, layout.axis_name)
+  return Run(config=config, spec=spec, layout=layout, dataset=dataset, task=tasks.get(dataset.task),
+             model=model, tx=tx)
+
+
+def init_state(run: Run) -> step_lib.TrainState:
+  """Identical initial parameters on every worker (from the seed), each worker's algorithm state."""
+  example = jax.tree.map(lambda x: np.asarray(x)[None], run.dataset.example)
+  inputs = run.task.model_inputs(example)
+
+  def init():
+    variables = run.model.init(jax.random.key(run.config.seed), inputs, train=False)
+    params = variables['params']
+    model_state = {k: v for k, v in variables.items() if k != 'params'}
+    stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (run.config.workers,) + x.shape), tree)
+    params, model_state = stack(params), stack(model_state)
+    return step_lib.TrainState(params=params, opt_state=jax.vmap(run.tx.init)(params), model_state=model_state)
+
+  return jax.jit(init, out_shardings=run.layout.sharding())()
+
+
+def _global_array(layout, local: np.ndarray, leading: int):
+  """A global array sharded on the worker dimension (axis `leading`) from this process's workers' rows."""
+  sharding = layout.sharding(*([None] * leading))
+  shape = local.shape[:leading] + (layout.workers,) + local.shape[leading + 1:]
+  return jax.make_array_from_process_local_data(sharding, local, shape)
+
+
+def make_evaluator(run: Run):
+  """Returns evaluate(state) -> (eval_loss, eval_accuracy, param_norm) of the algorithm's consensus model."""
+  consensus = jax.jit(lambda state: (
+      run.spec.consensus(state.params, state.opt_state),
+      jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype), state.model_state)),
+      out_shardings=run.layout.replicated())
+  sums = jax.jit(lambda params, model_state, batch: run.task.eval_sums(run.model, params, model_state, batch))
+
+  def evaluate(state):
+    params, model_state = consensus(state)
+    total = {'loss_sum': 0.0, 'correct': 0.0, 'count': 0.0}
+    for batch in run.dataset.eval_batches(run.config.eval_batch_size):
+      batch = jax.device_put(batch, run.layout.replicated())
+      for k, v in to_host(sums(params, model_state, batch)).items():
+        total[k] += float(v)
+    count = max(total['count'], 1.0)
+    return total['loss_sum'] / count, total['correct'] / count, float(step_lib.tree_l2(to_host(params)))
+
+  return evaluate
+
+
+def _check_workdir(workdir: str, config) -> None:
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  current = json.loads(config.to_json_best_effort())
+  differ = sorted(k for k in set(saved) | set(current)
+                  if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k))
+  if differ:
+    raise WorkdirConflict(f'workdir {workdir} holds a run with a different config (fields: {", ".join(differ)}); '
+                          'use a new --workdir or the same config to resume')
+
+
+class _Window:
+  """Sums of per-iteration measurements since the last metrics row."""
+
+  FIELDS = ('train_loss', 'l2_grads', 'l2_params', 'idle_fraction', 'staleness')
+
+  def __init__(self, saved: dict[str, float] | None = None):
+    self.sums = dict(saved or {})
+
+  def add(self, **values: np.ndarray) -> None:
+    for k, v in values.items():
+      self.sums[k] = self.sums.get(k, 0.0) + float(np.sum(v))
+    self.sums['iterations'] = self.sums.get('iterations', 0.0) + len(next(iter(values.values())))
+
+  def row(self) -> dict[str, float]:
+    n = max(self.sums.get('iterations', 0.0), 1.0)
+    out = {k: self.sums.get(k, 0.0) / n for k in self.FIELDS}
+    out['bytes_communicated'] = self.sums.get('bytes_communicated', 0.0)
+    self.sums = {}
+    return out
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
+
+  Writes metrics.jsonl, summary.json, config.json, TensorBoard events and orbax checkpoints in `workdir`.
+  """
+  run = build(config)
+  lead = jax.process_index() == 0
+  if lead:
+    os.makedirs(workdir, exist_ok=True)
+    _check_workdir(workdir, config)
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort(indent=2))
+
+  state = init_state(run)
+  num_params, model_bytes = param_count_and_bytes(state.params)
+  num_params, model_bytes = num_params // config.workers, model_bytes // config.workers
+  clock = cluster_factory.make_clock(config, run.spec.time_rule(config), model_bytes)
+  checkpointer = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
+  positions = np.zeros(config.workers, np.int64)
+  step, wall_offset, time_to_target, window = 0, 0.0, None, _Window()
+  last_train_loss = float('nan')
+  last_eval: dict[str, float] = {}
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    state, meta = checkpointer.restore(latest, state)
+    step, wall_offset = int(meta['step']), float(meta['wall_time'])
+    positions = np.asarray(meta['positions'], np.int64)
+    clock.load_state_dict(meta['clock'])
+    time_to_target, window, last_eval = meta['time_to_target'], _Window(meta['window']), meta['last_eval']
+    last_train_loss = float(meta['train_loss'])
+    log.info('Resumed from the checkpoint at step %d in %s', step, workdir)
+  writer = metrics_io.MetricsWriter(workdir, keep_through_step=latest, enabled=lead)
+  log.info('%s: %d workers on %d %s device(s), %d parameters per worker, %d steps',
+               config.algorithm.name, config.workers, run.layout.devices, jax.devices()[0].platform,
+               num_params, config.num_steps)
+
+  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, config.microbatches,
+                                        config.seed)
+  evaluate = make_evaluator(run)
+  local_ids = run.layout.local_worker_ids()
+  start_wall, start_step, last_progress = time.time(), step, time.time()
+  try:
+    while step < config.num_steps:
+      n = block_length(step, config)
+      block = clock.next_block(n)
+      done = block.schedule['microbatches_done'].astype(np.int64)
+      starts = positions[None] + np.cumsum(done, axis=0) - done
+      positions = positions + done.sum(axis=0)
+      batches = run.dataset.train.read(local_ids, starts[:, local_ids], config.microbatches)
+      batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
+      schedules = {k: _global_array(run.layout, v[:, local_ids], 1) for k, v in block.schedule.items()}
+      steps = jnp.arange(step, step + n, dtype=jnp.int32)
+      state, measured = block_step(state, batches, schedules, steps)
+      measured = to_host(measured)
+      contributed = done > 0
+      losses = np.where(contributed, measured['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
+      if not np.all(np.isfinite(losses)):
+        bad = step + int(np.argmin(np.isfinite(losses)))
+        raise TrainingDiverged(f'training loss is {losses[bad - step]} at step {bad + 1}; stopped, the last good '
+                               f'checkpoint (step {checkpointer.latest_step()}) is kept in {workdir}')
+      window.add(train_loss=losses, l2_grads=measured['l2_grads'].mean(1), l2_params=measured['l2_params'].mean(1),
+                 idle_fraction=block.idle_fraction, staleness=block.mean_staleness,
+                 bytes_communicated=block.bytes_communicated)
+      step += n
+      last_train_loss = float(losses[-1])
+      wall = wall_offset + time.time() - start_wall
+
+      is_eval = step % config.eval_every == 0 or step == config.num_steps
+      if is_eval or step % config.log_every == 0:
+        row = {'step': step, 'sim_time': float(block.sim_time[-1]), 'wall_time': wall, **window.row()}
+        if is_eval:
+          eval_loss, eval_accuracy, param_norm = evaluate(state)
+          last_eval = {'eval_loss': eval_loss, 'eval_accuracy': eval_accuracy, 'param_norm': param_norm}
+          row.update(eval_loss=eval_loss, eval_accuracy=eval_accuracy)
+          if time_to_target is None and eval_accuracy >= config.target_accuracy:
+            time_to_target = row['sim_time']
+        writer.write(row)
+      if step % config.checkpoint_every == 0 or step == config.num_steps:
+        checkpointer.save(step, state, {
+            'step': step, 'wall_time': wall, 'positions': positions.tolist(), 'clock': clock.state_dict(),
+            'time_to_target': time_to_target, 'window': window.sums, 'last_eval': last_eval,
+            'train_loss': last_train_loss})
+      if time.time() - last_progress >= config.progress_every_s or step == config.num_steps:
+        last_progress = time.time()
+        rate = (step - start_step) / max(time.time() - start_wall, 1e-9)
+        log.info('step %d/%d  loss %.4f  sim %.2fs  %.1f steps/s  ETA %.0fs', step, config.num_steps,
+                     last_train_loss, clock.sim_time, rate, (config.num_steps - step) / max(rate, 1e-9))
+  finally:
+    checkpointer.close()
+    writer.close()
+
+  summary = {
+      'steps': step, 'sim_time': clock.sim_time, 'wall_time': wall_offset + time.time() - start_wall,
+      'final_train_loss': last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
+      'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
+      'time_to_target': time_to_target, 'num_params': num_params,
+  }
+  if lead:
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump(summary, f, indent=2)
+  return summary

@@ -1,0 +1,75 @@
+"""The worker mesh: P workers on D devices, P/D workers vmapped per device inside `jax.shard_map`.
+
+Worker w lives on device w // L at local slot w % L (L = P / D). Every per-worker array has a leading
+dimension P sharded over the mesh axis `DEVICE_AXIS`. Algorithms receive `axis_name`:
+`DEVICE_AXIS` when L = 1, `(DEVICE_AXIS, LOCAL_AXIS)` when workers share a device.
+
+JAX's varying-axes check (`check_vma`) does not model `vmap` axes: a collective over the vmapped axis inside
+`shard_map` fails that check (an assertion in `pvary`), so the check is on only when L = 1, which covers every
+multi-device pod layout; the vmapped layout is covered by tests against the L = 1 layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DEVICE_AXIS = 'workers'
+LOCAL_AXIS = 'local_workers'
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLayout:
+  """P workers over the first D devices."""
+  workers: int
+  mesh: Mesh
+
+  @classmethod
+  def create(cls, workers: int, devices: int) -> 'WorkerLayout':
+    available = jax.devices()
+    if devices > len(available):
+      raise ValueError(f'devices={devices} but only {len(available)} {available[0].platform} device(s) are '
+                       'visible; lower `devices` (workers are vmapped onto fewer devices)')
+    return cls(workers=workers, mesh=Mesh(np.array(available[:devices]), (DEVICE_AXIS,)))
+
+  @property
+  def devices(self) -> int:
+    return self.mesh.size
+
+  @property
+  def local(self) -> int:
+    return self.workers // self.devices
+
+  @property
+  def axis_name(self):
+    return DEVICE_AXIS if self.local == 1 else (DEVICE_AXIS, LOCAL_AXIS)
+
+  def sharding(self, *leading: None) -> NamedSharding:
+    """Sharding of an array whose worker dimension comes after `len(leading)` unsharded ones."""
+    return NamedSharding(self.mesh, PartitionSpec(*leading, DEVICE_AXIS))
+
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, PartitionSpec())
+
+  def local_worker_ids(self) -> np.ndarray:
+    """Global ids of the workers whose devices belong to this process (all of them on one host)."""
+    mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
+    return np.concatenate([np.arange(i * self.local, (i + 1) * self.local) for i in mine])
+
+  def per_worker(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Lifts fn(per-worker args) to the device's block of L workers (leading dimension L)."""
+    if self.local > 1:
+      return jax.vmap(fn, axis_name=LOCAL_AXIS)
+
+    def squeezed(*args):
+      out = fn(*jax.tree.map(lambda x: x[0], args))
+      return jax.tree.map(lambda x: x[None], out)
+    return squeezed
+
+  def shard_map(self, fn: Callable[..., Any], in_specs, out_specs) -> Callable[..., Any]:
+    return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=self.local == 1)
