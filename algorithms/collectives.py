@@ -41,12 +41,30 @@ def worker_index(axis_name: AxisName) -> jax.Array:
   return index
 
 
+def _varying_axes(x) -> frozenset:
+  mat = getattr(jax.typeof(x), 'mat', None)
+  return frozenset(getattr(mat, 'varying', ()) or ())
+
+
+def _per_worker(reduced: Any, original: Any, axes: tuple[Hashable, ...]) -> Any:
+  """Marks a reduced value as per-worker again, as the input was.
+
+  Under `shard_map(check_vma=True)` a psum's result is typed invariant over the reduced axes, while the
+  per-worker value it replaces is varying; every worker holds its own copy, so the copy is per-worker data
+  (and `lax.cond` branches that average or not must agree on the type). Without the check this is a no-op.
+  """
+  def fix(out, x):
+    lost = tuple(a for a in axes if a in _varying_axes(x) and a not in _varying_axes(out))
+    return lax.pcast(out, lost, to='varying') if lost else out
+  return jax.tree.map(fix, reduced, original)
+
+
 def worker_sum(tree: Any, axis_name: AxisName) -> Any:
   """Sum over all workers of each leaf (identity for one worker)."""
   axes = _axes(axis_name)
   if not axes:
     return tree
-  return lax.psum(tree, axes)
+  return _per_worker(lax.psum(tree, axes), tree, axes)
 
 
 def worker_mean(tree: Any, axis_name: AxisName) -> Any:
@@ -54,4 +72,4 @@ def worker_mean(tree: Any, axis_name: AxisName) -> Any:
   axes = _axes(axis_name)
   if not axes:
     return tree
-  return lax.pmean(tree, axes)
+  return _per_worker(lax.pmean(tree, axes), tree, axes)

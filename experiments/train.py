@@ -120,6 +120,24 @@ def _global_array(layout, local: np.ndarray, leading: int):
   return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
+def advance(run: Run, block_step, state, clock, positions: np.ndarray, step: int, n: int):
+  """Runs iterations step .. step+n-1: samples their schedules, reads each worker's micro-batches, steps.
+
+  Returns:
+    (new state, measurements on the host (name -> (n, P)), the clock's Block, new data positions).
+  """
+  block = clock.next_block(n)
+  done = block.schedule['microbatches_done'].astype(np.int64)
+  starts = positions[None] + np.cumsum(done, axis=0) - done
+  local_ids = run.layout.local_worker_ids()
+  batches = run.dataset.train.read(local_ids, starts[:, local_ids], run.config.microbatches)
+  batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
+  schedules = {k: _global_array(run.layout, v[:, local_ids], 1) for k, v in block.schedule.items()}
+  steps = jnp.arange(step, step + n, dtype=jnp.int32)
+  state, measured = block_step(state, batches, schedules, steps)
+  return state, to_host(measured), block, positions + done.sum(axis=0)
+
+
 def make_evaluator(run: Run):
   """Returns evaluate(state) -> (eval_loss, eval_accuracy, param_norm) of the algorithm's consensus model."""
   consensus = jax.jit(lambda state: (
@@ -215,21 +233,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, config.microbatches,
                                         config.seed)
   evaluate = make_evaluator(run)
-  local_ids = run.layout.local_worker_ids()
   start_wall, start_step, last_progress = time.time(), step, time.time()
   try:
     while step < config.num_steps:
       n = block_length(step, config)
-      block = clock.next_block(n)
-      done = block.schedule['microbatches_done'].astype(np.int64)
-      starts = positions[None] + np.cumsum(done, axis=0) - done
-      positions = positions + done.sum(axis=0)
-      batches = run.dataset.train.read(local_ids, starts[:, local_ids], config.microbatches)
-      batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
-      schedules = {k: _global_array(run.layout, v[:, local_ids], 1) for k, v in block.schedule.items()}
-      steps = jnp.arange(step, step + n, dtype=jnp.int32)
-      state, measured = block_step(state, batches, schedules, steps)
-      measured = to_host(measured)
+      state, measured, block, positions = advance(run, block_step, state, clock, positions, step, n)
+      done = block.schedule['microbatches_done']
       contributed = done > 0
       losses = np.where(contributed, measured['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
       if not np.all(np.isfinite(losses)):

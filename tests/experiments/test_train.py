@@ -1,0 +1,145 @@
+"""End-to-end runs of `train_and_evaluate` and of the command line: accuracy, outputs, resume, errors."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from algorithms import errors
+from experiments import metrics_io
+from experiments import train
+from experiments import validation
+from experiments.configs import digits
+from tests import harness
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _strip_wall(rows):
+  return [{k: v for k, v in r.items() if k != 'wall_time'} for r in rows]
+
+
+def _summary_without_wall(workdir):
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    return {k: v for k, v in json.load(f).items() if k != 'wall_time'}
+
+
+def _main(args, **kwargs):
+  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT, capture_output=True,
+                        text=True, **kwargs)
+
+
+class TrainTest(parameterized.TestCase):
+
+  def test_digits_sync_default_reaches_90_percent_and_writes_its_outputs(self):
+    workdir = self.create_tempdir().full_path
+    summary = train.train_and_evaluate(digits.get_config('sync'), workdir)
+    self.assertGreaterEqual(summary['final_eval_accuracy'], 0.90)
+    self.assertEqual(summary['steps'], 300)
+    for name in ('metrics.jsonl', 'summary.json', 'config.json', 'checkpoints', 'tensorboard'):
+      self.assertTrue(os.path.exists(os.path.join(workdir, name)), name)
+    saved = _summary_without_wall(workdir)
+    for key in ('steps', 'sim_time', 'final_train_loss', 'final_eval_loss', 'final_eval_accuracy', 'param_norm',
+                'time_to_target'):
+      self.assertIn(key, saved)
+    self.assertIsInstance(saved['param_norm'], float)
+    rows = metrics_io.read_rows(workdir)
+    self.assertEqual([r['step'] for r in rows], list(range(10, 301, 10)))
+    for row in rows:
+      self.assertTrue({'step', 'sim_time', 'wall_time', 'train_loss'} <= set(row))
+    evals = [r for r in rows if 'eval_accuracy' in r]
+    self.assertEqual([r['step'] for r in evals], [50, 100, 150, 200, 250, 300])
+    first_hit = next(r['sim_time'] for r in evals if r['eval_accuracy'] >= 0.9)
+    self.assertEqual(saved['time_to_target'], first_hit)
+    # Constant 10 ms per micro-batch, ideal network: sync takes exactly 10 ms per iteration.
+    self.assertAlmostEqual(saved['sim_time'], 300 * 0.01, places=9)
+
+  def test_resume_from_an_earlier_checkpoint_replays_the_same_run(self):
+    config = harness.synthetic_config('local_sgd,local_steps=3', num_steps=40, checkpoint_every=10, log_every=5,
+                                      eval_every=20, steps_per_call=4)
+    full = self.create_tempdir().full_path
+    train.train_and_evaluate(config, full)
+    crashed = self.create_tempdir().full_path
+    train.train_and_evaluate(config, crashed)
+    # As if the process died just after step 20's checkpoint: later checkpoints never happened.
+    for name in os.listdir(os.path.join(crashed, 'checkpoints')):
+      if name.isdigit() and int(name) > 20:
+        shutil.rmtree(os.path.join(crashed, 'checkpoints', name))
+    train.train_and_evaluate(config, crashed)
+    self.assertEqual(_summary_without_wall(crashed), _summary_without_wall(full))
+    self.assertEqual(_strip_wall(metrics_io.read_rows(crashed)), _strip_wall(metrics_io.read_rows(full)))
+
+  def test_resume_after_kill_minus_9_equals_the_uninterrupted_run(self):
+    args = ['--config=experiments/configs/digits.py:local_sgd,local_steps=2,num_steps=1500,checkpoint_every=100,'
+            'eval_every=250,log_every=50,steps_per_call=1']
+    full = self.create_tempdir().full_path
+    self.assertEqual(_main(args + [f'--workdir={full}'], timeout=600).returncode, 0)
+    killed = self.create_tempdir().full_path
+    proc = subprocess.Popen([sys.executable, '-m', 'experiments.main', *args, f'--workdir={killed}'], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+      steps = [int(n) for n in os.listdir(os.path.join(killed, 'checkpoints'))
+               if n.isdigit()] if os.path.isdir(os.path.join(killed, 'checkpoints')) else []
+      if steps and max(steps) >= 300:
+        break
+      time.sleep(0.05)
+    self.assertIsNone(proc.poll(), 'the run finished before it could be killed; make it longer')
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    self.assertFalse(os.path.exists(os.path.join(killed, 'summary.json')))
+    resumed = _main(args + [f'--workdir={killed}'], timeout=600)
+    self.assertEqual(resumed.returncode, 0, resumed.stderr)
+    self.assertIn('Resumed from the checkpoint', resumed.stderr)
+    self.assertEqual(_summary_without_wall(killed), _summary_without_wall(full))
+    self.assertEqual(_strip_wall(metrics_io.read_rows(killed)), _strip_wall(metrics_io.read_rows(full)))
+
+  @parameterized.named_parameters(
+      ('unknown_algorithm', 'bogus', 'algorithm.name=.bogus. is not allowed: known algorithms: local_sgd'),
+      ('unknown_key', 'sync,nonsense=1', "config argument='nonsense' is not allowed: unknown key; known: "),
+      ('workers_not_multiple', 'sync,workers=6', 'workers=6 is not allowed: must be a multiple of devices=8'),
+      ('zero_steps', 'sync,num_steps=0', 'num_steps=0 is not allowed: must be an integer >= 1'),
+      ('negative_batch', 'sync,batch_size=-4', 'batch_size=-4 is not allowed: must be an integer >= 1'),
+      ('bad_local_steps', 'local_sgd,local_steps=0', 'algorithm.local_steps=0 is not allowed'))
+  def test_bad_config_is_one_line_and_exit_2(self, arg, message):
+    result = _main([f'--config=experiments/configs/digits.py:{arg}', f'--workdir={self.create_tempdir()}'])
+    self.assertEqual(result.returncode, 2, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    self.assertLen(lines, 1, result.stderr)
+    self.assertRegex(lines[0], '^error: ' + message)
+    self.assertNotIn('Traceback', result.stderr)
+
+  def test_validation_names_the_field(self):
+    config = digits.get_config('sync')
+    config.microbatches = 3
+    with self.assertRaisesRegex(errors.ConfigError, 'microbatches=3 .*must divide batch_size=16'):
+      validation.validate(config)
+    config = digits.get_config('sync')
+    config.optimizer.momentum = 1.5
+    with self.assertRaisesRegex(errors.ConfigError, r'optimizer.momentum=1.5'):
+      validation.validate(config)
+
+  def test_a_workdir_with_another_config_is_refused(self):
+    workdir = self.create_tempdir().full_path
+    train.train_and_evaluate(harness.synthetic_config('sync', num_steps=5, eval_every=5), workdir)
+    with self.assertRaisesRegex(train.WorkdirConflict, 'num_steps'):
+      train.train_and_evaluate(harness.synthetic_config('sync', num_steps=6, eval_every=5), workdir)
+
+  def test_divergence_stops_with_the_step_and_keeps_the_last_checkpoint(self):
+    config = harness.synthetic_config('sync', num_steps=40, checkpoint_every=5, eval_every=5, log_every=5,
+                                      steps_per_call=5, **{'optimizer.learning_rate': 50.0})
+    workdir = self.create_tempdir().full_path
+    with self.assertRaisesRegex(train.TrainingDiverged, r'at step \d+; stopped, the last good checkpoint'):
+      train.train_and_evaluate(config, workdir)
+
+
+if __name__ == '__main__':
+  absltest.main()
