@@ -17,6 +17,10 @@ def _no_checks(config: ml_collections.ConfigDict) -> None:
   del config
 
 
+def _configured_microbatches(config: ml_collections.ConfigDict) -> int:
+  return config.microbatches
+
+
 def mean_of_workers(params: Any, opt_state: Any) -> Any:
   """Consensus model = the average of the workers' parameters (leading axis = workers)."""
   del opt_state
@@ -34,6 +38,9 @@ class AlgorithmSpec:
     time_rule: config -> the cluster time rule that produces its schedules.
     validate: config -> None; raises errors.ConfigError for a bad value. Runs before anything compiles.
     consensus: (stacked params, stacked opt state) -> the model to evaluate (leading axis = workers).
+    microbatches_per_iteration: config -> how many micro-batches each worker's batch holds per iteration (the
+      most one iteration can consume: `microbatches`, or K mini-batches for K-batch-sync); the step masks
+      those beyond the schedule's `microbatches_done`.
   """
   name: str
   defaults: Mapping[str, Any]
@@ -42,3 +49,4 @@ class AlgorithmSpec:
   time_rule: Callable[[ml_collections.ConfigDict], Any]
   validate: Callable[[ml_collections.ConfigDict], None] = _no_checks
   consensus: Callable[[Any, Any], Any] = mean_of_workers
+  microbatches_per_iteration: Callable[[ml_collections.ConfigDict], int] = _configured_microbatches

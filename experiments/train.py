@@ -83,6 +83,11 @@ class Run:
   model: Any
   tx: Any
 
+  @property
+  def microbatches(self) -> int:
+    """Micro-batches in each worker's batch per iteration (the step masks those not finished)."""
+    return self.spec.microbatches_per_iteration(self.config)
+
 
 def build(config: ml_collections.ConfigDict) -> Run:
   """Validates the config and builds the pieces of a run."""
@@ -130,7 +135,7 @@ def advance(run: Run, block_step, state, clock, positions: np.ndarray, step: int
   done = block.schedule['microbatches_done'].astype(np.int64)
   starts = positions[None] + np.cumsum(done, axis=0) - done
   local_ids = run.layout.local_worker_ids()
-  batches = run.dataset.train.read(local_ids, starts[:, local_ids], run.config.microbatches)
+  batches = run.dataset.train.read(local_ids, starts[:, local_ids], run.microbatches)
   batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
   schedules = {k: _global_array(run.layout, v[:, local_ids], 1) for k, v in block.schedule.items()}
   steps = jnp.arange(step, step + n, dtype=jnp.int32)
@@ -174,22 +179,33 @@ def _check_workdir(workdir: str, config) -> None:
 
 
 class _Window:
-  """Sums of per-iteration measurements since the last metrics row."""
+  """Per-iteration measurements since the last metrics row: means, sums (bytes, counters) and maxima."""
 
-  FIELDS = ('train_loss', 'l2_grads', 'l2_params', 'idle_fraction', 'staleness')
+  MEANS = ('train_loss', 'l2_grads', 'l2_params', 'idle_fraction', 'staleness', 'k')
+  MAXIMA = ('max_staleness',)
 
   def __init__(self, saved: dict[str, float] | None = None):
     self.sums = dict(saved or {})
 
-  def add(self, **values: np.ndarray) -> None:
-    for k, v in values.items():
-      self.sums[k] = self.sums.get(k, 0.0) + float(np.sum(v))
-    self.sums['iterations'] = self.sums.get('iterations', 0.0) + len(next(iter(values.values())))
+  def add(self, block, **means: np.ndarray) -> None:
+    """Adds one block: the measured `means` plus what the clock's `block` reports."""
+    schedule = block.schedule
+    means = dict(means, idle_fraction=block.idle_fraction, staleness=block.mean_staleness)
+    if 'k' in schedule:
+      means['k'] = schedule['k'][:, 0]
+    for key, values in means.items():
+      self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(values))
+    for key, values in {'bytes_communicated': block.bytes_communicated, **block.counters}.items():
+      self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(values))
+    if 'staleness' in schedule:
+      used = schedule['microbatches_done'] > 0
+      stale = float(np.max(np.where(used, schedule['staleness'], 0)))
+      self.sums['max_staleness'] = max(self.sums.get('max_staleness', 0.0), stale)
+    self.sums['iterations'] = self.sums.get('iterations', 0.0) + len(block.duration)
 
   def row(self) -> dict[str, float]:
-    n = max(self.sums.get('iterations', 0.0), 1.0)
-    out = {k: self.sums.get(k, 0.0) / n for k in self.FIELDS}
-    out['bytes_communicated'] = self.sums.get('bytes_communicated', 0.0)
+    n = max(self.sums.pop('iterations', 0.0), 1.0)
+    out = {k: v / n if k in self.MEANS else v for k, v in self.sums.items()}
     self.sums = {}
     return out
 
@@ -230,8 +246,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                config.algorithm.name, config.workers, run.layout.devices, jax.devices()[0].platform,
                num_params, config.num_steps)
 
-  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, config.microbatches,
-                                        config.seed)
+  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, config.seed)
   evaluate = make_evaluator(run)
   start_wall, start_step, last_progress = time.time(), step, time.time()
   try:
@@ -245,9 +260,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         bad = step + int(np.argmin(np.isfinite(losses)))
         raise TrainingDiverged(f'training loss is {losses[bad - step]} at step {bad + 1}; stopped, the last good '
                                f'checkpoint (step {checkpointer.latest_step()}) is kept in {workdir}')
-      window.add(train_loss=losses, l2_grads=measured['l2_grads'].mean(1), l2_params=measured['l2_params'].mean(1),
-                 idle_fraction=block.idle_fraction, staleness=block.mean_staleness,
-                 bytes_communicated=block.bytes_communicated)
+      window.add(block, train_loss=losses, l2_grads=measured['l2_grads'].mean(1),
+                 l2_params=measured['l2_params'].mean(1))
+      clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
       step += n
       last_train_loss = float(losses[-1])
       wall = wall_offset + time.time() - start_wall

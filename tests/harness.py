@@ -44,7 +44,7 @@ def run_iterations(config, iterations: int, block: int = 1) -> Trajectory:
   state = train.init_state(run)
   _, model_bytes = train.param_count_and_bytes(state.params)
   clock = cluster_factory.make_clock(config, run.spec.time_rule(config), model_bytes)
-  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, config.microbatches, config.seed)
+  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, config.seed)
   positions = np.zeros(config.workers, np.int64)
   out = Trajectory(run=run, initial_params=jax.device_get(state.params), params=[], positions=[], schedules=[],
                    losses=np.zeros((iterations, config.workers)))
@@ -59,6 +59,7 @@ def run_iterations(config, iterations: int, block: int = 1) -> Trajectory:
       out.schedules.append({key: v[k] for key, v in blk.schedule.items()})
     out.losses[step:step + n] = measured['loss']
     out.params.append(jax.device_get(state.params))
+    clock.feedback(train_loss=float(measured['loss'].mean()))
     step += n
   out.final_state = state
   return out
