@@ -1,0 +1,63 @@
+"""The embedded data sets: fixed split, disjoint per-worker shards, order a function of the seed only."""
+
+from absl.testing import absltest
+import numpy as np
+
+from data import digits
+from data import in_memory
+from data import synthetic
+from experiments.configs import digits as digits_config
+
+
+class EmbeddedDataTest(absltest.TestCase):
+
+  def test_digits_split_is_fixed_and_normalised(self):
+    train, test = digits.load_arrays()
+    again_train, again_test = digits.load_arrays()
+    np.testing.assert_array_equal(test['label'], again_test['label'])
+    self.assertEqual(len(train['label']) + len(test['label']), 1797)
+    self.assertEqual(train['image'].shape[1], 64)
+    np.testing.assert_allclose(train['image'].mean(0), 0.0, atol=1e-5)
+    self.assertLess(np.abs(test['image']).max(), 50)
+
+  def test_workers_read_disjoint_shards_in_each_epoch(self):
+    n, workers, mb = 103, 4, 5
+    streams = in_memory.InMemoryStreams({'id': np.arange(n)}, workers=workers, microbatch_size=mb, seed=3)
+    per_epoch = streams.shard_size // mb
+    ids = streams.read(np.arange(workers), np.zeros((1, workers), np.int64), per_epoch)['id'][0]
+    seen = [set(ids[w].ravel()) for w in range(workers)]
+    for a in range(workers):
+      for b in range(a + 1, workers):
+        self.assertEmpty(seen[a] & seen[b])
+    # An epoch visits the worker's shard once, the next epoch the same shard in another order.
+    second = streams.read(np.arange(workers), np.full((1, workers), per_epoch), per_epoch)['id'][0]
+    for w in range(workers):
+      self.assertEqual(set(second[w].ravel()), seen[w])
+      self.assertFalse(np.array_equal(second[w], ids[w]))
+
+  def test_same_positions_same_samples_and_seed_changes_the_order(self):
+    arrays = {'id': np.arange(200)}
+    a = in_memory.InMemoryStreams(arrays, workers=2, microbatch_size=4, seed=0)
+    b = in_memory.InMemoryStreams(arrays, workers=2, microbatch_size=4, seed=0)
+    c = in_memory.InMemoryStreams(arrays, workers=2, microbatch_size=4, seed=1)
+    positions = np.array([[0, 7], [3, 30]])
+    np.testing.assert_array_equal(a.read([0, 1], positions, 2)['id'], b.read([0, 1], positions, 2)['id'])
+    # Random access: reading a position later, or alone, gives the same micro-batch.
+    np.testing.assert_array_equal(a.read([1], [[30]], 1)['id'][0, 0, 0], b.read([0, 1], positions, 2)['id'][1, 1, 0])
+    self.assertFalse(np.array_equal(a.read([0, 1], positions, 2)['id'], c.read([0, 1], positions, 2)['id']))
+
+  def test_dataset_builders(self):
+    config = digits_config.get_config('sync')
+    dataset = digits.make_dataset(config)
+    self.assertEqual(dataset.num_classes, 10)
+    batch = dataset.train.read(np.arange(8), np.zeros((2, 8), np.int64), 1)
+    self.assertEqual(batch['image'].shape, (2, 8, 1, 16, 64))
+    eval_batches = list(dataset.eval_batches(100))
+    self.assertEqual(sum(b['mask'].sum() for b in eval_batches), 360)
+    train, test = synthetic.make_arrays('least_squares', 100, 4, 0.0, seed=0)
+    self.assertEqual(train['image'].shape, (80, 4))
+    self.assertEqual(test['label'].shape, (20,))
+
+
+if __name__ == '__main__':
+  absltest.main()
