@@ -1,20 +1,39 @@
 """The simulated wall-clock: per-worker clocks advanced one iteration at a time by an algorithm's time rule.
 
 The clock is the only owner of randomness about time. It is seeded from the config, and its whole state
-(per-worker times, per-worker unit counters, the generator, the rule's own state) round-trips through
+(per-worker times, per-worker unit and job counters, the generator, the rule's own state) round-trips through
 `state_dict()` / `load_state_dict()` as JSON, so a resumed run sees exactly the schedules an uninterrupted run
 would have seen.
+
+What a rule may use (see `cluster/rules/`):
+  clock.workers           P
+  clock.times             float64 (P,): when each worker finished the previous iteration; the rule sets it to
+                          when each worker finished this one. The global time of the iteration is
+                          max(previous global time, max(times)), so rules that keep in-flight work in
+                          `rule_state` set `times` to the moment the iteration ends (e.g. the server update).
+  clock.sim_time          global simulated time at the end of the previous iteration
+  clock.network           seconds of a collective; clock.model_bytes: size M of one model copy
+  clock.work(...)         finish times of one job (several micro-batches) per worker, with stragglers,
+                          transient delays and failures applied; clock.work_each(...) + clock.consume(...)
+                          when a rule needs every micro-batch's finish time (non-blocking SGD)
+  clock.rule_state        dict of numpy arrays / numbers / None kept between iterations (checkpointed)
+  clock.lost_workers      how many workers fail and never come back
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from cluster import compute as compute_lib
+from cluster import faults
 from cluster import network as network_lib
+
+
+class StalledError(RuntimeError):
+  """The simulated run can never make progress: a rule waits for a worker that failed for good."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,9 +44,14 @@ class Block:
     schedule: name -> array (n, P, ...): the per-worker schedule of each iteration.
     duration: float64 (n,): simulated seconds each iteration added to the global clock.
     sim_time: float64 (n,): global simulated time at the end of each iteration.
-    idle_fraction: float64 (n,): share of worker-seconds spent waiting in each iteration.
-    mean_staleness: float64 (n,): mean staleness of the contributions applied in each iteration.
-    bytes_communicated: float64 (n,).
+    idle_fraction: float64 (n,): share of worker-seconds spent waiting in each iteration: sum of `idle` over
+      workers / sum over workers of how far the iteration moved their clocks (= P * duration when workers
+      move in step); 0 for an iteration of zero length.
+    mean_staleness: float64 (n,): mean staleness of the contributions applied in each iteration, in
+      iterations (server versions for parameter-server rules), weighted by contributed gradients.
+    bytes_communicated: float64 (n,): bytes all workers put on the network together in each iteration.
+    idle: float64 (n, P): seconds each worker waited in each iteration (communication time excluded).
+    counters: name -> float64 (n,): rule-specific event counts per iteration (e.g. WAGMA's `behind`).
   """
   schedule: dict[str, np.ndarray]
   duration: np.ndarray
@@ -35,6 +59,24 @@ class Block:
   idle_fraction: np.ndarray
   mean_staleness: np.ndarray
   bytes_communicated: np.ndarray
+  idle: Optional[np.ndarray] = None
+  counters: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def _encode(value: Any) -> Any:
+  if isinstance(value, np.ndarray):
+    return {'__ndarray__': value.tolist(), 'dtype': value.dtype.str}
+  if isinstance(value, np.generic):
+    return value.item()
+  return value
+
+
+def _decode(value: Any) -> Any:
+  if isinstance(value, dict) and '__ndarray__' in value:
+    return np.asarray(value['__ndarray__'], dtype=np.dtype(value['dtype']))
+  if isinstance(value, list):  # written by an older version of the clock
+    return np.asarray(value)
+  return value
 
 
 class Clock:
@@ -49,64 +91,193 @@ class Clock:
   """
 
   def __init__(self, *, workers: int, rule: Any, compute: compute_lib.ComputeModel,
-               network: network_lib.Network, model_bytes: float, seed: int):
+               network: network_lib.Network, model_bytes: float, seed: int,
+               delay: Optional[faults.RandomDelay] = None, failure: Optional[faults.Failure] = None):
     self.workers = workers
     self.rule = rule
     self.compute = compute
     self.network = network
     self.model_bytes = float(model_bytes)
+    self.delay = delay if delay is not None and delay.count > 0 and delay.delay_s > 0 else None
+    self.failure = failure
     self.times = np.zeros(workers, np.float64)
-    self.units = np.zeros(workers, np.int64)
+    self.units = np.zeros(workers, np.int64)  # micro-batches each worker started (trace position)
+    self.jobs = np.zeros(workers, np.int64)   # jobs each worker started (random-delay index)
     self.iteration = 0
     self.sim_time = 0.0
     self.rule_state: dict[str, Any] = {}
     self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED]))
 
-  def compute_units(self, workers: np.ndarray, count: int) -> np.ndarray:
-    """Seconds each of `workers` needs for its next `count` micro-batches; advances their unit counters."""
-    workers = np.asarray(workers)
-    total = np.zeros(workers.shape, np.float64)
-    for _ in range(count):
-      total += self.compute.sample(self._rng, workers, self.units[workers])
-      self.units[workers] += 1
-    return total
+  @property
+  def lost_workers(self) -> int:
+    """Workers that fail and never come back (0 without failures)."""
+    return self.failure.permanent if self.failure is not None else 0
 
-  def sample_one(self, worker: int) -> float:
-    """Seconds for worker `worker`'s next micro-batch (for event-driven rules)."""
-    return float(self.compute_units(np.array([worker]), 1)[0])
+  # ---- work: the only way rules turn compute models into time ----
+
+  def work_each(self, workers: np.ndarray, start, count: int, time_scale: float = 1.0) -> np.ndarray:
+    """Finish time of each of `count` micro-batches that each worker runs back to back from `start`.
+
+    Draws the compute times without advancing the unit and job counters: call `consume` with what was
+    actually started (a trace replays by position, so an unstarted micro-batch must be read again).
+
+    Args:
+      workers: int (L,) distinct worker ids.
+      start: float or float64 (L,): when each worker starts.
+      count: micro-batches per worker (>= 1).
+      time_scale: multiplies every micro-batch time (LAP-SGD: one node update costs X(b Q) / Q).
+
+    Returns:
+      float64 (L, count): finish of micro-batch k of worker workers[l] at [l, k] (+inf while the worker is
+      down for good).
+    """
+    workers = np.asarray(workers, np.int64)
+    units = self.units[workers][:, None] + np.arange(count)[None, :]
+    seconds = self.compute.sample(self._rng, np.broadcast_to(workers[:, None], units.shape), units)
+    seconds = np.array(seconds, np.float64) * time_scale
+    if self.delay is not None:
+      seconds[:, 0] += self.delay.delays(workers, self.jobs[workers])
+    start = np.broadcast_to(np.asarray(start, np.float64), workers.shape)
+    if self.failure is None:
+      return start[:, None] + np.cumsum(seconds, axis=1)
+    finish = np.empty_like(seconds)
+    t = start
+    for k in range(count):
+      t = finish[:, k] = self.failure.run(workers, t, seconds[:, k])
+    return finish
+
+  def consume(self, workers: np.ndarray, units) -> None:
+    """Counts one job for each of `workers` (distinct) that started `units` micro-batches (int or (L,))."""
+    workers = np.asarray(workers, np.int64)
+    self.units[workers] += units
+    self.jobs[workers] += 1
+
+  def work(self, workers: np.ndarray, start, count: int, time_scale: float = 1.0) -> np.ndarray:
+    """Finish times float64 (L,) of one job of `count` micro-batches per worker, counted as consumed."""
+    workers = np.asarray(workers, np.int64)
+    if count == 1 and self.failure is None:  # the hot path of event-driven rules: no (L, 1) temporaries
+      units = self.units[workers]
+      seconds = self.compute.sample(self._rng, workers, units)
+      if time_scale != 1.0:
+        seconds = seconds * time_scale
+      if self.delay is not None:
+        seconds = seconds + self.delay.delays(workers, self.jobs[workers])
+      self.units[workers] = units + 1
+      self.jobs[workers] += 1
+      return start + seconds
+    finish = self.work_each(workers, start, count, time_scale)[:, -1]
+    self.consume(workers, count)
+    return finish
+
+  # ---- iterations ----
 
   def next_block(self, n: int) -> Block:
-    """Advances n iterations and returns their schedules and timings."""
+    """Advances n iterations and returns their schedules and timings.
+
+    Raises:
+      StalledError: the rule waits for a worker that will never finish (it failed for good).
+    """
+    if n < 1:
+      raise ValueError(f'next_block(n={n}): n must be >= 1')
+    with np.errstate(invalid='ignore'):  # inf - inf of a worker that is gone: caught below as a stall
+      if hasattr(self.rule, 'iterate_block'):
+        return self._fast_block(n)
+      return self._block(n)
+
+  def _stalled(self) -> StalledError:
+    down = list(self.failure.failed) if self.failure is not None else np.flatnonzero(~np.isfinite(self.times)).tolist()
+    return StalledError(
+        f'iteration {self.iteration}: {type(self.rule).__name__} waits for worker(s) {down}, which failed and '
+        f'never return (stragglers.fail_worker / return_at_s); this rule needs them, so the run can never '
+        f'continue. Set stragglers.return_at_s or use a rule that proceeds without a worker (K-sync, '
+        f'K-async, K-batch-*, non-blocking).')
+
+  def _block(self, n: int) -> Block:
     iterations = []
-    sim_times, durations = np.zeros(n), np.zeros(n)
+    sim_times, durations, spans = np.zeros(n), np.zeros(n), np.zeros(n)
     for k in range(n):
+      before = self.times.sum()
       it = self.rule.iterate(self, self.iteration)
-      now = max(self.sim_time, float(self.times.max()))
+      latest = float(self.times.max())
+      if not np.isfinite(latest):
+        raise self._stalled()
+      spans[k] = self.times.sum() - before  # worker-seconds of this iteration (workers need not be in step)
+      now = max(self.sim_time, latest)
       durations[k] = now - self.sim_time
       self.sim_time = sim_times[k] = now
       self.iteration += 1
       iterations.append(it)
     schedule = {key: np.stack([it.schedule[key] for it in iterations]) for key in iterations[0].schedule}
-    idle = np.array([it.idle.sum() for it in iterations])
-    worker_seconds = np.maximum(durations * self.workers, 1e-300)
+    idle = np.stack([it.idle for it in iterations])
+    staleness = [it.staleness.mean() if it.mean_staleness is None else it.mean_staleness for it in iterations]
+    counters = {key: np.array([it.counters[key] for it in iterations], np.float64)
+                for key in iterations[0].counters}
     return Block(
         schedule=schedule, duration=durations, sim_time=sim_times,
-        idle_fraction=np.where(durations > 0, idle / worker_seconds, 0.0),
-        mean_staleness=np.array([it.staleness.mean() for it in iterations]),
-        bytes_communicated=np.array([it.bytes_communicated for it in iterations]))
+        idle_fraction=np.where(spans > 0, idle.sum(axis=1) / np.maximum(spans, 1e-300), 0.0),
+        mean_staleness=np.asarray(staleness, np.float64),
+        bytes_communicated=np.array([it.bytes_communicated for it in iterations], np.float64),
+        idle=idle, counters=counters)
+
+  def _fast_block(self, n: int) -> Block:
+    """Rules with `iterate_block` (the hot event-driven ones) fill whole blocks without per-iteration objects.
+
+    Contract: `rule.iterate_block(clock, iteration, n)` is equivalent to n calls of `iterate` (same random
+    draws, same results; tested) and returns a `rules.base.Steps`; after each of its iterations every
+    worker's time equals the iteration's end (so worker-seconds = P x duration).
+    """
+    steps = self.rule.iterate_block(self, self.iteration, n)
+    if not np.all(np.isfinite(steps.end_time)):
+      raise self._stalled()
+    sim_times = np.maximum.accumulate(np.maximum(steps.end_time, self.sim_time))
+    durations = np.diff(sim_times, prepend=self.sim_time)
+    self.sim_time = float(sim_times[-1])
+    self.iteration += n
+    worker_seconds = durations * self.workers
+    return Block(
+        schedule=steps.schedule, duration=durations, sim_time=sim_times,
+        idle_fraction=np.where(durations > 0, steps.idle.sum(axis=1) / np.maximum(worker_seconds, 1e-300), 0.0),
+        mean_staleness=steps.mean_staleness, bytes_communicated=steps.bytes_communicated,
+        idle=steps.idle, counters=steps.counters)
+
+  # ---- feedback from training (AdaSync) ----
+
+  def feedback(self, **measurements: float) -> None:
+    """Passes training measurements (e.g. `train_loss=`) to rules that adapt to them; others ignore them.
+
+    The training loop calls it after each block with the latest values. A rule stores what it needs in
+    `rule_state`, so the effect is checkpointed; a resumed run must replay the same calls to stay exact
+    (the loop does, as it reports after the same blocks).
+    """
+    if hasattr(self.rule, 'feedback'):
+      self.rule.feedback(self, {k: float(v) for k, v in measurements.items()})
+
+  def set_k(self, k: int) -> None:
+    """Sets K of a K-family rule (K-sync, K-batch-sync, K-async, K-batch-async) from the next iteration."""
+    if not getattr(self.rule, 'adjustable_k', False):
+      raise TypeError(f'{type(self.rule).__name__} has no K to set')
+    if not 1 <= int(k) <= self.workers:
+      raise ValueError(f'K={k} must be in 1..{self.workers}')
+    self.rule_state['k'] = int(k)
+
+  # ---- checkpoints ----
 
   def state_dict(self) -> dict[str, Any]:
-    """JSON-serialisable state; `load_state_dict` of it continues the same sequence."""
+    """JSON-serialisable state; `load_state_dict` of it continues the same sequence.
+
+    Times of a worker that failed for good are +inf, written as JSON `Infinity` (Python's json accepts it).
+    """
     return {
-        'times': self.times.tolist(), 'units': self.units.tolist(), 'iteration': self.iteration,
-        'sim_time': self.sim_time, 'rng': self._rng.bit_generator.state,
-        'rule_state': {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.rule_state.items()},
+        'times': _encode(self.times), 'units': _encode(self.units), 'jobs': _encode(self.jobs),
+        'iteration': self.iteration, 'sim_time': self.sim_time, 'rng': self._rng.bit_generator.state,
+        'rule_state': {k: _encode(v) for k, v in self.rule_state.items()},
     }
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
-    self.times = np.asarray(state['times'], np.float64)
-    self.units = np.asarray(state['units'], np.int64)
+    self.times = np.asarray(_decode(state['times']), np.float64)
+    self.units = np.asarray(_decode(state['units']), np.int64)
+    self.jobs = np.asarray(_decode(state.get('jobs', np.zeros(self.workers, np.int64))), np.int64)
     self.iteration = int(state['iteration'])
     self.sim_time = float(state['sim_time'])
     self._rng.bit_generator.state = state['rng']
-    self.rule_state = {k: (np.asarray(v) if isinstance(v, list) else v) for k, v in state['rule_state'].items()}
+    self.rule_state = {k: _decode(v) for k, v in state['rule_state'].items()}

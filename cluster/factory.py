@@ -1,26 +1,59 @@
-"""Builds the clock for a config: compute model from `config.stragglers`, network from `config.network`."""
+"""Builds the clock for a config: compute model from `config.stragglers`, network from `config.network`.
+
+`validate(config)` checks every `stragglers.*` / `network.*` field before anything compiles and raises
+`algorithms.errors.ConfigError` naming the field. Configs written before a field existed still work: a missing
+field takes its default from `default_stragglers_config()` / `default_network_config()`.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from algorithms import errors
 
 from cluster import clock as clock_lib
 from cluster import compute as compute_lib
+from cluster import faults
 from cluster import network as network_lib
 
-STRAGGLER_KINDS = ('constant',)
+DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lognormal', 'trace')
+# `slow_workers` and `random_delay` are `constant` with that modifier required; the modifiers
+# (slow_*, delayed_workers / delay_s, fail_*) compose with every kind.
+STRAGGLER_KINDS = DISTRIBUTIONS + ('slow_workers', 'random_delay')
 NETWORK_KINDS = ('ideal', 'alpha_beta')
 
 
 def default_stragglers_config() -> ml_collections.ConfigDict:
-  """`config.stragglers`: the compute-time model of one micro-batch."""
+  """`config.stragglers`: the compute-time model of one micro-batch (seconds)."""
   c = ml_collections.ConfigDict()
-  c.kind = 'constant'   # one of STRAGGLER_KINDS
-  c.base_s = 0.01       # seconds per micro-batch
+  c.kind = 'constant'     # one of STRAGGLER_KINDS
+  c.base_s = 0.01         # constant / lognormal (median) / slow_workers / random_delay: seconds per micro-batch
+  c.calibrate = False     # replace the scale of the distribution by a measured step (cluster/calibration.py)
+  c.rate = 100.0          # exponential / shifted_exponential: 1/mean of the exponential part (1/s)
+  c.shift_s = 0.005       # shifted_exponential: minimum time
+  c.shape = 2.0           # pareto: tail index alpha (mean finite for > 1)
+  c.scale = 0.005         # pareto: minimum time x_m (mean scale * shape / (shape - 1))
+  c.sigma = 0.5           # lognormal: std of log time
+  c.trace_path = ''       # trace: .npy or .csv table (units, workers) of seconds, replayed by position
+  # Persistent heterogeneity (any kind): the first round(slow_fraction * P) workers, or the listed ones,
+  # are slower by slow_factor.
+  c.slow_fraction = 0.0
+  c.slow_workers = ()     # worker ids; takes the place of slow_fraction (set one of the two)
+  c.slow_factor = 2.0
+  # Transient delays (any kind): at each job (iteration) index, `delayed_workers` random workers get +delay_s
+  # (WAGMA paper: 2 of 64 workers, 0.32 s).
+  c.delayed_workers = 0
+  c.delay_s = 0.0
+  # Failure (any kind): worker `fail_worker` (-1: none; from Python also a tuple of ids) is down from
+  # fail_at_s until return_at_s (< 0: never returns). Rules that wait for every worker refuse a worker that
+  # never returns. Typed defaults (not None) so that `--config.stragglers.fail_worker=3` works.
+  c.fail_worker = -1
+  c.fail_at_s = 0.0
+  c.return_at_s = -1.0
   return c
 
 
@@ -33,36 +66,178 @@ def default_network_config() -> ml_collections.ConfigDict:
   return c
 
 
+_STRAGGLER_DEFAULTS = default_stragglers_config()
+_NETWORK_DEFAULTS = default_network_config()
+
+
+def _get(section: ml_collections.ConfigDict, name: str, defaults: ml_collections.ConfigDict):
+  return section.get(name, defaults[name])
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _require_number(value, field: str, allowed: str, ok) -> None:
+  errors.require(_is_number(value) and math.isfinite(value) and ok(value), field, value, allowed)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _worker_list(value) -> tuple:
+  if value is None or (_is_int(value) and value == -1):  # -1: nobody
+    return ()
+  return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def _return_time(value):
+  """`return_at_s` as a time, or None for never (None or a negative number)."""
+  return None if value is None or (_is_number(value) and value < 0) else value
+
+
+def _require_workers(value, field: str, workers: int) -> tuple[int, ...]:
+  ids = _worker_list(value)
+  ok = all(_is_int(w) and 0 <= w < workers for w in ids) and len(set(ids)) == len(ids)
+  errors.require(ok, field, value, f'must be distinct worker ids in 0..{workers - 1} (-1: none)')
+  return tuple(int(w) for w in ids)
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises algorithms.errors.ConfigError for a bad `stragglers.*` or `network.*` field."""
-  errors.require(config.stragglers.kind in STRAGGLER_KINDS, 'stragglers.kind', config.stragglers.kind,
-                 f'known: {", ".join(STRAGGLER_KINDS)}')
-  errors.require(config.stragglers.base_s > 0, 'stragglers.base_s', config.stragglers.base_s, 'must be > 0')
-  errors.require(config.network.kind in NETWORK_KINDS, 'network.kind', config.network.kind,
-                 f'known: {", ".join(NETWORK_KINDS)}')
-  if config.network.kind == 'alpha_beta':
-    errors.require(config.network.latency_s >= 0, 'network.latency_s', config.network.latency_s, 'must be >= 0')
-    errors.require(config.network.bandwidth_gbps > 0, 'network.bandwidth_gbps', config.network.bandwidth_gbps,
-                   'must be > 0')
+  s, p = config.stragglers, config.workers
+  get = lambda name: _get(s, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  kind = get('kind')
+  errors.require(kind in STRAGGLER_KINDS, 'stragglers.kind', kind, f'known: {", ".join(STRAGGLER_KINDS)}')
+  _require_number(get('base_s'), 'stragglers.base_s', 'must be a number > 0', lambda v: v > 0)
+  errors.require(isinstance(get('calibrate'), bool), 'stragglers.calibrate', get('calibrate'), 'must be a bool')
+  if kind in ('exponential', 'shifted_exponential'):
+    _require_number(get('rate'), 'stragglers.rate', 'must be a number > 0 (1/seconds)', lambda v: v > 0)
+  if kind == 'shifted_exponential':
+    _require_number(get('shift_s'), 'stragglers.shift_s', 'must be a number >= 0', lambda v: v >= 0)
+  if kind == 'pareto':
+    _require_number(get('shape'), 'stragglers.shape', 'must be a number > 0', lambda v: v > 0)
+    _require_number(get('scale'), 'stragglers.scale', 'must be a number > 0 (seconds)', lambda v: v > 0)
+  if kind == 'lognormal':
+    _require_number(get('sigma'), 'stragglers.sigma', 'must be a number >= 0', lambda v: v >= 0)
+  if kind == 'trace':
+    compute_lib.load_trace(get('trace_path'), p)
+
+  _require_number(get('slow_fraction'), 'stragglers.slow_fraction', 'must be a fraction in [0, 1]',
+                  lambda v: 0 <= v <= 1)
+  _require_number(get('slow_factor'), 'stragglers.slow_factor', 'must be a number > 0', lambda v: v > 0)
+  slow = _require_workers(get('slow_workers'), 'stragglers.slow_workers', p)
+  errors.require(not (slow and get('slow_fraction') > 0), 'stragglers.slow_workers', get('slow_workers'),
+                 'set either slow_workers or slow_fraction, not both')
+  if kind == 'slow_workers':
+    errors.require(bool(slow) or get('slow_fraction') > 0, 'stragglers.slow_fraction', get('slow_fraction'),
+                   'kind=slow_workers needs slow_fraction > 0 or a slow_workers list')
+
+  delayed = get('delayed_workers')
+  errors.require(_is_int(delayed) and 0 <= delayed <= p, 'stragglers.delayed_workers', delayed,
+                 f'must be an integer in 0..{p} (workers)')
+  _require_number(get('delay_s'), 'stragglers.delay_s', 'must be a number >= 0', lambda v: v >= 0)
+  if kind == 'random_delay':
+    errors.require(delayed >= 1, 'stragglers.delayed_workers', delayed, 'kind=random_delay needs >= 1')
+    errors.require(get('delay_s') > 0, 'stragglers.delay_s', get('delay_s'), 'kind=random_delay needs > 0')
+
+  failed = _require_workers(get('fail_worker'), 'stragglers.fail_worker', p)
+  if failed:
+    _require_number(get('fail_at_s'), 'stragglers.fail_at_s', 'must be a number >= 0', lambda v: v >= 0)
+    back = get('return_at_s')
+    errors.require(back is None or (_is_number(back) and (back < 0 or back > get('fail_at_s'))),
+                   'stragglers.return_at_s', back, 'must be a time > fail_at_s, or -1 (never returns)')
+
+  n = config.network
+  net_kind = _get(n, 'kind', _NETWORK_DEFAULTS)
+  errors.require(net_kind in NETWORK_KINDS, 'network.kind', net_kind, f'known: {", ".join(NETWORK_KINDS)}')
+  if net_kind == 'alpha_beta':
+    _require_number(_get(n, 'latency_s', _NETWORK_DEFAULTS), 'network.latency_s', 'must be a number >= 0',
+                    lambda v: v >= 0)
+    _require_number(_get(n, 'bandwidth_gbps', _NETWORK_DEFAULTS), 'network.bandwidth_gbps',
+                    'must be a number > 0', lambda v: v > 0)
+
+
+def slow_factors(stragglers: ml_collections.ConfigDict, workers: int) -> np.ndarray:
+  """float64 (P,): per-worker multiplier of compute times (1 for normal workers)."""
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  slow = list(_worker_list(get('slow_workers')))
+  if not slow and get('slow_fraction') > 0:
+    slow = list(range(int(round(get('slow_fraction') * workers))))
+  factors = np.ones(workers, np.float64)
+  factors[slow] = get('slow_factor')
+  return factors
 
 
 def make_compute(stragglers: ml_collections.ConfigDict, workers: int) -> compute_lib.ComputeModel:
-  del workers
-  if stragglers.kind == 'constant':
-    return compute_lib.Constant(base_s=stragglers.base_s)
-  raise ValueError(f'stragglers.kind={stragglers.kind!r} is unknown; known: {", ".join(STRAGGLER_KINDS)}')
+  """The per-micro-batch compute model (distribution x per-worker slow factors)."""
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  kind = get('kind')
+  if kind in ('constant', 'slow_workers', 'random_delay'):
+    model = compute_lib.Constant(base_s=float(get('base_s')))
+  elif kind == 'exponential':
+    model = compute_lib.Exponential(rate=float(get('rate')))
+  elif kind == 'shifted_exponential':
+    model = compute_lib.ShiftedExponential(shift_s=float(get('shift_s')), rate=float(get('rate')))
+  elif kind == 'pareto':
+    model = compute_lib.Pareto(shape=float(get('shape')), scale=float(get('scale')))
+  elif kind == 'lognormal':
+    model = compute_lib.Lognormal(base_s=float(get('base_s')), sigma=float(get('sigma')))
+  elif kind == 'trace':
+    model = compute_lib.Trace(times=compute_lib.load_trace(get('trace_path'), workers))
+  else:
+    raise errors.ConfigError('stragglers.kind', kind, f'known: {", ".join(STRAGGLER_KINDS)}')
+  factors = slow_factors(stragglers, workers)
+  if np.any(factors != 1.0):
+    model = compute_lib.SlowWorkers(base=model, factors=factors)
+  return model
 
 
 def make_network(network: ml_collections.ConfigDict) -> network_lib.Network:
-  if network.kind == 'ideal':
+  kind = _get(network, 'kind', _NETWORK_DEFAULTS)
+  if kind == 'ideal':
     return network_lib.Ideal()
-  if network.kind == 'alpha_beta':
-    return network_lib.AlphaBeta(latency_s=network.latency_s, bandwidth_gbps=network.bandwidth_gbps)
-  raise ValueError(f'network.kind={network.kind!r} is unknown; known: {", ".join(NETWORK_KINDS)}')
+  if kind == 'alpha_beta':
+    return network_lib.AlphaBeta(latency_s=float(_get(network, 'latency_s', _NETWORK_DEFAULTS)),
+                                 bandwidth_gbps=float(_get(network, 'bandwidth_gbps', _NETWORK_DEFAULTS)))
+  raise errors.ConfigError('network.kind', kind, f'known: {", ".join(NETWORK_KINDS)}')
+
+
+def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
+  """(RandomDelay or None, Failure or None) from the modifiers of `stragglers`."""
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  delay = None
+  if get('delayed_workers') > 0 and get('delay_s') > 0:
+    delay = faults.RandomDelay(count=int(get('delayed_workers')), delay_s=float(get('delay_s')),
+                               workers=workers, seed=seed)
+  failure = None
+  failed = _worker_list(get('fail_worker'))
+  if failed:
+    back = _return_time(get('return_at_s'))
+    failure = faults.Failure(failed=tuple(int(w) for w in failed), fail_at_s=float(get('fail_at_s')),
+                             return_at_s=None if back is None else float(back))
+  return delay, failure
 
 
 def make_clock(config: ml_collections.ConfigDict, rule: Any, model_bytes: float) -> clock_lib.Clock:
-  """The seeded clock for `config`, driving `rule` (from the algorithm's registry spec)."""
+  """The seeded clock for `config`, driving `rule` (from the algorithm's registry spec).
+
+  Raises:
+    errors.ConfigError: a worker fails for good and `rule` cannot progress without it.
+  """
+  p = config.workers
+  name = config.algorithm.name if 'algorithm' in config else 'this algorithm'
+  delay, failure = make_faults(config.stragglers, p, config.seed)
+  if failure is not None and failure.permanent:
+    tolerated = rule.tolerated_failures(p) if hasattr(rule, 'tolerated_failures') else 0
+    errors.require(
+        failure.permanent <= tolerated, 'stragglers.return_at_s',
+        _get(config.stragglers, 'return_at_s', _STRAGGLER_DEFAULTS),
+        f'{type(rule).__name__} ({name}) can lose at most {tolerated} worker(s) for good and '
+        f'{failure.permanent} never return: it would wait forever; set return_at_s or use an algorithm that '
+        f'proceeds without a worker (ksync / kasync with K < P, kbatch_*, nonblocking)')
   return clock_lib.Clock(
-      workers=config.workers, rule=rule, compute=make_compute(config.stragglers, config.workers),
-      network=make_network(config.network), model_bytes=model_bytes, seed=config.seed)
+      workers=p, rule=rule, compute=make_compute(config.stragglers, p),
+      network=make_network(config.network), model_bytes=model_bytes, seed=config.seed,
+      delay=delay, failure=failure)

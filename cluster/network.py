@@ -1,7 +1,10 @@
 """Network models: seconds one collective takes.
 
-`ideal` is free. `alpha_beta` charges latency alpha per message and 1/beta per byte: a ring all-reduce of M
-bytes over n workers costs 2(n-1) alpha + 2 (n-1)/n M / beta; a point-to-point message alpha + M / beta.
+`ideal` is free. `alpha_beta` charges latency alpha per message and 1/beta per byte:
+  ring all-reduce of M bytes over n workers   2(n-1) alpha + 2 (n-1)/n M / beta
+  group all-reduce over a group of S          the same with n = S
+  point-to-point message of M bytes           alpha + M / beta
+  one latency (an activation message)         alpha
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ class Network(Protocol):
   def p2p(self, nbytes: float) -> float:
     """Seconds for one point-to-point message of `nbytes`."""
 
+  def latency(self) -> float:
+    """Seconds for one empty message (alpha)."""
+
+
+def ring_bytes(nbytes: float, n: int) -> float:
+  """Bytes all n workers put on the network together in a ring all-reduce of `nbytes` each."""
+  return 2.0 * (n - 1) * nbytes if n > 1 else 0.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Ideal:
@@ -27,6 +38,9 @@ class Ideal:
     return 0.0
 
   def p2p(self, nbytes):
+    return 0.0
+
+  def latency(self):
     return 0.0
 
 
@@ -47,3 +61,6 @@ class AlphaBeta:
 
   def p2p(self, nbytes):
     return self.latency_s + nbytes * self.seconds_per_byte
+
+  def latency(self):
+    return self.latency_s

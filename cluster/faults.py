@@ -1,0 +1,90 @@
+"""Transient delays and worker failures: perturbations that depend on when, or at which job, work runs.
+
+A *job* is one call of `Clock.work`: the micro-batches one worker computes in one go for one contribution (a
+mini-batch of m micro-batches, a non-blocking round, one node update of LAP-SGD). Each worker counts its jobs.
+
+- `RandomDelay`: at job index j, the same `count` workers out of P (chosen by a seeded hash of j, so the choice
+  needs no state and survives a resume) are delayed by `delay_s` seconds, added to the first micro-batch of
+  the job. This is how the WAGMA-SGD paper injects stragglers (every step, 2 random workers of 64 sleep
+  320 ms, the same two on every rank for a given step number); for synchronous rules job j is iteration j.
+- `Failure`: the listed workers are down during [fail_at_s, return_at_s) of simulated time (forever when
+  return_at_s is None; the config writes that as `stragglers.return_at_s = -1`). A micro-batch in progress at fail_at_s is lost and restarts from scratch at
+  return_at_s; a micro-batch that would start while the worker is down starts at return_at_s. A worker that
+  never returns finishes nothing more: its finish time is +inf. Rules that wait for every worker would hang;
+  `factory.make_clock` refuses that combination and the clock raises `clock.StalledError` if it happens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+  """The splitmix64 finaliser, vectorised over uint64 arrays (wrap-around arithmetic is intended)."""
+  x = x + _GOLDEN
+  x = (x ^ (x >> np.uint64(30))) * _M1
+  x = (x ^ (x >> np.uint64(27))) * _M2
+  return x ^ (x >> np.uint64(31))
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomDelay:
+  """Each job index j delays `count` of the `workers` workers by `delay_s` seconds (stateless, seeded)."""
+  count: int
+  delay_s: float
+  workers: int
+  seed: int
+
+  def delays(self, workers: np.ndarray, jobs: np.ndarray) -> np.ndarray:
+    """Extra seconds for the job `jobs[k]` of worker `workers[k]`: float64, same shape as `workers`."""
+    workers = np.asarray(workers, np.int64)
+    if self.count <= 0 or self.delay_s == 0 or workers.size == 0:
+      return np.zeros(workers.shape, np.float64)
+    if self.count >= self.workers:
+      return np.full(workers.shape, self.delay_s, np.float64)
+    seed = _splitmix64(np.asarray([self.seed % 2**64], np.uint64))
+    job_keys = _splitmix64(seed ^ _splitmix64(np.asarray(jobs, np.uint64).reshape(-1, 1)))
+    keys = _splitmix64(job_keys + np.arange(self.workers, dtype=np.uint64)[None, :])  # (n, P)
+    own = keys[np.arange(keys.shape[0]), workers.reshape(-1)]
+    rank = (keys < own[:, None]).sum(axis=1)  # position of the worker in job j's seeded order
+    return np.where(rank < self.count, self.delay_s, 0.0).reshape(workers.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+  """Workers `failed` are down during [fail_at_s, return_at_s); `return_at_s=None`: they never come back."""
+  failed: tuple[int, ...]
+  fail_at_s: float
+  return_at_s: Optional[float] = None
+
+  @property
+  def back_at(self) -> float:
+    return float('inf') if self.return_at_s is None else float(self.return_at_s)
+
+  @property
+  def permanent(self) -> int:
+    """How many workers are lost for good."""
+    return len(self.failed) if self.return_at_s is None else 0
+
+  def affects(self, workers: np.ndarray) -> np.ndarray:
+    return np.isin(workers, np.asarray(self.failed, np.int64))
+
+  def run(self, workers: np.ndarray, start: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Finish times of one micro-batch of `seconds` that `workers` would start at `start`, given the outage."""
+    finish = start + seconds
+    hit = self.affects(workers)
+    if not hit.any():
+      return finish
+    back = self.back_at
+    starts_down = (start >= self.fail_at_s) & (start < back)
+    interrupted = (start < self.fail_at_s) & (finish > self.fail_at_s)
+    with np.errstate(invalid='ignore'):
+      restarted = back + seconds  # inf when the worker never comes back
+    return np.where(hit & (starts_down | interrupted), restarted, finish)

@@ -1,0 +1,128 @@
+"""Runs only the cluster simulator for a config: no model compilation, no data loading beyond one example.
+
+  python -m experiments.simulate --config=experiments/configs/digits.py:sync --iterations=1000
+  python -m experiments.simulate --config=experiments/configs/digits.py:local_sgd \
+      --config.stragglers.kind=exponential --config.stragglers.rate=100 --model_bytes=4e6
+
+Prints one JSON object: `algorithm`, `workers`, `iterations`, `sim_time`, `mean_iteration_time`,
+`mean_staleness`, `idle_fraction` (idle worker-seconds / (P x sim_time)), `idle_fraction_per_worker`,
+`bytes_communicated`, `bytes_per_iteration`, `model_bytes`, rule counters summed over the run (e.g. WAGMA's
+`behind`), and `simulator_us_per_iteration` (host cost of the simulation itself).
+The time rule is the algorithm's own (`algorithms.registry.get(name).time_rule(config)`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
+
+from algorithms import errors
+from algorithms import registry
+from cluster import clock as clock_lib
+from cluster import factory as cluster_factory
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (path:ARG).')
+_ITERATIONS = flags.DEFINE_integer('iterations', None, 'Iterations to simulate (default: config.num_steps).')
+_MODEL_BYTES = flags.DEFINE_float('model_bytes', None,
+                                  'Bytes of one model copy; default: counted from the config\'s model.')
+_BLOCK = flags.DEFINE_integer('block', 1000, 'Iterations drawn per clock call.')
+
+
+def model_bytes(config: ml_collections.ConfigDict) -> float:
+  """Bytes of the config's model parameters, from shapes only (`jax.eval_shape`: nothing is compiled)."""
+  # pylint: disable=g-import-not-at-top  (only needed when --model_bytes is not given)
+  import jax
+  from data import registry as data_registry
+  from experiments import tasks
+  from models import registry as model_registry
+
+  try:
+    dataset = data_registry.make_dataset(config)  # for one example and the number of classes
+  except errors.ConfigError as e:
+    raise errors.ConfigError(e.field, e.value, f'{e.allowed}; or pass --model_bytes to skip the data') from e
+  model = model_registry.make_model(config.model, dataset.num_classes)
+  example = jax.tree.map(lambda x: np.asarray(x)[None], dataset.example)
+  task = tasks.get(dataset.task)
+  # As the training loop initialises the model (`train.init_state`): the task says what the model takes.
+  inputs = task.model_inputs(example) if hasattr(task, 'model_inputs') else example['image']
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), inputs, train=False))
+  params = variables['params'] if 'params' in variables else variables
+  return float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))
+
+
+def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None,
+             nbytes: Optional[float] = None, block: int = 1000) -> dict[str, Any]:
+  """Validates `config`, drives its algorithm's time rule for `iterations`, returns the statistics.
+
+  Raises:
+    errors.ConfigError: a bad config field (before anything runs).
+  """
+  spec = registry.get(config.algorithm.name)
+  cluster_factory.validate(config)
+  spec.validate(config)
+  iterations = config.num_steps if iterations is None else iterations
+  errors.require(isinstance(iterations, int) and iterations >= 1, 'iterations', iterations, 'must be >= 1')
+  errors.require(block >= 1, 'block', block, 'must be >= 1')
+  nbytes = model_bytes(config) if nbytes is None else float(nbytes)
+  errors.require(nbytes >= 0, 'model_bytes', nbytes, 'must be >= 0')
+  clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
+
+  p = config.workers
+  idle = np.zeros(p)
+  staleness_sum, bytes_sum, counters = 0.0, 0.0, {}
+  begin = time.perf_counter()
+  done = 0
+  while done < iterations:
+    b = clock.next_block(min(block, iterations - done))
+    done += len(b.duration)
+    idle += b.idle.sum(axis=0)
+    staleness_sum += float(b.mean_staleness.sum())
+    bytes_sum += float(b.bytes_communicated.sum())
+    for key, values in b.counters.items():
+      counters[key] = counters.get(key, 0.0) + float(values.sum())
+  host_seconds = time.perf_counter() - begin
+  sim_time = clock.sim_time
+  per_worker = idle / sim_time if sim_time > 0 else np.zeros(p)
+  return {
+      'algorithm': config.algorithm.name,
+      'rule': type(clock.rule).__name__,
+      'workers': p,
+      'iterations': done,
+      'sim_time': sim_time,
+      'mean_iteration_time': sim_time / done,
+      'mean_staleness': staleness_sum / done,
+      'idle_fraction': float(per_worker.mean()),
+      'idle_fraction_per_worker': [round(float(x), 6) for x in per_worker],
+      'bytes_communicated': bytes_sum,
+      'bytes_per_iteration': bytes_sum / done,
+      'model_bytes': nbytes,
+      'counters': counters,
+      'stragglers': config.stragglers.kind,
+      'network': config.network.kind,
+      'simulator_us_per_iteration': 1e6 * host_seconds / done,
+  }
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if _CONFIG.value is None:
+    raise app.UsageError('--config is required, e.g. --config=experiments/configs/digits.py:sync')
+  try:
+    result = simulate(_CONFIG.value, _ITERATIONS.value, _MODEL_BYTES.value, _BLOCK.value)
+  except (errors.ConfigError, clock_lib.StalledError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  print(json.dumps(result))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,121 @@
+"""Config validation and defaults of `cluster.factory`."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import ml_collections
+import numpy as np
+
+from algorithms import errors
+from cluster import compute
+from cluster import factory
+from cluster import network
+from cluster import rules
+from tests.cluster import helpers
+
+
+class ValidateTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('unknown_kind', {'kind': 'gamma'}, 'stragglers.kind', 'known: constant'),
+      ('base_not_positive', {'base_s': 0.0}, 'stragglers.base_s', '> 0'),
+      ('negative_rate', {'kind': 'exponential', 'rate': -1.0}, 'stragglers.rate', '> 0'),
+      ('negative_shift', {'kind': 'shifted_exponential', 'shift_s': -0.1}, 'stragglers.shift_s', '>= 0'),
+      ('pareto_shape', {'kind': 'pareto', 'shape': 0.0}, 'stragglers.shape', '> 0'),
+      ('pareto_scale', {'kind': 'pareto', 'scale': -1.0}, 'stragglers.scale', '> 0'),
+      ('lognormal_sigma', {'kind': 'lognormal', 'sigma': -0.5}, 'stragglers.sigma', '>= 0'),
+      ('fraction_above_one', {'slow_fraction': 1.5}, 'stragglers.slow_fraction', r'\[0, 1\]'),
+      ('fraction_negative', {'slow_fraction': -0.1}, 'stragglers.slow_fraction', r'\[0, 1\]'),
+      ('slow_factor', {'slow_factor': 0.0}, 'stragglers.slow_factor', '> 0'),
+      ('slow_worker_out_of_range', {'slow_workers': (8,)}, 'stragglers.slow_workers', r'0\.\.7'),
+      ('slow_both', {'slow_workers': (1,), 'slow_fraction': 0.5}, 'stragglers.slow_workers', 'not both'),
+      ('slow_kind_without_slow', {'kind': 'slow_workers'}, 'stragglers.slow_fraction', 'needs'),
+      ('delayed_too_many', {'delayed_workers': 9}, 'stragglers.delayed_workers', r'0\.\.8'),
+      ('delay_negative', {'delay_s': -1.0}, 'stragglers.delay_s', '>= 0'),
+      ('random_delay_without_workers', {'kind': 'random_delay', 'delay_s': 0.3}, 'stragglers.delayed_workers',
+       '>= 1'),
+      ('trace_missing', {'kind': 'trace', 'trace_path': '/no/such/file.npy'}, 'stragglers.trace_path',
+       'not found'),
+      ('trace_empty_path', {'kind': 'trace'}, 'stragglers.trace_path', 'needs the path'),
+      ('fail_worker', {'fail_worker': 12}, 'stragglers.fail_worker', 'worker ids'),
+      ('return_before_fail', {'fail_worker': 1, 'fail_at_s': 2.0, 'return_at_s': 1.0}, 'stragglers.return_at_s',
+       '> fail_at_s'),
+      ('rate_not_a_number', {'kind': 'exponential', 'rate': 'fast'}, 'stragglers.rate', '> 0'),
+  )
+  def test_bad_stragglers(self, overrides, field, allowed):
+    config = helpers.config(workers=8)
+    with config.stragglers.ignore_type():
+      for key, value in overrides.items():
+        config.stragglers[key] = value
+    with self.assertRaisesRegex(errors.ConfigError, allowed) as caught:
+      factory.validate(config)
+    self.assertEqual(caught.exception.field, field)
+
+  def test_trace_with_wrong_worker_count(self):
+    path = self.create_tempfile('trace.npy').full_path
+    np.save(path, np.full((10, 4), 0.01))
+    with self.assertRaisesRegex(errors.ConfigError, 'workers=8') as caught:
+      factory.validate(helpers.config(workers=8, kind='trace', trace_path=path))
+    self.assertEqual(caught.exception.field, 'stragglers.trace_path')
+    factory.validate(helpers.config(workers=4, kind='trace', trace_path=path))
+
+  @parameterized.named_parameters(
+      ('unknown', {'kind': 'infiniband'}, 'network.kind'),
+      ('latency', {'kind': 'alpha_beta', 'latency_s': -1.0}, 'network.latency_s'),
+      ('bandwidth', {'kind': 'alpha_beta', 'bandwidth_gbps': 0.0}, 'network.bandwidth_gbps'),
+  )
+  def test_bad_network(self, overrides, field):
+    with self.assertRaises(errors.ConfigError) as caught:
+      factory.validate(helpers.config(network=overrides))
+    self.assertEqual(caught.exception.field, field)
+
+  def test_defaults_are_valid_and_unchanged(self):
+    config = helpers.config()
+    factory.validate(config)
+    self.assertEqual(config.stragglers.kind, 'constant')
+    self.assertEqual(config.stragglers.base_s, 0.01)
+    self.assertEqual(config.network.kind, 'ideal')
+
+  def test_every_kind_with_its_defaults_is_valid(self):
+    path = self.create_tempfile('trace.npy').full_path
+    np.save(path, np.full((3, 8), 0.01))
+    for kind in factory.STRAGGLER_KINDS:
+      extra = {'trace': {'trace_path': path}, 'slow_workers': {'slow_fraction': 0.25},
+               'random_delay': {'delayed_workers': 2, 'delay_s': 0.32}}.get(kind, {})
+      config = helpers.config(kind=kind, **extra)
+      factory.validate(config)
+      clock = factory.make_clock(config, rules.Barrier(), 1e6)
+      self.assertTrue(np.all(clock.next_block(3).duration > 0), kind)
+
+  def test_old_configs_without_the_new_fields_still_work(self):
+    config = helpers.config()
+    config.stragglers = ml_collections.ConfigDict({'kind': 'constant', 'base_s': 0.02})
+    config.network = ml_collections.ConfigDict({'kind': 'ideal'})
+    factory.validate(config)
+    clock = factory.make_clock(config, rules.Barrier(), 1e6)
+    np.testing.assert_allclose(clock.next_block(2).duration, 0.02)
+
+
+class MakeTest(absltest.TestCase):
+
+  def test_network_model(self):
+    net = factory.make_network(ml_collections.ConfigDict(
+        {'kind': 'alpha_beta', 'latency_s': 1e-5, 'bandwidth_gbps': 8.0}))
+    self.assertIsInstance(net, network.AlphaBeta)
+    nbytes = 1e6
+    self.assertAlmostEqual(net.allreduce(nbytes, 4), 6 * 1e-5 + 1.5 * nbytes * 1e-9)
+    self.assertAlmostEqual(net.p2p(nbytes), 1e-5 + nbytes * 1e-9)
+    self.assertEqual(net.allreduce(nbytes, 1), 0.0)
+    self.assertEqual(net.latency(), 1e-5)
+
+  def test_composition(self):
+    clock = helpers.clock(rules.Barrier(), kind='exponential', slow_workers=(0,), delayed_workers=1,
+                          delay_s=0.1, fail_worker=(2, 3), fail_at_s=1.0, return_at_s=2.0)
+    self.assertIsInstance(clock.compute, compute.SlowWorkers)
+    self.assertIsInstance(clock.compute.base, compute.Exponential)
+    self.assertEqual(clock.delay.count, 1)
+    self.assertEqual(clock.failure.failed, (2, 3))
+    self.assertEqual(clock.lost_workers, 0)
+
+
+if __name__ == '__main__':
+  absltest.main()

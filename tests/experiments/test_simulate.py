@@ -1,0 +1,80 @@
+"""`python -m experiments.simulate`: the cluster simulator alone, driven by an algorithm's own time rule."""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from algorithms import errors
+from algorithms import registry
+from experiments import simulate
+from experiments.configs import digits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class SimulateTest(parameterized.TestCase):
+
+  def test_sync_without_stragglers(self):
+    result = simulate.simulate(digits.get_config('sync'), iterations=120, nbytes=1000.0, block=50)
+    self.assertEqual(result['iterations'], 120)
+    self.assertEqual(result['rule'], 'Barrier')
+    self.assertAlmostEqual(result['mean_iteration_time'], 0.01)
+    self.assertEqual(result['mean_staleness'], 0.0)
+    self.assertEqual(result['idle_fraction'], 0.0)
+    self.assertAlmostEqual(result['bytes_per_iteration'], 2 * 7 * 1000.0)
+
+  def test_every_registered_algorithm_runs_its_own_rule(self):
+    for name in registry.names():
+      config = digits.get_config(f'{name},stragglers.kind=exponential,network.kind=alpha_beta')
+      result = simulate.simulate(config, iterations=50, nbytes=1e5)
+      self.assertEqual(result['algorithm'], name)
+      self.assertGreater(result['mean_iteration_time'], 0, name)
+      self.assertLessEqual(result['idle_fraction'], 1.0, name)
+      self.assertGreaterEqual(result['idle_fraction'], 0.0, name)
+
+  def test_stragglers_make_sync_wait(self):
+    config = digits.get_config('sync,stragglers.kind=slow_workers,stragglers.slow_workers=[0]')
+    result = simulate.simulate(config, iterations=10, nbytes=0.0)
+    self.assertAlmostEqual(result['mean_iteration_time'], 0.02)
+    self.assertAlmostEqual(result['idle_fraction'], 7 / 16)
+    self.assertEqual(result['idle_fraction_per_worker'][0], 0.0)
+
+  def test_model_bytes_from_shapes(self):
+    # digits MLP 64 -> 128 -> 10, float32.
+    self.assertEqual(simulate.model_bytes(digits.get_config('sync')), 4.0 * (64 * 128 + 128 + 128 * 10 + 10))
+
+  def test_bad_config_is_a_config_error(self):
+    config = digits.get_config('sync,stragglers.kind=exponential,stragglers.rate=-2.0')
+    with self.assertRaisesRegex(errors.ConfigError, 'stragglers.rate'):
+      simulate.simulate(config, iterations=5, nbytes=1.0)
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def _run(self, *args):
+    return subprocess.run([sys.executable, '-m', 'experiments.simulate', *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+  def test_prints_one_json_object(self):
+    out = self._run('--config=experiments/configs/digits.py:local_sgd', '--iterations=40')
+    self.assertEqual(out.returncode, 0, out.stderr)
+    result = json.loads(out.stdout)
+    for key in ('mean_iteration_time', 'iterations', 'mean_staleness', 'idle_fraction', 'bytes_communicated'):
+      self.assertIn(key, result)
+    self.assertEqual(result['iterations'], 40)
+    self.assertEqual(result['model_bytes'], 38440.0)
+
+  def test_config_error_names_the_field(self):
+    out = self._run('--config=experiments/configs/digits.py:sync', '--config.stragglers.slow_fraction=2.0',
+                    '--iterations=5', '--model_bytes=10')
+    self.assertEqual(out.returncode, 2)
+    self.assertIn('stragglers.slow_fraction=2.0 is not allowed', out.stderr)
+    self.assertNotIn('Traceback', out.stderr)
+
+
+if __name__ == '__main__':
+  absltest.main()
