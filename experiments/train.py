@@ -23,6 +23,7 @@ import numpy as np
 
 from algorithms import optimizers
 from algorithms import registry
+from cluster import calibration
 from cluster import factory as cluster_factory
 from data import registry as data_registry
 from experiments import checkpointing
@@ -125,6 +126,21 @@ def _global_array(layout, local: np.ndarray, leading: int):
   return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
+def block_inputs(run: Run, block, positions: np.ndarray, step: int):
+  """The step's (batches, schedules, steps) for `block`: every worker's micro-batches at its own positions.
+
+  Returns the three arguments after the state, and the data positions after the block.
+  """
+  done = block.schedule['microbatches_done'].astype(np.int64)
+  starts = positions[None] + np.cumsum(done, axis=0) - done
+  local_ids = run.layout.local_worker_ids()
+  batches = run.dataset.train.read(local_ids, starts[:, local_ids], run.microbatches)
+  batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
+  schedules = {k: _global_array(run.layout, v[:, local_ids], 1) for k, v in block.schedule.items()}
+  steps = jnp.arange(step, step + len(done), dtype=jnp.int32)
+  return (batches, schedules, steps), positions + done.sum(axis=0)
+
+
 def advance(run: Run, block_step, state, clock, positions: np.ndarray, step: int, n: int):
   """Runs iterations step .. step+n-1: samples their schedules, reads each worker's micro-batches, steps.
 
@@ -132,15 +148,35 @@ def advance(run: Run, block_step, state, clock, positions: np.ndarray, step: int
     (new state, measurements on the host (name -> (n, P)), the clock's Block, new data positions).
   """
   block = clock.next_block(n)
-  done = block.schedule['microbatches_done'].astype(np.int64)
-  starts = positions[None] + np.cumsum(done, axis=0) - done
-  local_ids = run.layout.local_worker_ids()
-  batches = run.dataset.train.read(local_ids, starts[:, local_ids], run.microbatches)
-  batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
-  schedules = {k: _global_array(run.layout, v[:, local_ids], 1) for k, v in block.schedule.items()}
-  steps = jnp.arange(step, step + n, dtype=jnp.int32)
-  state, measured = block_step(state, batches, schedules, steps)
-  return state, to_host(measured), block, positions + done.sum(axis=0)
+  inputs, positions = block_inputs(run, block, positions, step)
+  state, measured = block_step(state, *inputs)
+  return state, to_host(measured), block, positions
+
+
+def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workdir: str):
+  """`config.stragglers` rescaled to the measured seconds per micro-batch of this machine's jitted step.
+
+  Measured once per workdir on a copy of the state (the run's trajectory is untouched), broadcast from process
+  0 and kept in `calibration.json`, so a resumed run simulates the same clock.
+  """
+  config = run.config
+  path = os.path.join(workdir, 'calibration.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      seconds = json.load(f)['seconds_per_microbatch']
+  else:
+    scratch_clock = cluster_factory.make_clock(config, run.spec.time_rule(config), model_bytes)
+    inputs, _ = block_inputs(run, scratch_clock.next_block(config.steps_per_call),
+                             np.zeros(config.workers, np.int64), 0)
+    seconds = calibration.seconds_per_microbatch(
+        block_step, jax.tree.map(jnp.copy, state), *inputs, carry=True,
+        microbatches_per_call=calibration.microbatches_per_call(config, config.steps_per_call))
+    seconds = float(multihost_utils.broadcast_one_to_all(np.float64(seconds)))
+    if jax.process_index() == 0:
+      with open(path, 'w') as f:
+        json.dump({'seconds_per_microbatch': seconds, 'device': str(jax.devices()[0].device_kind)}, f)
+  log.info('calibrated: %.3g s per micro-batch on this machine', seconds)
+  return calibration.calibrated(config.stragglers, seconds)
 
 
 def make_evaluator(run: Run):
@@ -217,15 +253,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   run = build(config)
   lead = jax.process_index() == 0
+  _check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
   if lead:
     os.makedirs(workdir, exist_ok=True)
-    _check_workdir(workdir, config)
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    path = os.path.join(workdir, 'config.json')
+    with open(path + '.tmp', 'w') as f:  # atomic: other processes may be reading it in _check_workdir
       f.write(config.to_json_best_effort(indent=2))
+    os.replace(path + '.tmp', path)
 
   state = init_state(run)
   num_params, model_bytes = param_count_and_bytes(state.params)
   num_params, model_bytes = num_params // config.workers, model_bytes // config.workers
+  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, config.seed)
+  if config.stragglers.calibrate:
+    config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdir)
   clock = cluster_factory.make_clock(config, run.spec.time_rule(config), model_bytes)
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
   positions = np.zeros(config.workers, np.int64)
@@ -246,7 +287,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                config.algorithm.name, config.workers, run.layout.devices, jax.devices()[0].platform,
                num_params, config.num_steps)
 
-  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, config.seed)
   evaluate = make_evaluator(run)
   start_wall, start_step, last_progress = time.time(), step, time.time()
   try:

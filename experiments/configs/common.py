@@ -88,9 +88,24 @@ def _set(config: ml_collections.ConfigDict, key: str, raw: str) -> None:
     raise errors.ConfigError(key, raw, f'must be of type {type(old).__name__}') from e
 
 
+def split_arg(arg: str | None) -> list[str]:
+  """Splits `ALGORITHM,key=value,...` on the commas outside brackets, so `slow_workers=(0,3)` stays whole."""
+  parts, depth, current = [], 0, []
+  for char in arg or '':
+    depth += char in '([{'
+    depth -= char in ')]}'
+    if char == ',' and depth == 0:
+      parts.append(''.join(current))
+      current = []
+    else:
+      current.append(char)
+  parts.append(''.join(current))
+  return [p.strip() for p in parts if p.strip()]
+
+
 def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
   """Selects the algorithm named first in `arg` (with its registry defaults) and applies `key=value` pairs."""
-  parts = [p.strip() for p in (arg or '').split(',') if p.strip()]
+  parts = split_arg(arg)
   name = parts[0] if parts else config.algorithm.name
   if '=' in name:
     raise errors.ConfigError('config argument', arg, 'must start with an algorithm name: ALGORITHM[,key=value...]')

@@ -103,7 +103,7 @@ class TrainTest(parameterized.TestCase):
     self.assertEqual(_strip_wall(metrics_io.read_rows(killed)), _strip_wall(metrics_io.read_rows(full)))
 
   @parameterized.named_parameters(
-      ('unknown_algorithm', 'bogus', 'algorithm.name=.bogus. is not allowed: known algorithms: local_sgd'),
+      ('unknown_algorithm', 'bogus', 'algorithm.name=.bogus. is not allowed: known algorithms: .*local_sgd.*sync'),
       ('unknown_key', 'sync,nonsense=1', "config argument='nonsense' is not allowed: unknown key; known: "),
       ('workers_not_multiple', 'sync,workers=6', 'workers=6 is not allowed: must be a multiple of devices=8'),
       ('zero_steps', 'sync,num_steps=0', 'num_steps=0 is not allowed: must be an integer >= 1'),
@@ -126,6 +126,18 @@ class TrainTest(parameterized.TestCase):
     config.optimizer.momentum = 1.5
     with self.assertRaisesRegex(errors.ConfigError, r'optimizer.momentum=1.5'):
       validation.validate(config)
+
+  def test_calibration_scales_the_clock_and_leaves_the_trajectory(self):
+    plain = self.create_tempdir().full_path
+    calibrated = self.create_tempdir().full_path
+    config = lambda: harness.synthetic_config('sync', num_steps=10, eval_every=10, **{'stragglers.calibrate': True})
+    train.train_and_evaluate(harness.synthetic_config('sync', num_steps=10, eval_every=10), plain)
+    summary = train.train_and_evaluate(config(), calibrated)
+    with open(os.path.join(calibrated, 'calibration.json')) as f:
+      seconds = json.load(f)['seconds_per_microbatch']
+    self.assertGreater(seconds, 0)
+    self.assertAlmostEqual(summary['sim_time'], 10 * seconds, places=9)  # constant model, ideal network
+    self.assertEqual(summary['param_norm'], _summary_without_wall(plain)['param_norm'])
 
   def test_a_workdir_with_another_config_is_refused(self):
     workdir = self.create_tempdir().full_path

@@ -1,0 +1,50 @@
+"""The `ALGORITHM[,key=value...]` config argument and the shipped configs."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from algorithms import errors
+from algorithms import registry
+from experiments import validation
+from experiments.configs import common
+from experiments.configs import digits
+from experiments.configs import synthetic
+
+
+class ConfigArgTest(parameterized.TestCase):
+
+  def test_split_keeps_bracketed_commas(self):
+    self.assertEqual(common.split_arg('sync,stragglers.slow_workers=(0,3),workers=8'),
+                     ['sync', 'stragglers.slow_workers=(0,3)', 'workers=8'])
+    self.assertEqual(common.split_arg(None), [])
+
+  def test_bare_keys_resolve_to_algorithm_then_top_level(self):
+    config = digits.get_config('local_sgd,local_steps=7,workers=16,optimizer.learning_rate=1')
+    self.assertEqual(config.algorithm.local_steps, 7)
+    self.assertEqual(config.workers, 16)
+    self.assertEqual(config.optimizer.learning_rate, 1.0)
+    self.assertIsInstance(config.optimizer.learning_rate, float)
+
+  def test_algorithm_defaults_come_from_the_registry(self):
+    config = digits.get_config('local_sgd')
+    self.assertEqual(dict(config.algorithm), {'name': 'local_sgd', **registry.get('local_sgd').defaults})
+    self.assertEqual(dict(digits.get_config('sync').algorithm), {'name': 'sync'})
+
+  @parameterized.named_parameters(
+      ('unknown_algorithm', 'nope', 'algorithm.name'),
+      ('unknown_key', 'sync,bogus=1', 'unknown key'),
+      ('unknown_path', 'sync,optimizer.bogus=1', 'unknown key'),
+      ('not_key_value', 'sync,workers', 'expected key=value'),
+      ('wrong_type', 'sync,workers=eight', 'must be of type int'))
+  def test_bad_arguments(self, arg, message):
+    with self.assertRaisesRegex(errors.ConfigError, message):
+      digits.get_config(arg)
+
+  @parameterized.named_parameters(*[(f'{module.__name__.split(".")[-1]}_{name}', module, name)
+                                    for module in (digits, synthetic) for name in registry.names()])
+  def test_every_algorithm_gives_a_valid_config(self, module, name):
+    validation.validate(module.get_config(name))
+
+
+if __name__ == '__main__':
+  absltest.main()
