@@ -3,6 +3,10 @@
 Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
 resumes from its latest checkpoint. User errors (bad config, missing data, a workdir holding another run)
 print one line and exit with status 2; a diverged run exits with status 3.
+
+Multi-process (multi-host) runs: every process runs the same command plus `--coordinator_address`,
+`--num_processes` and `--process_id` (or `--distributed` where JAX detects them: SLURM, Cloud TPU pods); see
+experiments/distributed.py and launch/multiprocess_cpu.sh, launch/slurm.sh, launch/tpu_pod.sh.
 """
 
 from __future__ import annotations
@@ -18,11 +22,23 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from experiments import distributed  # no JAX backend use at import
+
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. experiments/configs/digits.py:sync',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the summary.')
 _MOCK_DATA = flags.DEFINE_bool('mock_data', False, 'Run under tfds.testing.mock_data (dry run, no dataset files).')
 _MOCK_EXAMPLES = flags.DEFINE_integer('mock_examples', 64, 'Examples per split under --mock_data.')
+# Multi-process runs (experiments/distributed.py); none of these set: one process, as before.
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0 in a multi-process run '
+                                   '(default $JAX_COORDINATOR_ADDRESS).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in the run (default $JAX_NUM_PROCESSES).')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1 (default $JAX_PROCESS_ID).')
+_DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Join a multi-process run whose settings JAX detects '
+                                 '(SLURM, Open MPI, Cloud TPU pod).')
+_HEARTBEAT = flags.DEFINE_integer('heartbeat_timeout_s', distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
+                                  'Multi-process: seconds without a heartbeat after which a process counts as '
+                                  'dead and the run stops.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -42,10 +58,31 @@ def _run(config, workdir):
     return train.train_and_evaluate(config, workdir)
 
 
+def _join_processes(config) -> int:
+  """Joins a multi-process run if flags or the environment ask for one; sets this process's CPU devices.
+
+  Returns the number of processes (1 without any distributed setting).
+  """
+  from algorithms import errors
+  try:
+    settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                         auto=_DISTRIBUTED.value, heartbeat_timeout_s=_HEARTBEAT.value)
+    if settings and settings.num_processes:  # a bad split fails before connecting to anyone
+      distributed.host_devices_per_process(config.devices, settings.num_processes)
+    processes = distributed.initialize(settings)  # before anything starts a JAX backend
+    force_host_devices(distributed.host_devices_per_process(config.devices, processes))
+  except errors.ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  except distributed.JoinError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(1)
+  return processes
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
-  force_host_devices(config.devices)
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
   handler = std_logging.StreamHandler(sys.stderr)
   handler.setFormatter(std_logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))
@@ -53,6 +90,9 @@ def main(argv):
   progress.addHandler(handler)
   progress.setLevel(std_logging.INFO)
   progress.propagate = False
+  if _join_processes(config) > 1:
+    handler.setFormatter(std_logging.Formatter(
+        f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
   from algorithms import errors
   from experiments import train
   try:

@@ -18,6 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from algorithms import errors
+
 DEVICE_AXIS = 'workers'
 LOCAL_AXIS = 'local_workers'
 
@@ -34,6 +36,10 @@ class WorkerLayout:
     if devices > len(available):
       raise ValueError(f'devices={devices} but only {len(available)} {available[0].platform} device(s) are '
                        'visible; lower `devices` (workers are vmapped onto fewer devices)')
+    if jax.process_count() > 1 and devices != len(available):
+      # Every process must feed some workers: a mesh over a prefix of the devices would leave some out.
+      raise errors.ConfigError('devices', devices, f'must be {len(available)}, all devices of the '
+                               f'{jax.process_count()} processes, in a multi-process run')
     return cls(workers=workers, mesh=Mesh(np.array(available[:devices]), (DEVICE_AXIS,)))
 
   @property
