@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 
@@ -26,6 +27,9 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    # The training step donates its state: the next call may reuse these buffers while the asynchronous save
+    # is still reading them (on CPU the "host copy" can alias the device buffer). Save a private copy.
+    state = jax.tree.map(jnp.copy, state)
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
