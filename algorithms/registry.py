@@ -8,10 +8,20 @@ from __future__ import annotations
 
 from algorithms import errors
 from algorithms import local_sgd
+from algorithms import parameter_server
 from algorithms import spec
 from algorithms import sync
 
-_SPECS = (sync.SPEC, local_sgd.SPEC)
+_SPECS = (
+    sync.SPEC,
+    local_sgd.SPEC,
+    parameter_server.KSYNC,
+    parameter_server.KBATCH_SYNC,
+    parameter_server.KASYNC,
+    parameter_server.KBATCH_ASYNC,
+    parameter_server.ASYNC,
+    parameter_server.ADASYNC,
+)
 REGISTRY: dict[str, spec.AlgorithmSpec] = {s.name: s for s in _SPECS}
 
 

@@ -43,11 +43,15 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
     worker = collectives.worker_index(axis_name)
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), worker)
     done = schedule['microbatches_done']
+    # An algorithm state may choose where each micro-batch's gradient is taken (parameter server: a learner's
+    # later mini-batches in one update are computed on the server model it fetched in between).
+    at = getattr(state.opt_state, 'gradient_params', None)
 
     def micro(carry, xs):
       grad_sum, loss_sum, model_state = carry
       mb, k = xs
-      (loss, new_model_state), grads = grad_fn(state.params, model_state, mb, jax.random.fold_in(rng, k))
+      params = state.params if at is None else at(state.params, schedule, k)
+      (loss, new_model_state), grads = grad_fn(params, model_state, mb, jax.random.fold_in(rng, k))
       used = k < done
       grad_sum = jax.tree.map(lambda s, g: s + jnp.where(used, g, jnp.zeros_like(g)), grad_sum, grads)
       model_state = jax.tree.map(lambda new, old: jnp.where(used, new, old), new_model_state, model_state)
@@ -55,7 +59,8 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
       return (grad_sum, loss_sum, model_state), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
-    carry = (zeros, jnp.zeros((), jnp.float32), state.model_state)
+    # zeros_like keeps the per-worker (varying) type that the scan's carry must keep under shard_map's check.
+    carry = (zeros, jnp.zeros_like(done, jnp.float32), state.model_state)
     if microbatches == 1:
       carry, _ = micro(carry, (jax.tree.map(lambda x: x[0], batch), jnp.zeros((), jnp.int32)))
     else:

@@ -16,7 +16,8 @@ import ml_collections
 from experiments.configs import common
 
 
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+def workload_config() -> ml_collections.ConfigDict:
+  """The digits workload before the config argument is applied (variants override it)."""
   config = common.base_config()
   config.dataset = ml_collections.ConfigDict()
   config.dataset.name = 'digits'
@@ -29,4 +30,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.param_dtype = 'float32'
 
   config.optimizer.learning_rate = 0.05
-  return common.apply_arg(config, arg)
+  return config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  return common.apply_arg(workload_config(), arg)

@@ -1,0 +1,258 @@
+"""Emulated parameter server: K-sync, K-batch-sync, K-async, K-batch-async, async SGD and AdaSync.
+
+Every worker holds an identical copy of the server model W (in its algorithm state), changed only by the
+same all-reduced update; its `params` are its learner's VIEW, the model its gradients are computed on (stale
+for the asynchronous variants). One iteration is one server update t (W_t -> W_{t+1}). With n_i = the
+micro-batches learner i contributed (`microbatches_done`: m per pushed mini-batch gradient, 0 if it pushed
+nothing) and g_i the mean gradient of those micro-batches:
+
+    g       = (sum_i lambda_i n_i g_i) / (sum_i n_i)      (= 1/K sum of the K pushed mini-batch gradients)
+    W_{t+1} = W_t + U(g)                                  (U: the inner optimizer; its state is the server's)
+    view_i  <- W_{t+1}  if learner i fetches after the update (`refresh_view`; every learner for the sync rules)
+               W_t      if it fetched before it (`fetch_current`, K-batch-async)
+               view_i   otherwise (it is still computing on its stale view)
+
+lambda_i = 1 unless the staleness-adaptive learning rate is on (C = `adaptive_lr_c` > 0): then
+lambda_i = min(C / ||W_t - view_i||^2, eta_max) / eta, so that with plain SGD of learning rate eta the
+gradient of learner i is applied with eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max) (Dutta et al. 2018).
+
+Which learners push how many gradients, and who fetches, comes from the variant's time rule
+(`cluster/rules/parameter_server.py`): the math is the same for every variant; the variants differ only in
+their schedules. The data contract of the harness does the rest: a learner's data position advances only by
+what it pushed, so a learner still computing recomputes the same gradient on the same view and micro-batches
+next iteration, and cancelled work (K-sync, K-batch-sync) consumes no samples.
+
+A K-batch learner can push several mini-batch gradients in one update: its first is computed on its view, the
+later ones on W_t (it fetched W_t after its first push). The step asks the state where to differentiate each
+micro-batch (`ParameterServerState.gradient_params`): micro-batches of the first job at the view, later ones
+at the server copy W_t.
+
+Reference: Dutta, Joshi, Ghosh, Dube, Nagpurkar, "Slow and Stale Gradients Can Win the Race: Error-Runtime
+Trade-offs in Distributed SGD", AISTATS 2018; AdaSync: the journal version, arXiv 2003.10579.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from algorithms import collectives
+from algorithms import errors
+from algorithms import spec
+from cluster import rules
+
+
+class ParameterServerState(NamedTuple):
+  """A learner's copy of the server: the model W_t and the optimizer state on it."""
+  server: Any            # the emulated server model W_t: same tree as params; identical on every worker
+  inner: optax.OptState  # the server's inner optimizer state (on W), identical on every worker
+
+  def gradient_params(self, params, schedule, microbatch):
+    """Where the step differentiates micro-batch `microbatch` (0-based) of this learner's batch.
+
+    The first job (mini-batch of m micro-batches) of an update is computed on the learner's view `params`;
+    a K-batch learner's later jobs in the same update on the server model W_t, which it fetched after its
+    first push. Schedules without `contributions` hold one job per learner: always the view.
+    """
+    if schedule is None or 'contributions' not in schedule:
+      return params
+    jobs = jnp.maximum(schedule['contributions'], 1)
+    later = microbatch * jobs >= schedule['microbatches_done']  # microbatch >= m = done / contributions
+    return jax.tree.map(lambda view, w: jnp.where(later, w, view), params, self.server)
+
+
+def _sq_distance(a, b) -> jax.Array:
+  def sq(x, y):
+    wide = jnp.promote_types(x.dtype, jnp.float32)  # bfloat16 params: sum the squares in float32
+    return jnp.sum(jnp.square(x.astype(wide) - y.astype(wide)))
+  leaves = jax.tree.leaves(jax.tree.map(sq, a, b))
+  return sum(leaves) if leaves else jnp.zeros(())
+
+
+def staleness_factor(server, view, c: float, eta_max: float, learning_rate: float) -> jax.Array:
+  """lambda = min(C / ||W - view||^2, eta_max) / eta: eta_max / eta for a fresh view (distance 0)."""
+  d2 = _sq_distance(server, view)
+  eta_j = jnp.minimum(jnp.where(d2 > 0, c / jnp.where(d2 > 0, d2, 1), jnp.inf), eta_max)
+  return eta_j / learning_rate
+
+
+def parameter_server(inner: optax.GradientTransformation, axis_name: collectives.AxisName = None,
+                     adaptive_lr_c: float = 0.0, eta_max: float = 0.0,
+                     learning_rate: float = 1.0) -> optax.GradientTransformationExtraArgs:
+  """One update of an emulated parameter server from the learners the schedule says pushed.
+
+  Update rule (per worker, identical server update on every worker):
+    g = sum_i lambda_i n_i g_i / sum_i n_i;   W <- W + U(g);   view_i <- W_new | W_old | view_i (schedule flags)
+  with n_i = schedule['microbatches_done'] and lambda_i = 1, or the staleness-adaptive factor when
+  `adaptive_lr_c` > 0.
+
+  Args:
+    inner: the server's optimizer U (e.g. `optax.sgd(0.01)`), applied to the server copy W.
+    axis_name: the worker axes to all-reduce over; None for one worker (no collective).
+    adaptive_lr_c: C of eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max); 0 disables (lambda_i = 1).
+    eta_max: the cap of eta_j (> 0 when adaptive_lr_c > 0).
+    learning_rate: eta of U; lambda_i = eta_j / eta, so that plain SGD applies each gradient with eta_j.
+
+  Returns:
+    A transformation whose `update(grads, state, params, schedule=...)` takes this learner's gradient (mean
+    over its finished micro-batches) and its view `params`, and returns updates that move the view to its
+    new value. Without a schedule every learner pushes one gradient and fetches the new W (synchronous SGD
+    through a server). Schedule fields read: `microbatches_done`, optional `refresh_view`, `fetch_current`.
+
+  Example:
+    >>> tx = parameter_server(optax.sgd(0.01), axis_name='workers')  # inside shard_map over 'workers'
+    >>> updates, state = tx.update(grads, state, view, schedule=schedule)
+    >>> server_model = state.server
+
+  Reference: Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018 (the variants, the
+  staleness-adaptive rate); AdaSync (K changed by the time rule): arXiv 2003.10579.
+  """
+  inner = optax.with_extra_args_support(inner)
+  adaptive = adaptive_lr_c > 0
+  if adaptive and not eta_max > 0:
+    raise ValueError(f'eta_max={eta_max!r} must be > 0 with the staleness-adaptive learning rate')
+
+  def init_fn(params):
+    server = jax.tree.map(jnp.copy, params)  # its own buffers: the step donates params and state separately
+    return ParameterServerState(server=server, inner=inner.init(server))
+
+  def update_fn(grads, state, params=None, *, schedule: Optional[dict[str, Any]] = None, **extra):
+    del extra
+    if params is None:
+      raise ValueError('parameter_server needs params: they are the learner\'s view of the server model.')
+    server = state.server
+    leaves = jax.tree.leaves(grads)
+    dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32  # canonical (float32 unless x64)
+    done = (jnp.ones((), dtype) if schedule is None else schedule['microbatches_done'].astype(dtype))
+    weight = done
+    if adaptive:
+      weight = weight * staleness_factor(server, params, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
+    total, count = collectives.worker_sum((jax.tree.map(lambda g: weight * g, grads), done), axis_name)
+    g = jax.tree.map(lambda s: s / jnp.maximum(count, 1).astype(s.dtype), total)
+    updates, inner_state = inner.update(g, state.inner, server)
+    new_server = optax.apply_updates(server, updates)
+
+    refresh = True if schedule is None else schedule.get('refresh_view', True)
+    fetch_current = False if schedule is None else schedule.get('fetch_current', False)
+    new_view = jax.tree.map(lambda new, old, view: jnp.where(refresh, new, jnp.where(fetch_current, old, view)),
+                            new_server, server, params)
+    view_updates = jax.tree.map(lambda new, view: new - view, new_view, params)
+    return view_updates, ParameterServerState(server=new_server, inner=inner_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def server_model(params, opt_state):
+  """Consensus = the server copy (identical on every worker; worker 0's, so no rounding from a mean)."""
+  del params
+  return jax.tree.map(lambda x: x[0], opt_state.server)
+
+
+# ---- config -> transformation, time rule, validation ----
+
+# Variants AdaSync can adapt, with their time rules.
+BASE_RULES = {'ksync': rules.KSync, 'kbatch_sync': rules.KBatchSync, 'kasync': rules.KAsync,
+              'kbatch_async': rules.KBatchAsync}
+_STALE = ('kasync', 'kbatch_async')
+_ADAPTIVE_LR_DEFAULTS = {'adaptive_lr_c': 0.0, 'eta_max': 0.0}
+
+
+def _build(config: ml_collections.ConfigDict, inner, axis_name):
+  a = config.algorithm
+  c = float(a.get('adaptive_lr_c', 0.0))
+  lr = float(config.optimizer.learning_rate)
+  eta_max = float(a.get('eta_max', 0.0)) or lr
+  return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require_k(value, field: str, workers: int) -> None:
+  ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= workers
+  errors.require(ok, field, value, f'must be an integer in 1..{workers} (workers)')
+
+
+def _validate_adaptive_lr(a) -> None:
+  errors.require(_is_number(a.adaptive_lr_c) and a.adaptive_lr_c >= 0, 'algorithm.adaptive_lr_c',
+                 a.adaptive_lr_c, 'must be a number >= 0 (0 disables the staleness-adaptive learning rate)')
+  errors.require(_is_number(a.eta_max) and a.eta_max >= 0, 'algorithm.eta_max', a.eta_max,
+                 'must be a number >= 0 (0: the optimizer\'s learning_rate)')
+
+
+def _validate_k(config) -> None:
+  _require_k(config.algorithm.k, 'algorithm.k', config.workers)
+
+
+def _validate_stale_k(config) -> None:
+  _validate_k(config)
+  _validate_adaptive_lr(config.algorithm)
+
+
+def _validate_async(config) -> None:
+  _validate_adaptive_lr(config.algorithm)
+
+
+def _validate_adasync(config) -> None:
+  a = config.algorithm
+  errors.require(a.base in BASE_RULES, 'algorithm.base', a.base, f'one of {", ".join(BASE_RULES)}')
+  _require_k(a.k0, 'algorithm.k0', config.workers)
+  errors.require(_is_number(a.adapt_every_s) and a.adapt_every_s > 0, 'algorithm.adapt_every_s',
+                 a.adapt_every_s, 'must be a number of simulated seconds > 0: AdaSync adapts K from the training '
+                 'loss every adapt_every_s; without it there is no loss signal (use a fixed-K variant instead)')
+  # The loop reports the training loss to the clock after each block of <= steps_per_call iterations; the
+  # first report is F(W_0), so K can only change from the third block on.
+  errors.require(config.num_steps > 2 * config.steps_per_call, 'num_steps', config.num_steps,
+                 f'adasync needs > 2 x steps_per_call={config.steps_per_call} iterations: the training loss '
+                 'reaches the clock once per block, and K adapts only after two reports (no loss signal otherwise)')
+  _validate_adaptive_lr(a)
+  errors.require(a.adaptive_lr_c == 0 or a.base in _STALE, 'algorithm.adaptive_lr_c', a.adaptive_lr_c,
+                 f'the staleness-adaptive learning rate needs stale views: base in {", ".join(_STALE)}, '
+                 f'not {a.base!r} (or 0)')
+
+
+def _one_job(config) -> int:
+  return config.microbatches
+
+
+def _k_jobs(config) -> int:
+  return config.algorithm.k * config.microbatches  # a fast learner may push all K mini-batches
+
+
+def _adasync_jobs(config) -> int:
+  a = config.algorithm
+  if a.base in ('kbatch_sync', 'kbatch_async'):
+    return config.workers * config.microbatches  # K may grow to P
+  return config.microbatches
+
+
+def _k_rule(name: str):
+  return lambda config: BASE_RULES[name](k=config.algorithm.k, microbatches=config.microbatches)
+
+
+def _adasync_rule(config):
+  a = config.algorithm
+  base = BASE_RULES[a.base](k=a.k0, microbatches=config.microbatches)  # its own K is ignored
+  return rules.AdaSync(base=base, k0=a.k0, period_s=float(a.adapt_every_s))
+
+
+def _spec(name, defaults, time_rule, validate, microbatches_per_iteration) -> spec.AlgorithmSpec:
+  return spec.AlgorithmSpec(name=name, defaults=defaults, build=_build, time_rule=time_rule, validate=validate,
+                            consensus=server_model, microbatches_per_iteration=microbatches_per_iteration)
+
+
+KSYNC = _spec('ksync', {'k': 4}, _k_rule('ksync'), _validate_k, _one_job)
+KBATCH_SYNC = _spec('kbatch_sync', {'k': 4}, _k_rule('kbatch_sync'), _validate_k, _k_jobs)
+KASYNC = _spec('kasync', {'k': 4, **_ADAPTIVE_LR_DEFAULTS}, _k_rule('kasync'), _validate_stale_k, _one_job)
+KBATCH_ASYNC = _spec('kbatch_async', {'k': 4, **_ADAPTIVE_LR_DEFAULTS}, _k_rule('kbatch_async'),
+                     _validate_stale_k, _k_jobs)
+ASYNC = _spec('async', dict(_ADAPTIVE_LR_DEFAULTS),
+              lambda config: rules.KBatchAsync(k=1, microbatches=config.microbatches), _validate_async, _one_job)
+ADASYNC = _spec('adasync', {'base': 'ksync', 'k0': 1, 'adapt_every_s': 1.0, **_ADAPTIVE_LR_DEFAULTS},
+                _adasync_rule, _validate_adasync, _adasync_jobs)

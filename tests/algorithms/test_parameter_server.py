@@ -1,0 +1,283 @@
+"""Parameter-server family: each variant replayed event by event in a sequential float64 server loop.
+
+The harness runs the shard_map emulation (every worker holds the server copy, its params are its learner's
+view) on least squares with exponential compute times; the reference is a plain parameter server in numpy:
+one model W with its version history, one view per learner, gradients pushed exactly as the schedule says
+(the first on the learner's view, later ones of a K-batch learner on the W it fetched in between), one update
+per iteration, then fetches. Views are compared after every iteration, the server copy at the end.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import numpy as np
+import optax
+
+from algorithms import errors
+from algorithms import parameter_server
+from experiments import metrics_io
+from experiments import train
+from experiments import validation
+from experiments.configs import common
+from tests import harness
+from tests.algorithms import reference
+
+P = 4
+
+
+def _f64(arg, **overrides):
+  return harness.synthetic_config(arg, **{
+      'model.param_dtype': 'float64', 'model.dtype': 'float64', 'stragglers.kind': 'exponential',
+      'stragglers.rate': 100.0, **overrides})
+
+
+class ReferenceServer:
+  """A sequential parameter server: W, its versions, per-learner views; plain or momentum SGD on W."""
+
+  def __init__(self, w, b, learners, lr, momentum, adaptive_c=0.0, eta_max=0.0):
+    self.model = [w.copy(), np.float64(b)]
+    self.versions = [self._copy(self.model)]
+    self.views = [self._copy(self.model) for _ in range(learners)]
+    self.opt = reference.MomentumSGD(lr, momentum)
+    self.lr, self.adaptive_c, self.eta_max = lr, adaptive_c, eta_max
+    self.pushed = []  # (gradient, learning rate it is applied with) since the last update
+
+  @staticmethod
+  def _copy(model):
+    return [np.array(model[0], copy=True), np.float64(model[1])]
+
+  def eta(self, view):
+    """eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max) (Dutta et al. 2018), or the optimizer's rate."""
+    if not self.adaptive_c:
+      return self.lr
+    d2 = float(np.sum((self.model[0] - view[0]) ** 2) + (self.model[1] - view[1]) ** 2)
+    return min(self.adaptive_c / d2, self.eta_max) if d2 > 0 else self.eta_max
+
+  def push(self, gradient, eta):
+    self.pushed.append((gradient, eta))
+
+  def update(self):
+    """W_{t+1} = W_t + U(1/K sum of the pushed gradients), each scaled by eta / lr."""
+    k = len(self.pushed)
+    g = [sum(eta / self.lr * grad[j] for grad, eta in self.pushed) / k for j in range(2)]
+    self.model = self.opt.step(self.model, g)
+    self.versions.append(self._copy(self.model))
+    self.pushed = []
+
+  def fetch(self, learner, version=None):
+    self.views[learner] = self._copy(self.versions[-1 if version is None else version])
+
+
+def _job_gradient(run, learner, position, microbatches, model):
+  batch = harness.worker_batch(run, learner, position, microbatches)
+  x = batch['image'].reshape((-1,) + batch['image'].shape[2:])
+  y = batch['label'].reshape(-1)
+  gw, gb = reference.gradient(model[0], model[1], x, y)
+  return [gw, np.float64(gb)]
+
+
+def replay(test, traj, config, variant, block):
+  """Replays traj's schedules through ReferenceServer, checking views after every block and W at the end."""
+  a, m = config.algorithm, config.microbatches
+  server = ReferenceServer(*reference.unpack(traj.initial_params), config.workers, config.optimizer.learning_rate,
+                           config.optimizer.momentum, a.get('adaptive_lr_c', 0.0),
+                           a.get('eta_max', 0.0) or config.optimizer.learning_rate)
+  for t, (s, positions) in enumerate(zip(traj.schedules, traj.positions)):
+    k = int(s['k'][0])
+    if variant in ('ksync', 'kasync'):
+      pushes = s['contributed'].astype(int)
+      test.assertEqual(pushes.sum(), k)
+    else:
+      pushes = s['contributions']
+      test.assertEqual(pushes.sum(), k)
+    np.testing.assert_array_equal(s['microbatches_done'], pushes * m)
+    etas = {}
+    for i in np.flatnonzero(pushes):
+      view = server.views[i]
+      # The rule's staleness says which server version the learner's (first) gradient was computed on.
+      version = server.versions[t - int(s['staleness'][i])]
+      np.testing.assert_allclose(view[0], version[0], rtol=1e-12, atol=1e-14, err_msg=f'iteration {t} {i}')
+      etas[i] = server.eta(view)
+      for job in range(pushes[i]):
+        if job > 0:
+          test.assertIn(variant, ('kbatch_sync', 'kbatch_async'))
+          server.fetch(i)  # after a push a K-batch learner continues on the current W_t
+        grad = _job_gradient(traj.run, i, int(positions[i]) + job * m, m, server.views[i])
+        server.push(grad, etas[i])
+    server.update()
+    for i in range(config.workers):
+      if variant in ('ksync', 'kbatch_sync'):
+        server.fetch(i)  # cancelled or finished, every learner starts the next round from W_{t+1}
+      elif s['refresh_view'][i]:
+        server.fetch(i)
+      elif variant == 'kbatch_async' and s['fetch_current'][i]:
+        server.fetch(i, version=t)
+      else:
+        test.assertEqual(pushes[i], 0)
+    if (t + 1) % block and t + 1 < len(traj.schedules):
+      continue
+    for i in range(config.workers):
+      got_w, got_b = reference.unpack(traj.params[t // block], i)
+      np.testing.assert_allclose(got_w, server.views[i][0], rtol=1e-10, atol=1e-12, err_msg=f'iteration {t} {i}')
+      np.testing.assert_allclose(got_b, server.views[i][1], rtol=1e-10, atol=1e-12)
+  final = jax.device_get(traj.final_state.opt_state.server)
+  for i in range(config.workers):
+    got_w, got_b = reference.unpack(final, i)
+    np.testing.assert_allclose(got_w, server.model[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_b, server.model[1], rtol=1e-10, atol=1e-12)
+  return server
+
+
+def _staleness(traj):
+  return max(int(s['staleness'].max()) for s in traj.schedules)
+
+
+class ParameterServerTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('ksync', 'ksync,k=2', 'ksync', {}),
+      ('ksync_momentum_microbatches', 'ksync,k=3', 'ksync', {'optimizer.momentum': 0.9, 'microbatches': 2}),
+      ('kbatch_sync', 'kbatch_sync,k=3', 'kbatch_sync', {}),
+      ('kasync', 'kasync,k=2', 'kasync', {}),
+      ('kasync_momentum_microbatches', 'kasync,k=1', 'kasync', {'optimizer.momentum': 0.9, 'microbatches': 2}),
+      ('kasync_adaptive_lr', 'kasync,k=1,adaptive_lr_c=1e-4,eta_max=0.08', 'kasync', {}),
+      ('kbatch_async', 'kbatch_async,k=3', 'kbatch_async', {'microbatches': 2}),
+      ('async', 'async', 'kbatch_async', {}),
+      ('async_adaptive_lr', 'async,adaptive_lr_c=1e-4', 'kbatch_async', {}))
+  def test_matches_sequential_parameter_server(self, arg, variant, overrides):
+    with jax.enable_x64(True):
+      config = _f64(arg, **overrides)
+      traj = harness.run_iterations(config, 14, block=2)
+    replay(self, traj, config, variant, block=2)
+    if variant in ('kasync', 'kbatch_async'):
+      self.assertGreater(_staleness(traj), 0, 'no stale gradient: the test would not exercise views')
+    if variant == 'kbatch_async' and config.algorithm.get('k', 1) > 1:
+      several = [(s['contributions'] > 1) & (s['staleness'] > 0) for s in traj.schedules]
+      self.assertTrue(np.any(several), 'no stale learner pushed twice in one update')
+
+  @parameterized.named_parameters(('ksync', 'ksync', 'ksync'), ('kbatch_async', 'kbatch_async', 'kbatch_async'),
+                                  ('kasync', 'kasync', 'kasync'))
+  def test_adasync_matches_sequential_parameter_server(self, base, variant):
+    with jax.enable_x64(True):
+      config = _f64(f'adasync,base={base},k0=1,adapt_every_s=0.01', **{'optimizer.learning_rate': 0.1})
+      traj = harness.run_iterations(config, 24, block=1)
+    ks = [int(s['k'][0]) for s in traj.schedules]
+    self.assertEqual(ks[0], 1)
+    self.assertGreater(max(ks), 1, 'K never adapted')
+    replay(self, traj, config, variant, block=1)
+
+  def test_ksync_with_k_equal_to_workers_is_sync(self):
+    with jax.enable_x64(True):
+      ksync = harness.run_iterations(_f64(f'ksync,k={P}'), 10, block=5)
+      sync = harness.run_iterations(_f64('sync'), 10, block=5)
+    for a, b in zip(ksync.params, sync.params):
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-11, atol=1e-13), a, b)
+
+  def test_kbatch_async_with_k_one_is_async(self):
+    with jax.enable_x64(True):
+      kbatch = harness.run_iterations(_f64('kbatch_async,k=1'), 10, block=5)
+      plain = harness.run_iterations(_f64('async'), 10, block=5)
+    for a, b in zip(kbatch.params, plain.params):
+      jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
+    self.assertGreater(_staleness(plain), 0)
+
+  def test_workers_on_fewer_devices_give_the_same_trajectory(self):
+    with jax.enable_x64(True):
+      runs = [harness.run_iterations(_f64('kbatch_async,k=3', workers=8, devices=d), 6, block=3) for d in (8, 2)]
+    for a, b in zip(runs[0].params, runs[1].params):
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14), a, b)
+    for x, y in zip(jax.tree.leaves(jax.device_get(runs[0].final_state.opt_state)),
+                    jax.tree.leaves(jax.device_get(runs[1].final_state.opt_state))):
+      np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+
+  def test_evaluates_the_server_copy(self):
+    traj = harness.run_iterations(harness.synthetic_config('kasync,k=1', **{'stragglers.kind': 'exponential'}), 4)
+    spec = traj.run.spec
+    consensus = jax.device_get(spec.consensus(traj.final_state.params, traj.final_state.opt_state))
+    server = jax.device_get(traj.final_state.opt_state.server)
+    jax.tree.map(lambda c, s: np.testing.assert_array_equal(c, s[0]), consensus, server)
+    jax.tree.map(lambda s: np.testing.assert_array_equal(s, np.broadcast_to(s[0], s.shape)), server)
+
+
+class LibraryAndLoopTest(parameterized.TestCase):
+
+  def test_one_worker_without_schedule_is_the_inner_optimizer_on_the_server(self):
+    params = {'w': np.array([1.0, -2.0])}
+    grads = {'w': np.array([0.5, 0.25])}
+    inner = optax.sgd(0.1, momentum=0.9)
+    tx = parameter_server.parameter_server(inner)
+    state = tx.init(params)
+    got, state = tx.update(grads, state, params)
+    want, _ = inner.update(grads, inner.init(params), params)
+    # The update moves the view to the new server model: (W + u) - W, exact up to rounding.
+    np.testing.assert_allclose(got['w'], want['w'], rtol=1e-5)
+    np.testing.assert_allclose(state.server['w'], params['w'] + want['w'], rtol=1e-6)
+
+  def test_staleness_factor(self):
+    server, view = {'w': np.array([3.0, 4.0])}, {'w': np.zeros(2)}
+    # ||W - view||^2 = 25: eta_j = min(C / 25, eta_max); lambda = eta_j / eta.
+    self.assertAlmostEqual(float(parameter_server.staleness_factor(server, view, 0.5, 1.0, 0.1)), 0.2)
+    self.assertAlmostEqual(float(parameter_server.staleness_factor(server, view, 50.0, 1.0, 0.1)), 10.0)
+    self.assertAlmostEqual(float(parameter_server.staleness_factor(server, server, 0.5, 0.3, 0.1)), 3.0)
+
+  def test_training_loop_logs_k_and_staleness(self):
+    config = harness.synthetic_config('kasync,k=2', num_steps=20, log_every=10, eval_every=20, steps_per_call=10,
+                                      **{'stragglers.kind': 'exponential'})
+    with tempfile.TemporaryDirectory() as workdir:
+      train.train_and_evaluate(config, workdir)
+      rows = metrics_io.read_rows(workdir)
+      self.assertTrue(os.path.exists(os.path.join(workdir, 'summary.json')))
+    self.assertLen(rows, 2)
+    for row in rows:
+      self.assertEqual(row['k'], 2.0)
+      self.assertGreater(row['staleness'], 0.0)
+      self.assertGreaterEqual(row['max_staleness'], row['staleness'])
+    self.assertIn('eval_loss', rows[-1])
+
+
+class ValidationTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('ksync_zero', 'ksync,k=0', 'algorithm.k=0 .*in 1..4'),
+      ('kasync_above_workers', 'kasync,k=5', 'algorithm.k=5 .*in 1..4'),
+      ('kbatch_sync_not_int', 'kbatch_sync,k=2.5', "k='2.5' .*must be of type int"),
+      ('kbatch_async_negative', 'kbatch_async,k=-1', 'algorithm.k=-1 .*in 1..4'),
+      ('adasync_k0', 'adasync,k0=9', 'algorithm.k0=9 .*in 1..4'),
+      ('adasync_no_period', 'adasync,adapt_every_s=0', 'algorithm.adapt_every_s=0.0 .*no loss signal'),
+      ('adasync_one_block', 'adasync,num_steps=20', 'num_steps=20 .*no loss signal'),
+      ('adasync_base', 'adasync,base=sync', "algorithm.base='sync' .*ksync"),
+      ('adasync_adaptive_lr_sync_base', 'adasync,adaptive_lr_c=0.1', 'algorithm.adaptive_lr_c=0.1 .*stale'),
+      ('adaptive_lr_negative', 'async,adaptive_lr_c=-1.0', 'algorithm.adaptive_lr_c=-1.0'),
+      ('unknown_field', 'ksync,adaptive_lr_c=1.0', 'unknown key'))
+  def test_rejects(self, arg, message):
+    with self.assertRaisesRegex(errors.ConfigError, message):
+      validation.validate(harness.synthetic_config(arg))
+
+  def test_rejects_a_float_k_set_in_code(self):
+    config = harness.synthetic_config('kbatch_sync')
+    with config.ignore_type():
+      config.algorithm.k = 2.0
+    with self.assertRaisesRegex(errors.ConfigError, 'algorithm.k=2.0 .*integer in 1..4'):
+      validation.validate(config)
+
+  def test_defaults_are_valid(self):
+    for name in ('ksync', 'kbatch_sync', 'kasync', 'kbatch_async', 'async', 'adasync'):
+      validation.validate(harness.synthetic_config(name))
+      validation.validate(common.apply_arg(harness.synthetic_config(), f'{name}'))
+
+  def test_command_line_error_is_one_line(self):
+    out = subprocess.run(
+        [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/digits_stale.py:ksync,k=9',
+         '--workdir=/nonexistent/never_created'], capture_output=True, text=True, timeout=120, check=False)
+    self.assertEqual(out.returncode, 2, out.stderr)
+    self.assertIn('error: algorithm.k=9 is not allowed: must be an integer in 1..8 (workers)', out.stderr)
+    self.assertNotIn('Traceback', out.stderr)
+
+
+if __name__ == '__main__':
+  absltest.main()
