@@ -37,6 +37,7 @@ ALGORITHMS = (
     ('local_sgd', 'local_sgd'),
     # 2 workers vmapped per device, 2 micro-batches: each process feeds 8 workers' micro-batches.
     ('local_sgd_16_workers', 'local_sgd,workers=16,microbatches=2'),
+    ('kasync', 'kasync,stragglers.kind=exponential'),
 )
 
 # Figures that do not depend on floating-point summation order, compared exactly; the losses and the norm do
