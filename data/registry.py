@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from algorithms import errors
+from data import cifar
 from data import digits
+from data import imagenet
 from data import synthetic
+from data import wmt
 
 BUILDERS = {
     'digits': digits.make_dataset,
     'synthetic': synthetic.make_dataset,
+    'cifar10': cifar.make_dataset,
+    'cifar100': cifar.make_dataset,
+    'imagenet2012': imagenet.make_dataset,
+    'wmt': wmt.make_dataset,
 }
 
 

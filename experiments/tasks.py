@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from algorithms import errors
+from experiments import translation
 
 
 def _apply(model, params, model_state, inputs, train: bool, rng):
@@ -72,6 +73,7 @@ class Task:
 TASKS = {
     'classification': Task(_classification_loss, _classification_eval),
     'regression': Task(_regression_loss, _regression_eval),
+    'seq2seq': Task(translation.loss, translation.eval_sums, translation.model_inputs),
 }
 
 

@@ -6,6 +6,9 @@ import jax.numpy as jnp
 
 from algorithms import errors
 from models import mlp
+from models import resnet
+from models import transformer
+from models import wrn
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float64': jnp.float64}
 
@@ -23,6 +26,18 @@ def _mlp(config, num_outputs):
 
 BUILDERS = {
     'mlp': _mlp,
+    'resnet20': resnet.build,
+    'resnet56': resnet.build,
+    'resnet18': resnet.build,
+    'resnet50': resnet.build,
+    'resnet_test': resnet.build,
+    'resnet50_test': resnet.build,
+    'wrn16_8': wrn.build,
+    'wrn28_10': wrn.build,
+    'wrn_test': wrn.build,
+    'transformer_base': transformer.build,
+    'transformer_big': transformer.build,
+    'transformer_test': transformer.build,
 }
 
 

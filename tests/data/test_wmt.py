@@ -1,0 +1,141 @@
+"""WMT pipeline and SentencePiece tokenizer under tfds mock data (random strings)."""
+
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import ml_collections
+import numpy as np
+import tensorflow_datasets as tfds
+
+from algorithms import errors
+from data import registry
+from data import tfds_pipeline
+from data import tokenizer
+from data import wmt
+from experiments import translation
+from models import registry as models_registry
+
+EXAMPLES = 40
+
+
+def _config(tokenizer_dir, workers=4, batch_size=4, microbatches=2, seed=0, **dataset):
+  d = {'name': 'wmt', 'tfds_name': 'wmt17_translate/de-en', 'data_dir': None, 'vocab_size': 48, 'max_len': 24,
+       'eval_max_len': 24, 'tokenizer_dir': tokenizer_dir, **dataset}
+  return ml_collections.ConfigDict({'workers': workers, 'batch_size': batch_size, 'microbatches': microbatches,
+                                    'seed': seed, 'dataset': d})
+
+
+def _rows(tokens):
+  """Each padded sequence of a (..., L) array as a tuple without padding."""
+  flat = tokens.reshape(-1, tokens.shape[-1])
+  return [tuple(int(t) for t in row if t) for row in flat]
+
+
+class TokenizerTest(absltest.TestCase):
+
+  def test_trains_once_then_loads_with_reserved_ids(self):
+    model_dir = self.create_tempdir().full_path
+    rng = np.random.default_rng(0)
+    sentences = [''.join(rng.choice(list(' abcdefghij'), size=15)) for _ in range(50)]
+    sp = tokenizer.train_or_load(sentences, 40, model_dir)
+    files = sorted(os.listdir(model_dir))
+    self.assertLen(files, 1)
+    self.assertEqual((sp.pad_id(), sp.eos_id(), sp.unk_id()), (0, 1, 2))
+    self.assertLessEqual(sp.get_piece_size(), 40)
+    text = 'abc hij gaf'
+    self.assertEqual(sp.decode(sp.encode(text)), text)
+    self.assertTrue(all(t > 2 for t in sp.encode(text)))
+    mtime = os.path.getmtime(os.path.join(model_dir, files[0]))
+    again = tokenizer.train_or_load(sentences, 40, model_dir)
+    self.assertEqual(os.path.getmtime(os.path.join(model_dir, files[0])), mtime)
+    self.assertEqual(again.encode(text), sp.encode(text))
+    # Another corpus gets another model file, never the cached one.
+    tokenizer.train_or_load(sentences[::-1][:30], 40, model_dir)
+    self.assertLen(os.listdir(model_dir), 2)
+
+
+class RaggedTest(absltest.TestCase):
+
+  def test_padded_truncates_and_select_keeps_order(self):
+    ragged = wmt.Ragged.from_lists([[5, 6, 1], [7, 1], [8, 9, 10, 11, 1]])
+    np.testing.assert_array_equal(ragged.padded(np.array([2, 0, 1]), 4),
+                                  [[8, 9, 10, 11], [5, 6, 1, 0], [7, 1, 0, 0]])
+    chosen = ragged.select(np.array([2, 1]))
+    self.assertEqual(_rows(chosen.padded(np.arange(2), 6)), [(8, 9, 10, 11, 1), (7, 1)])
+
+
+class WmtPipelineTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(tfds.testing.mock_data(num_examples=EXAMPLES))
+    self.tokenizer_dir = self.create_tempdir().full_path
+
+  def test_batches_dataset_fields_and_tokens(self):
+    ds = registry.make_dataset(_config(self.tokenizer_dir))
+    self.assertEqual(ds.task, 'seq2seq')
+    self.assertEqual(ds.num_classes, ds.tokenizer.get_piece_size())
+    self.assertEqual(ds.train_size, EXAMPLES)
+    batch = ds.train.read(np.arange(4), np.zeros((2, 4), int), 2)
+    for key in ('inputs', 'targets'):
+      self.assertEqual(batch[key].shape, (2, 4, 2, 2, 24))
+      self.assertEqual(batch[key].dtype, np.int32)
+      for row in _rows(batch[key]):
+        self.assertEqual(row[-1], tokenizer.EOS_ID)
+        self.assertNotIn(tokenizer.EOS_ID, row[:-1])
+    self.assertEqual(ds.example['inputs'].shape, (24,))
+    source = ds.tokenizer.decode(list(_rows(batch['inputs'][0, 0, 0])[0][:-1]))
+    self.assertIn(source, ds.eval_sources)  # mock data: every split yields the same random pairs
+
+  def test_disjoint_shards_same_positions_and_resume(self):
+    config = _config(self.tokenizer_dir)
+    ds = registry.make_dataset(config)
+    shard = ds.train.shard_size
+    self.assertEqual(shard, EXAMPLES // 4)
+    epoch = shard // 2
+    per_worker = [set(_rows(ds.train.read(np.array([w]), np.array([[0]]), epoch)['inputs'])) for w in range(4)]
+    self.assertEqual([len(s) for s in per_worker], [shard] * 4)
+    self.assertLen(set.union(*per_worker), 4 * shard)
+    first = ds.train.read(np.arange(4), np.array([[3, 3, 3, 3]]), 2)
+    fresh = registry.make_dataset(config)  # cached tokenizer and tokens
+    again = fresh.train.read(np.array([2]), np.array([[4]]), 1)
+    np.testing.assert_array_equal(again['targets'][0, 0, 0], first['targets'][0, 2, 1])
+
+  def test_long_pairs_are_dropped_from_training_and_truncated_in_eval(self):
+    ds = registry.make_dataset(_config(self.tokenizer_dir, max_len=12, eval_max_len=12, workers=1,
+                                       batch_size=1, microbatches=1))
+    self.assertLess(ds.train_size, EXAMPLES)
+    batches = list(ds.eval_batches(16))
+    self.assertEqual(sum(b['mask'].sum() for b in batches), EXAMPLES)
+    self.assertEqual(batches[0]['inputs'].shape, (16, 12))
+
+  def test_bleu_of_greedy_translations_runs_on_the_eval_split(self):
+    ds = registry.make_dataset(_config(self.tokenizer_dir, workers=1, batch_size=1, microbatches=1))
+    model = models_registry.make_model(ml_collections.ConfigDict({'name': 'transformer_test', 'max_len': 24}),
+                                       ds.num_classes)
+    params = model.init(jax.random.key(0), jax.tree.map(lambda x: x[None], ds.example), train=False)['params']
+    score = translation.bleu_score(model, params, ds, batch_size=8, max_examples=10, max_decode_len=8)
+    self.assertBetween(score, 0.0, 100.0)
+    self.assertLen(ds.eval_references, EXAMPLES)
+
+  def test_unknown_language_is_a_config_error(self):
+    with self.assertRaisesRegex(errors.ConfigError, 'source_language'):
+      registry.make_dataset(_config(self.tokenizer_dir, source_language='fr'))
+
+
+class MissingWmtTest(parameterized.TestCase):
+
+  @parameterized.parameters('wmt17_translate/de-en', 'wmt14_translate/de-en')
+  def test_one_line_message_with_the_location_and_how_to_prepare(self, name):
+    data_dir = self.create_tempdir().full_path
+    with self.assertRaises(tfds_pipeline.DatasetNotFoundError) as raised:
+      registry.make_dataset(_config(self.create_tempdir().full_path, data_dir=data_dir, tfds_name=name))
+    message = str(raised.exception)
+    self.assertIn(f'tfds build {name} --data_dir={data_dir}', message)
+    self.assertNotIn('\n', message)
+
+
+if __name__ == '__main__':
+  absltest.main()
