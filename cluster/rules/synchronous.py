@@ -17,8 +17,19 @@ if TYPE_CHECKING:
   from cluster.clock import Clock
 
 
+class _WaitsForEveryone:
+  """Rules whose iteration needs every worker (a failed worker stalls them): m micro-batches each."""
+
+  def __post_init__(self):
+    base.check_positive_int(self.microbatches, 'microbatches')
+
+  def tolerated_failures(self, workers: int) -> int:
+    del workers
+    return 0
+
+
 @dataclasses.dataclass(frozen=True)
-class Barrier:
+class Barrier(_WaitsForEveryone):
   """Fully synchronous (`sync`): all start together, compute m micro-batches, all-reduce, everybody waits.
 
   Time per iteration: max_i sum_k X_{i,k} + allreduce(P).
@@ -28,13 +39,6 @@ class Barrier:
     microbatches_done: int32 (P,), = microbatches for every worker.
   """
   microbatches: int = 1
-
-  def __post_init__(self):
-    base.check_positive_int(self.microbatches, 'microbatches')
-
-  def tolerated_failures(self, workers: int) -> int:
-    del workers
-    return 0
 
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     del iteration
@@ -49,7 +53,7 @@ class Barrier:
 
 
 @dataclasses.dataclass(frozen=True)
-class PeriodicAverage:
+class PeriodicAverage(_WaitsForEveryone):
   """Local SGD (`local_sgd`): local steps without waiting; a blocking model all-reduce after selected steps.
 
   Worker i runs its steps back to back; after a step t with `averages_at(t)` everybody waits for the last
@@ -60,13 +64,6 @@ class PeriodicAverage:
   """
   averages_at: Callable[[int], bool]
   microbatches: int = 1
-
-  def __post_init__(self):
-    base.check_positive_int(self.microbatches, 'microbatches')
-
-  def tolerated_failures(self, workers: int) -> int:
-    del workers
-    return 0
 
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     p = clock.workers
@@ -95,7 +92,7 @@ def neighbourhood_max(values: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class RingGossip:
+class RingGossip(_WaitsForEveryone):
   """D-PSGD on a ring (`dpsgd`): a worker waits only for its two neighbours.
 
   Worker i finishes its compute at c_i = start_i + sum_k X_{i,k}; it exchanges models with i-1 and i+1 when
@@ -108,13 +105,6 @@ class RingGossip:
     microbatches_done: int32 (P,), = microbatches for every worker.
   """
   microbatches: int = 1
-
-  def __post_init__(self):
-    base.check_positive_int(self.microbatches, 'microbatches')
-
-  def tolerated_failures(self, workers: int) -> int:
-    del workers
-    return 0
 
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     del iteration
