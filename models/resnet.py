@@ -29,6 +29,17 @@ from models import common
 ModuleDef = Any
 
 
+def _residual_scale_init(zero_init_residual: bool):
+  """Scale of a block's last norm: zeros make the block start as the identity (Goyal et al. 2017)."""
+  return nn.initializers.zeros_init() if zero_init_residual else nn.initializers.ones_init()
+
+
+def _projection(block: nn.Module, residual, filters: int):
+  """Projection shortcut (option B): strided 1x1 conv + norm, created inside `block`'s compact call."""
+  residual = block.conv(filters, (1, 1), block.strides, name='conv_proj')(residual)
+  return block.norm(name='norm_proj')(residual)
+
+
 class BasicBlock(nn.Module):
   """Two 3x3 convolutions with batch norm and a shortcut (`A`: parameter-free, `B`: projection)."""
   filters: int
@@ -45,8 +56,7 @@ class BasicBlock(nn.Module):
     y = self.conv(self.filters, (3, 3), self.strides)(x)
     y = self.act(self.norm()(y))
     y = self.conv(self.filters, (3, 3))(y)
-    y = self.norm(scale_init=nn.initializers.zeros_init() if self.zero_init_residual else
-                  nn.initializers.ones_init())(y)
+    y = self.norm(scale_init=_residual_scale_init(self.zero_init_residual))(y)
     if residual.shape != y.shape:
       if self.shortcut == 'A':
         # Option A: subsample, then pad the new channels with zeros (no parameters).
@@ -54,8 +64,7 @@ class BasicBlock(nn.Module):
         extra = self.filters - residual.shape[-1]
         residual = jnp.pad(residual, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
       else:
-        residual = self.conv(self.filters, (1, 1), self.strides, name='conv_proj')(residual)
-        residual = self.norm(name='norm_proj')(residual)
+        residual = _projection(self, residual, self.filters)
     return self.act(residual + y)
 
 
@@ -75,11 +84,9 @@ class BottleneckBlock(nn.Module):
     y = self.act(self.norm()(self.conv(self.filters, (1, 1))(x)))
     y = self.act(self.norm()(self.conv(self.filters, (3, 3), self.strides)(y)))
     y = self.conv(self.filters * 4, (1, 1))(y)
-    y = self.norm(scale_init=nn.initializers.zeros_init() if self.zero_init_residual else
-                  nn.initializers.ones_init())(y)
+    y = self.norm(scale_init=_residual_scale_init(self.zero_init_residual))(y)
     if residual.shape != y.shape:
-      residual = self.conv(self.filters * 4, (1, 1), self.strides, name='conv_proj')(residual)
-      residual = self.norm(name='norm_proj')(residual)
+      residual = _projection(self, residual, self.filters * 4)
     return self.act(residual + y)
 
 

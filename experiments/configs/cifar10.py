@@ -55,11 +55,7 @@ def steps_for_epochs(epochs: float, train_size: int, workers: int, batch_size: i
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.base_config()
-  config.dataset = ml_collections.ConfigDict()
-  config.dataset.name = 'cifar10'
-  config.dataset.data_dir = None          # None: tfds default ($TFDS_DATA_DIR or ~/tensorflow_datasets)
-  config.dataset.train_split = 'train'
-  config.dataset.eval_split = 'test'
+  config.dataset = common.tfds_dataset('cifar10', eval_split='test')
   config.dataset.shuffle_buffer = 10_000  # per worker (a worker's shard is 50,000 / workers images)
   config.dataset.augment = True           # pad 4 + random crop + flip
 

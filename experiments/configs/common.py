@@ -51,6 +51,16 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def tfds_dataset(name: str, eval_split: str) -> ml_collections.ConfigDict:
+  """`config.dataset` fields every tensorflow-datasets workload has; workload files add their own."""
+  d = ml_collections.ConfigDict()
+  d.name = name
+  d.data_dir = None          # None: tfds default ($TFDS_DATA_DIR or ~/tensorflow_datasets)
+  d.train_split = 'train'
+  d.eval_split = eval_split
+  return d
+
+
 def _literal(text: str):
   try:
     return ast.literal_eval(text)

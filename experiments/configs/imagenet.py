@@ -39,11 +39,7 @@ TRAIN_SIZE = 1_281_167
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.base_config()
-  config.dataset = ml_collections.ConfigDict()
-  config.dataset.name = 'imagenet2012'
-  config.dataset.data_dir = None          # None: tfds default ($TFDS_DATA_DIR or ~/tensorflow_datasets)
-  config.dataset.train_split = 'train'
-  config.dataset.eval_split = 'validation'
+  config.dataset = common.tfds_dataset('imagenet2012', eval_split='validation')
   config.dataset.image_size = 224
   config.dataset.shuffle_buffer = 2_048   # per worker, undecoded JPEGs (~110 kB each)
   config.dataset.augment = True           # inception crop + flip

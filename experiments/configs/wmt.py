@@ -36,14 +36,10 @@ from experiments.configs import common
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.base_config()
-  config.dataset = ml_collections.ConfigDict()
-  config.dataset.name = 'wmt'
+  config.dataset = common.tfds_dataset('wmt', eval_split='test')  # newstest2017 (wmt14: newstest2014)
   config.dataset.tfds_name = 'wmt17_translate/de-en'  # or wmt14_translate/de-en
-  config.dataset.data_dir = None          # None: tfds default ($TFDS_DATA_DIR or ~/tensorflow_datasets)
   config.dataset.source_language = 'en'
   config.dataset.target_language = 'de'
-  config.dataset.train_split = 'train'
-  config.dataset.eval_split = 'test'      # newstest2017 (wmt14: newstest2014)
   config.dataset.vocab_size = 32_000      # SentencePiece pieces shared by both languages
   config.dataset.max_len = 256            # training pairs longer than this (either side) are dropped
   config.dataset.eval_max_len = 256       # evaluation pairs are truncated to this

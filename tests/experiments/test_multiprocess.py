@@ -175,6 +175,14 @@ class SettingsTest(parameterized.TestCase):
 @pytest.mark.slow
 class MultiProcessTest(parameterized.TestCase):
 
+  def assertSameSummary(self, workdir, reference):  # pylint: disable=invalid-name
+    """summary.json of `workdir` equals `reference`'s: EXACT keys exactly, CLOSE keys to summation order."""
+    expected, got = _summary(reference), _summary(workdir)
+    for key in EXACT:
+      self.assertEqual(got[key], expected[key], key)
+    for key in CLOSE:
+      np.testing.assert_allclose(got[key], expected[key], rtol=RTOL, atol=ATOL, err_msg=key)
+
   @parameterized.named_parameters(*ALGORITHMS)
   def test_two_processes_of_four_devices_equal_one_process_of_eight(self, arg):
     config = f'--config=experiments/configs/digits.py:{arg},{SHORT}'
@@ -187,11 +195,7 @@ class MultiProcessTest(parameterized.TestCase):
     self.assertIn('[process 1] ', multi.stderr)
     self.assertRegex(multi.stderr, r'\[process 0\] \w+: \d+ workers on 8 cpu device\(s\)')  # one mesh of 8
 
-    expected, got = _summary(one), _summary(two)
-    for key in EXACT:
-      self.assertEqual(got[key], expected[key], key)
-    for key in CLOSE:
-      np.testing.assert_allclose(got[key], expected[key], rtol=RTOL, atol=ATOL, err_msg=key)
+    self.assertSameSummary(two, one)
     # Process 0 alone writes the metrics: one row per logged step, as in the 1-process run.
     rows, reference = metrics_io.read_rows(two), metrics_io.read_rows(one)
     self.assertEqual([r['step'] for r in rows], [r['step'] for r in reference])
@@ -238,11 +242,7 @@ class MultiProcessTest(parameterized.TestCase):
     resumed = _launch(2, [config, f'--workdir={workdir}'])
     self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
     self.assertRegex(resumed.stderr, r'Resumed from the checkpoint at step (20|40|60|80|100)')
-    expected, got = _summary(reference), _summary(workdir)
-    for key in EXACT:
-      self.assertEqual(got[key], expected[key], key)
-    for key in CLOSE:
-      np.testing.assert_allclose(got[key], expected[key], rtol=RTOL, atol=ATOL, err_msg=key)
+    self.assertSameSummary(workdir, reference)
     rows, ref_rows = metrics_io.read_rows(workdir), metrics_io.read_rows(reference)
     self.assertEqual([r['step'] for r in rows], [r['step'] for r in ref_rows])
     np.testing.assert_allclose([r['train_loss'] for r in rows], [r['train_loss'] for r in ref_rows],
