@@ -1,17 +1,25 @@
 """The inner optimizer U of every algorithm, from `config.optimizer`.
 
-Fields: `name` (`sgd` or `adamw`), `learning_rate`, `momentum`, `nesterov`, `weight_decay`,
-`schedule` (`constant`, `cosine`, `step`), `warmup_steps`, and for `step` the `decay_factor` and
-`decay_boundaries` (fractions of `num_steps`).
+Fields: `name` (`sgd` or `adamw`), `learning_rate`, `momentum`, `nesterov` (sgd), `b1`, `b2`, `eps` (adamw),
+`weight_decay`, `schedule` (`constant`, `cosine`, `step`, `rsqrt`), `warmup_steps`, and for `step` the
+`decay_factor` and `decay_boundaries` (fractions of `num_steps`).
+
+Every schedule starts with a linear warmup from 0 to `learning_rate` over `warmup_steps` iterations. `rsqrt` is
+the inverse-square-root decay of the Transformer (Vaswani et al. 2017, arXiv:1706.03762, eq. 3; flax
+`examples/wmt`): lr(t) = learning_rate * sqrt(warmup_steps / t) for t >= warmup_steps, i.e.
+d^-0.5 * min(t^-0.5, t * warmup^-1.5) rescaled to peak at `learning_rate`.
 """
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import ml_collections
 import optax
 
+from algorithms import errors
+
 OPTIMIZERS = ('sgd', 'adamw')
-SCHEDULES = ('constant', 'cosine', 'step')
+SCHEDULES = ('constant', 'cosine', 'step', 'rsqrt')
 
 
 def learning_rate_schedule(opt: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
@@ -25,6 +33,10 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_steps: int) -> op
   elif opt.schedule == 'step':
     boundaries = {int(f * num_steps) - opt.warmup_steps: opt.decay_factor for f in opt.decay_boundaries}
     main = optax.piecewise_constant_schedule(peak, {b: s for b, s in boundaries.items() if b > 0})
+  elif opt.schedule == 'rsqrt':
+    errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 1)
+    # join_schedules counts from the boundary: t - warmup; lr * sqrt(warmup / t) from there on.
+    main = lambda count: peak * jnp.sqrt(opt.warmup_steps / (count + opt.warmup_steps))
   else:
     raise ValueError(f'optimizer.schedule={opt.schedule!r}; allowed: {", ".join(SCHEDULES)}')
   if opt.warmup_steps <= 0:
@@ -42,5 +54,6 @@ def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int) -> optax.Grad
       return optax.chain(optax.add_decayed_weights(opt.weight_decay), sgd)
     return sgd
   if opt.name == 'adamw':
-    return optax.adamw(lr, weight_decay=opt.weight_decay)
+    return optax.adamw(lr, b1=opt.get('b1', 0.9), b2=opt.get('b2', 0.999), eps=opt.get('eps', 1e-8),
+                       weight_decay=opt.weight_decay)
   raise ValueError(f'optimizer.name={opt.name!r}; allowed: {", ".join(OPTIMIZERS)}')

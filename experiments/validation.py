@@ -29,7 +29,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors.require(opt.learning_rate > 0, 'optimizer.learning_rate', opt.learning_rate, 'must be > 0')
   errors.require(0 <= opt.momentum < 1, 'optimizer.momentum', opt.momentum, 'must be in [0, 1)')
   errors.require(opt.weight_decay >= 0, 'optimizer.weight_decay', opt.weight_decay, 'must be >= 0')
-  errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 0)
+  errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 1 if opt.schedule == 'rsqrt' else 0)
+  for field in ('b1', 'b2'):
+    errors.require(0 <= opt[field] < 1, f'optimizer.{field}', opt[field], 'must be in [0, 1)')
+  errors.require(opt.eps > 0, 'optimizer.eps', opt.eps, 'must be > 0')
   unknown = sorted(set(config.algorithm.keys()) - set(spec.defaults) - {'name'})
   errors.require(not unknown, 'algorithm', ', '.join(unknown),
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')

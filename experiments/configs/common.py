@@ -40,8 +40,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.learning_rate = 0.1
   c.optimizer.momentum = 0.9            # sgd only; 0 disables
   c.optimizer.nesterov = False
+  c.optimizer.b1 = 0.9                  # adamw only: first-moment decay
+  c.optimizer.b2 = 0.999                # adamw only: second-moment decay (Transformer: 0.98)
+  c.optimizer.eps = 1e-8                # adamw only (Transformer: 1e-9)
   c.optimizer.weight_decay = 0.0
-  c.optimizer.schedule = 'constant'     # constant | cosine | step
+  c.optimizer.schedule = 'constant'     # constant | cosine | step | rsqrt (inverse square root)
   c.optimizer.warmup_steps = 0          # linear warmup from 0
   c.optimizer.decay_factor = 0.1        # step schedule: multiply at each boundary
   c.optimizer.decay_boundaries = (0.5, 0.75)  # step schedule: fractions of num_steps
