@@ -3,8 +3,17 @@
 Findings of the 2014 / 2017 Conference on Machine Translation (WMT14: Bojar et al. 2014; WMT17: Bojar et al.
 2017). As in flax `examples/wmt`: a SentencePiece model (`data/tokenizer.py`) trained on the training pairs,
 both sides tokenized with an end-of-sentence token, training pairs longer than `max_len` tokens on either side
-dropped, every sequence zero-padded to `max_len` (no packing). Batches: `inputs` (source) and `targets`
-(int32, 0 = padding); the `seq2seq` task in `experiments/translation.py` reads them.
+dropped. Batches: `inputs` (source) and `targets` (int32, 0 = padding); the `seq2seq` task in
+`experiments/translation.py` reads them.
+
+Packing (`dataset.packing=True`, the WMT config's default): WMT sentences are ~30 tokens, so padding each to
+`max_len` = 256 would leave ~85% of every batch empty. Instead the training pairs, in one seeded order, are
+packed next-fit into rows of `max_len` tokens: a pair joins the current row while both its source and its target
+still fit, else it opens a new row. A row also carries `inputs_segmentation` / `targets_segmentation` (1, 2, ...
+per pair, 0 on padding) and `inputs_position` / `targets_position` (token index within its pair), with which the
+Transformer keeps the pairs apart (`models/transformer.py`). The rows are fixed for the run; workers get disjoint
+shards of rows, each worker's epoch a fresh seeded order of its rows, and `batch_size` counts rows. Without
+packing, every pair is its own row, zero-padded to `max_len`. Evaluation pairs are never packed.
 
 Tokenized text is random-access, so the training pairs are tokenized once and held in host memory (flat
 token arrays with offsets, about 1 GB for WMT17 de-en) and streamed like `data/in_memory.py`: disjoint seeded
@@ -20,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import logging
 import os
 from typing import Any
 
@@ -30,6 +40,8 @@ from data import base
 from data import in_memory
 from data import tfds_pipeline
 from data import tokenizer as tokenizer_lib
+
+log = logging.getLogger('waitless')
 
 
 class Ragged:
@@ -68,13 +80,47 @@ class Ragged:
     return np.where(valid, self.tokens[gather] if len(self.tokens) else 0, 0).astype(np.int32)
 
 
+def pack(input_lengths: np.ndarray, target_lengths: np.ndarray, order: np.ndarray, max_len: int) -> Ragged:
+  """Rows of pair indices: next-fit over `order`, a row holds at most `max_len` tokens on each side.
+
+  Every pair must fit alone (lengths <= max_len). Row r holds pairs `order[offsets[r]:offsets[r + 1]]`.
+  """
+  starts, used_in, used_tg = [0], 0, 0
+  for i, (a, b) in enumerate(zip(input_lengths[order].tolist(), target_lengths[order].tolist())):
+    if used_in + a > max_len or used_tg + b > max_len:
+      starts.append(i)
+      used_in = used_tg = 0
+    used_in += a
+    used_tg += b
+  return Ragged(np.asarray(order, np.int64), np.asarray(starts + [len(order)], np.int64))
+
+
+def packed_rows(side: Ragged, rows: Ragged, row_ids: np.ndarray, length: int) -> tuple[np.ndarray, ...]:
+  """(tokens, segmentation, position), each (len(row_ids), length) int32, of one side of the packed rows."""
+  members = rows.select(np.asarray(row_ids))
+  pairs, per_row = members.tokens, members.lengths()
+  row_of = np.repeat(np.arange(len(row_ids)), per_row)
+  segment = np.arange(len(pairs)) - np.repeat(members.offsets[:-1], per_row) + 1
+  chosen = side.select(pairs)
+  sizes, first = chosen.lengths(), chosen.offsets[:-1]
+  start_in_row = first - first[members.offsets[:-1]][row_of]
+  within = np.arange(len(chosen.tokens)) - np.repeat(first, sizes)
+  token_row = np.repeat(row_of, sizes)
+  token_col = np.repeat(start_in_row, sizes) + within
+  out = tuple(np.zeros((len(row_ids), length), np.int32) for _ in range(3))
+  for array, values in zip(out, (chosen.tokens, np.repeat(segment, sizes), within)):
+    array[token_row, token_col] = values
+  return out
+
+
 class SequenceStreams:
-  """`base.WorkerStreams` over tokenized pairs, each micro-batch padded to `max_len`."""
+  """`base.WorkerStreams` over tokenized pairs: each row one pair padded to `max_len`, or packed `rows`."""
 
   def __init__(self, inputs: Ragged, targets: Ragged, max_len: int, workers: int, microbatch_size: int,
-               seed: int):
-    self._order = in_memory.InMemoryStreams({'index': np.arange(len(inputs))}, workers, microbatch_size, seed)
-    self._inputs, self._targets, self._max_len = inputs, targets, max_len
+               seed: int, rows: Ragged | None = None):
+    count = len(inputs) if rows is None else len(rows)
+    self._order = in_memory.InMemoryStreams({'index': np.arange(count)}, workers, microbatch_size, seed)
+    self._inputs, self._targets, self._max_len, self._rows = inputs, targets, max_len, rows
     self.workers = workers
     self.microbatch_size = microbatch_size
     self.shard_size = self._order.shard_size
@@ -83,8 +129,15 @@ class SequenceStreams:
     index = self._order.read(workers, positions, count)['index']
     flat = index.reshape(-1)
     shape = index.shape + (self._max_len,)
-    return {'inputs': self._inputs.padded(flat, self._max_len).reshape(shape),
-            'targets': self._targets.padded(flat, self._max_len).reshape(shape)}
+    if self._rows is None:
+      return {'inputs': self._inputs.padded(flat, self._max_len).reshape(shape),
+              'targets': self._targets.padded(flat, self._max_len).reshape(shape)}
+    out = {}
+    for name, side in (('inputs', self._inputs), ('targets', self._targets)):
+      tokens, segmentation, position = packed_rows(side, self._rows, flat, self._max_len)
+      out.update({name: tokens.reshape(shape), f'{name}_segmentation': segmentation.reshape(shape),
+                  f'{name}_position': position.reshape(shape)})
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +195,14 @@ def _cache_path(model_dir: str, sp, tfds_name: str, split: str, keys) -> str:
 
 def make_dataset(config) -> TranslationDataset:
   """Reads `config.dataset.`: `tfds_name`, `data_dir`, `source_language`, `target_language`, `train_split`,
-  `eval_split`, `vocab_size`, `max_len`, `eval_max_len`, `tokenizer_dir`, `max_corpus_chars`."""
+  `eval_split`, `vocab_size`, `max_len`, `eval_max_len`, `packing`, `tokenizer_dir`, `max_corpus_chars`."""
   d = config.dataset
   data_dir = d.get('data_dir')
   name = d.get('tfds_name', 'wmt17_translate/de-en')
   keys = (d.get('source_language', 'en'), d.get('target_language', 'de'))
   max_len = d.get('max_len', 256)
+  packing = d.get('packing', False)
+  errors.require(isinstance(packing, bool), 'dataset.packing', packing, 'True or False')
   eval_max_len = d.get('eval_max_len', None) or max_len
   model_dir = d.get('tokenizer_dir') or tokenizer_lib.default_dir()
   ds_builder = tfds_pipeline.builder(name, data_dir)
@@ -166,11 +221,20 @@ def make_dataset(config) -> TranslationDataset:
   if len(keep) < len(inputs):
     inputs, targets = inputs.select(keep), targets.select(keep)
   microbatch = config.batch_size // config.microbatches
-  errors.require(len(inputs) // config.workers >= microbatch, 'batch_size', config.batch_size,
-                 f'{len(inputs)} training pairs of <= {max_len} tokens (dataset.max_len) over {config.workers} '
-                 f'workers leave {len(inputs) // config.workers} per worker, fewer than one micro-batch of '
+  rows = None
+  if packing:
+    rows = pack(inputs.lengths(), targets.lengths(), np.random.default_rng([config.seed, 3]).permutation(
+        len(inputs)), max_len)
+    slots = len(rows) * max_len
+    log.info('packed %d training pairs into %d rows of %d tokens: %.0f%% of source and %.0f%% of target '
+             'slots used', len(inputs), len(rows), max_len, 100 * len(inputs.tokens) / slots,
+             100 * len(targets.tokens) / slots)
+  count, unit = (len(inputs), 'pairs') if rows is None else (len(rows), 'packed rows')
+  errors.require(count // config.workers >= microbatch, 'batch_size', config.batch_size,
+                 f'{count} training {unit} of <= {max_len} tokens (dataset.max_len) over {config.workers} '
+                 f'workers leave {count // config.workers} per worker, fewer than one micro-batch of '
                  f'{microbatch}')
-  streams = SequenceStreams(inputs, targets, max_len, config.workers, microbatch, config.seed)
+  streams = SequenceStreams(inputs, targets, max_len, config.workers, microbatch, config.seed, rows)
 
   eval_inputs, eval_targets = tokenize_split(eval_ds, sp, keys)
   index = np.arange(len(eval_inputs))
@@ -181,7 +245,8 @@ def make_dataset(config) -> TranslationDataset:
     sources.extend(src)
     references.extend(ref)
 
-  example = {'inputs': np.zeros((max_len,), np.int32), 'targets': np.zeros((max_len,), np.int32)}
+  example = {key: value[0, 0, 0, 0] for key, value in streams.read(np.zeros(1, int), np.zeros((1, 1), int),
+                                                                  1).items()}
   return TranslationDataset(
       train=streams, eval_batches=lambda batch_size: base.padded_batches(eval_arrays, batch_size),
       example=example, num_classes=int(sp.get_piece_size()), train_size=len(inputs), task='seq2seq',

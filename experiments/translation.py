@@ -28,8 +28,12 @@ import numpy as np
 LABEL_SMOOTHING = 0.1
 
 
+PACKING_KEYS = ('inputs_segmentation', 'inputs_position', 'targets_segmentation', 'targets_position')
+
+
 def model_inputs(batch):
-  return {'inputs': batch['inputs'], 'targets': batch['targets']}
+  """What the Transformer reads from a batch: the token arrays and, for packed batches, where each pair is."""
+  return {k: batch[k] for k in ('inputs', 'targets') + PACKING_KEYS if k in batch}
 
 
 def smoothed_cross_entropy(logits, targets, label_smoothing: float):

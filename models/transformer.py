@@ -7,7 +7,12 @@ position embeddings, one embedding table shared by the encoder, the decoder and 
 
 Token id 0 is padding (masked out of attention); the decoder input is the target shifted right by one with 0
 as the start token. Called as `model.apply(variables, {'inputs': x, 'targets': y}, train=...)` -> logits
-(batch, target length, vocab); in training pass `rngs={'dropout': key}`. `encode` and `decode` are exposed for
+(batch, target length, vocab); in training pass `rngs={'dropout': key}`.
+
+Packed batches (several pairs per row, `data/wmt.py`) add `inputs_segmentation` / `targets_segmentation` (1, 2,
+... per pair in the row, 0 on padding) and `inputs_position` / `targets_position` (each token's index within its
+pair). Attention is then restricted to tokens of the same pair, positions restart at every pair and each pair's
+decoder input starts with 0, so a packed row gives every pair the logits it would get alone. `encode` and `decode` are exposed for
 autoregressive decoding: a model built with `decode=True` feeds one target token per call and keeps keys and
 values in the `cache` collection (see `experiments/translation.py:greedy_decode`).
 """
@@ -56,6 +61,21 @@ def shift_right(x, axis: int = 1):
   return lax.slice_in_dim(padded, 0, x.shape[axis], axis=axis)
 
 
+def shift_targets(targets, segmentation=None):
+  """The decoder input: `targets` shifted right, with 0 (start) at the first token of every packed pair."""
+  shifted = shift_right(targets)
+  if segmentation is None:
+    return shifted
+  return shifted * (segmentation == shift_right(segmentation)).astype(shifted.dtype)
+
+
+def _same_segment(query_segmentation, key_segmentation, dtype):
+  """(batch, 1, q, k) mask: query and key tokens belong to the same packed pair (None when not packed)."""
+  if query_segmentation is None:
+    return None
+  return nn.make_attention_mask(query_segmentation, key_segmentation, jnp.equal, dtype=dtype)
+
+
 def sinusoidal_table(max_len: int, features: int, min_scale: float = 1.0, max_scale: float = 10000.0):
   """(1, max_len, features) fixed sinusoidal position embeddings."""
   table = np.zeros((max_len, features), dtype=np.float32)
@@ -73,9 +93,9 @@ class AddPositionEmbs(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, positions=None):
     table = sinusoidal_table(self.config.max_len, x.shape[-1])
-    pe = table[:, :x.shape[1], :]
+    pe = table[:, :x.shape[1], :] if positions is None else jnp.take(table[0], positions, axis=0)
     if self.decode:
       is_initialized = self.has_variable('cache', 'cache_index')
       cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.uint32))
@@ -151,11 +171,11 @@ class Encoder(nn.Module):
   shared_embedding: Any = None
 
   @nn.compact
-  def __call__(self, inputs, mask, deterministic: bool):
+  def __call__(self, inputs, mask, deterministic: bool, positions=None):
     cfg = self.config
     embed = self.shared_embedding if self.shared_embedding is not None else _embedding(cfg, 'input_embed')
     x = embed(inputs.astype('int32'))
-    x = AddPositionEmbs(cfg, name='posembed_input')(x)
+    x = AddPositionEmbs(cfg, name='posembed_input')(x, positions)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     for i in range(cfg.num_layers):
       x = EncoderBlock(cfg, name=f'encoderblock_{i}')(x, mask, deterministic)
@@ -167,14 +187,15 @@ class Decoder(nn.Module):
   shared_embedding: Any = None
 
   @nn.compact
-  def __call__(self, encoded, targets, decoder_mask, encoder_decoder_mask, deterministic: bool):
+  def __call__(self, encoded, targets, decoder_mask, encoder_decoder_mask, deterministic: bool,
+               segmentation=None, positions=None):
     cfg = self.config
     embed = self.shared_embedding if self.shared_embedding is not None else _embedding(cfg, 'output_embed')
     y = targets.astype('int32')
     if not cfg.decode:
-      y = shift_right(y)
+      y = shift_targets(y, segmentation)
     y = embed(y)
-    y = AddPositionEmbs(cfg, decode=cfg.decode, name='posembed_output')(y)
+    y = AddPositionEmbs(cfg, decode=cfg.decode, name='posembed_output')(y, positions)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     for i in range(cfg.num_layers):
       y = DecoderBlock(cfg, name=f'encoderdecoderblock_{i}')(
@@ -198,11 +219,14 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, shared_embedding=shared)
     self.decoder = Decoder(cfg, shared_embedding=shared)
 
-  def encode(self, inputs, train: bool = False):
-    mask = nn.make_attention_mask(inputs > 0, inputs > 0, dtype=self.config.dtype)
-    return self.encoder(inputs, mask, deterministic=not train)
+  def encode(self, inputs, train: bool = False, inputs_segmentation=None, inputs_position=None):
+    dtype = self.config.dtype
+    mask = nn.combine_masks(nn.make_attention_mask(inputs > 0, inputs > 0, dtype=dtype),
+                            _same_segment(inputs_segmentation, inputs_segmentation, dtype), dtype=dtype)
+    return self.encoder(inputs, mask, deterministic=not train, positions=inputs_position)
 
-  def decode(self, encoded, inputs, targets, train: bool = False):
+  def decode(self, encoded, inputs, targets, train: bool = False, inputs_segmentation=None,
+             targets_segmentation=None, targets_position=None):
     """Logits for `targets`; with `config.decode`, `targets` is the last token (batch, 1) and `cache` mutable."""
     cfg = self.config
     if cfg.decode:
@@ -211,13 +235,20 @@ class Transformer(nn.Module):
     else:
       decoder_mask = nn.combine_masks(
           nn.make_attention_mask(targets > 0, targets > 0, dtype=cfg.dtype),
-          nn.make_causal_mask(targets, dtype=cfg.dtype))
-      encoder_decoder_mask = nn.make_attention_mask(targets > 0, inputs > 0, dtype=cfg.dtype)
-    return self.decoder(encoded, targets, decoder_mask, encoder_decoder_mask, deterministic=not train)
+          nn.make_causal_mask(targets, dtype=cfg.dtype),
+          _same_segment(targets_segmentation, targets_segmentation, cfg.dtype), dtype=cfg.dtype)
+      encoder_decoder_mask = nn.combine_masks(
+          nn.make_attention_mask(targets > 0, inputs > 0, dtype=cfg.dtype),
+          _same_segment(targets_segmentation, inputs_segmentation, cfg.dtype), dtype=cfg.dtype)
+    return self.decoder(encoded, targets, decoder_mask, encoder_decoder_mask, deterministic=not train,
+                        segmentation=targets_segmentation, positions=targets_position)
 
   def __call__(self, batch, train: bool = True):
+    """`batch`: `inputs`, `targets` and, when packed, their `_segmentation` and `_position` arrays."""
     inputs, targets = batch['inputs'], batch['targets']
-    return self.decode(self.encode(inputs, train), inputs, targets, train)
+    encoded = self.encode(inputs, train, batch.get('inputs_segmentation'), batch.get('inputs_position'))
+    return self.decode(encoded, inputs, targets, train, batch.get('inputs_segmentation'),
+                       batch.get('targets_segmentation'), batch.get('targets_position'))
 
 
 PRESETS = {

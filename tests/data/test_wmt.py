@@ -66,6 +66,44 @@ class RaggedTest(absltest.TestCase):
     self.assertEqual(_rows(chosen.padded(np.arange(2), 6)), [(8, 9, 10, 11, 1), (7, 1)])
 
 
+def _pairs_of_packed(tokens, segmentation):
+  """The sequences of a packed (..., L) array, as tuples, split by segment."""
+  flat_tokens = tokens.reshape(-1, tokens.shape[-1])
+  flat_segments = segmentation.reshape(-1, tokens.shape[-1])
+  return [tuple(int(t) for t in row[seg == k]) for row, seg in zip(flat_tokens, flat_segments)
+          for k in range(1, int(seg.max()) + 1)]
+
+
+class PackingTest(absltest.TestCase):
+
+  def test_next_fit_keeps_order_and_respects_both_lengths(self):
+    rng = np.random.default_rng(0)
+    inputs = rng.integers(1, 9, 200)
+    targets = rng.integers(1, 9, 200)
+    order = rng.permutation(200)
+    rows = wmt.pack(inputs, targets, order, max_len=12)
+    np.testing.assert_array_equal(rows.tokens, order)
+    for r in range(len(rows)):
+      members = rows.tokens[rows.offsets[r]:rows.offsets[r + 1]]
+      self.assertNotEmpty(members)
+      self.assertLessEqual(inputs[members].sum(), 12)
+      self.assertLessEqual(targets[members].sum(), 12)
+      if r + 1 < len(rows):  # next-fit: the next row's first pair did not fit in this one
+        nxt = rows.tokens[rows.offsets[r + 1]]
+        self.assertTrue(inputs[members].sum() + inputs[nxt] > 12 or targets[members].sum() + targets[nxt] > 12)
+    self.assertBetween(len(rows), -(-max(inputs.sum(), targets.sum()) // 12), 150)
+
+  def test_packed_rows_unpack_to_the_pairs_with_positions(self):
+    side = wmt.Ragged.from_lists([[5, 6, 1], [7, 1], [8, 9, 10, 1], [4, 1]])
+    rows = wmt.Ragged(np.array([2, 0, 3, 1]), np.array([0, 2, 4]))  # rows (2, 0) and (3, 1)
+    tokens, segmentation, position = wmt.packed_rows(side, rows, np.array([1, 0, 1]), 8)
+    np.testing.assert_array_equal(tokens, [[4, 1, 7, 1, 0, 0, 0, 0], [8, 9, 10, 1, 5, 6, 1, 0],
+                                           [4, 1, 7, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(segmentation[1], [1, 1, 1, 1, 2, 2, 2, 0])
+    np.testing.assert_array_equal(position[1], [0, 1, 2, 3, 0, 1, 2, 0])
+    np.testing.assert_array_equal(position[0], [0, 1, 0, 1, 0, 0, 0, 0])
+
+
 class WmtPipelineTest(parameterized.TestCase):
 
   def setUp(self):
@@ -102,6 +140,31 @@ class WmtPipelineTest(parameterized.TestCase):
     fresh = registry.make_dataset(config)  # cached tokenizer and tokens
     again = fresh.train.read(np.array([2]), np.array([[4]]), 1)
     np.testing.assert_array_equal(again['targets'][0, 0, 0], first['targets'][0, 2, 1])
+
+  def test_packed_rows_hold_every_pair_once_in_disjoint_shards_and_resume(self):
+    config = _config(self.tokenizer_dir, workers=2, batch_size=1, microbatches=1, packing=True, max_len=48)
+    ds = registry.make_dataset(config)
+    unpacked = registry.make_dataset(_config(self.tokenizer_dir, workers=1, batch_size=1, microbatches=1,
+                                             max_len=48))
+    every_pair = _rows(unpacked.train.read(np.array([0]), np.array([[0]]), EXAMPLES)['inputs'])
+    rows_per_worker = ds.train.shard_size
+    self.assertLess(rows_per_worker * 2, EXAMPLES)  # several pairs per row
+    epoch = ds.train.read(np.arange(2), np.zeros((1, 2), int), rows_per_worker)
+    self.assertEqual(epoch['inputs'].shape, (1, 2, rows_per_worker, 1, 48))
+    for name in ('inputs', 'targets'):
+      packed = _pairs_of_packed(epoch[name], epoch[f'{name}_segmentation'])
+      positions = epoch[f'{name}_position'][epoch[f'{name}_segmentation'] > 0]
+      self.assertEqual(len(positions), sum(len(p) for p in packed))
+      self.assertTrue(all(p[-1] == tokenizer.EOS_ID for p in packed))
+    sources = [_pairs_of_packed(epoch['inputs'][:, w], epoch['inputs_segmentation'][:, w]) for w in range(2)]
+    self.assertEmpty(set(sources[0]) & set(sources[1]))
+    self.assertContainsSubset(set(sources[0]) | set(sources[1]), set(every_pair))
+    self.assertLen(sources[0] + sources[1], len(set(sources[0]) | set(sources[1])))
+    fresh = registry.make_dataset(config)
+    again = fresh.train.read(np.array([1]), np.array([[2]]), 1)
+    for key, value in again.items():
+      np.testing.assert_array_equal(value[0, 0, 0], epoch[key][0, 1, 2], err_msg=key)
+    self.assertIn('inputs_segmentation', ds.example)
 
   def test_long_pairs_are_dropped_from_training_and_truncated_in_eval(self):
     ds = registry.make_dataset(_config(self.tokenizer_dir, max_len=12, eval_max_len=12, workers=1,

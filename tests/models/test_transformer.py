@@ -74,6 +74,37 @@ class TransformerTest(absltest.TestCase):
       self.assertEqual(row.tolist()[:cut], ref[:cut])
       self.assertTrue(all(t == 0 for t in row.tolist()[cut:]))
 
+  def test_a_packed_row_gives_each_pair_its_own_logits(self):
+    rng = np.random.default_rng(3)
+    pairs = [(rng.integers(3, VOCAB, n), rng.integers(3, VOCAB, m)) for n, m in ((4, 5), (6, 3), (2, 4))]
+    length = 16
+
+    def pack(side):
+      tokens, segmentation, position = (np.zeros((1, length), np.int32) for _ in range(3))
+      start = 0
+      for segment, pair in enumerate(pairs, 1):
+        seq = pair[side]
+        tokens[0, start:start + len(seq)] = seq
+        segmentation[0, start:start + len(seq)] = segment
+        position[0, start:start + len(seq)] = np.arange(len(seq))
+        start += len(seq)
+      return tokens, segmentation, position
+
+    (inputs, in_seg, in_pos), (targets, tg_seg, tg_pos) = pack(0), pack(1)
+    packed = {'inputs': inputs, 'targets': targets, 'inputs_segmentation': in_seg, 'inputs_position': in_pos,
+              'targets_segmentation': tg_seg, 'targets_position': tg_pos}
+    apply = jax.jit(lambda b: self.model.apply({'params': self.params}, b, train=False))
+    logits = np.asarray(apply(packed))[0]
+    for segment, (source, target) in enumerate(pairs, 1):
+      alone = {'inputs': np.zeros((1, length), np.int32), 'targets': np.zeros((1, length), np.int32)}
+      alone['inputs'][0, :len(source)] = source
+      alone['targets'][0, :len(target)] = target
+      expected = np.asarray(apply(alone))[0, :len(target)]
+      np.testing.assert_allclose(logits[tg_seg[0] == segment], expected, atol=2e-5)
+    # Without the segmentation the pairs would see each other: the test can tell.
+    unsegmented = np.asarray(apply({'inputs': inputs, 'targets': targets}))[0]
+    self.assertFalse(np.allclose(unsegmented[tg_seg[0] == 2], logits[tg_seg[0] == 2], atol=1e-3))
+
   def test_dropout_needs_and_uses_the_rng(self):
     model = _model(dropout_rate=0.3)
     run = jax.jit(lambda key: model.apply({'params': self.params}, translation.model_inputs(self.batch),
