@@ -64,16 +64,19 @@ class Task:
     loss: (model, params, model_state, batch, rng) -> (scalar loss, new model_state).
     eval_sums: (model, params, model_state, batch) -> {'loss_sum', 'correct', 'count'} over the batch's mask.
     model_inputs: batch -> what `model.init` takes as inputs (a batch of one example at init).
+    extra_eval: (model, params, dataset, config, place) -> more evaluation metrics by name (e.g. BLEU), from
+      the consensus parameters on the host; `place` puts a host array where the parameters live.
   """
   loss: Callable[..., tuple[jax.Array, Any]]
   eval_sums: Callable[..., dict[str, jax.Array]]
   model_inputs: Callable[[Any], Any] = _image
+  extra_eval: Callable[..., dict[str, float]] | None = None
 
 
 TASKS = {
     'classification': Task(_classification_loss, _classification_eval),
     'regression': Task(_regression_loss, _regression_eval),
-    'seq2seq': Task(translation.loss, translation.eval_sums, translation.model_inputs),
+    'seq2seq': Task(translation.loss, translation.eval_sums, translation.model_inputs, translation.eval_bleu),
 }
 
 

@@ -180,7 +180,8 @@ def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workd
 
 
 def make_evaluator(run: Run):
-  """Returns evaluate(state) -> (eval_loss, eval_accuracy, param_norm) of the algorithm's consensus model."""
+  """Returns evaluate(state) -> {'eval_loss', 'eval_accuracy', 'param_norm', and the task's extra metrics} of
+  the algorithm's consensus model."""
   consensus = jax.jit(lambda state: (
       run.spec.consensus(state.params, state.opt_state),
       jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype), state.model_state)),
@@ -195,7 +196,12 @@ def make_evaluator(run: Run):
       for k, v in to_host(sums(params, model_state, batch)).items():
         total[k] += float(v)
     count = max(total['count'], 1.0)
-    return total['loss_sum'] / count, total['correct'] / count, float(step_lib.tree_l2(to_host(params)))
+    metrics = {'eval_loss': total['loss_sum'] / count, 'eval_accuracy': total['correct'] / count,
+               'param_norm': float(step_lib.tree_l2(to_host(params)))}
+    if run.task.extra_eval is not None:
+      place = lambda x: jax.device_put(x, run.layout.replicated())
+      metrics.update(run.task.extra_eval(run.model, params, run.dataset, run.config, place))
+    return metrics
 
   return evaluate
 
@@ -311,10 +317,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if is_eval or step % config.log_every == 0:
         row = {'step': step, 'sim_time': float(block.sim_time[-1]), 'wall_time': wall, **window.row()}
         if is_eval:
-          eval_loss, eval_accuracy, param_norm = evaluate(state)
-          last_eval = {'eval_loss': eval_loss, 'eval_accuracy': eval_accuracy, 'param_norm': param_norm}
-          row.update(eval_loss=eval_loss, eval_accuracy=eval_accuracy)
-          if time_to_target is None and eval_accuracy >= config.target_accuracy:
+          last_eval = evaluate(state)
+          row.update({k: v for k, v in last_eval.items() if k != 'param_norm'})
+          if time_to_target is None and last_eval['eval_accuracy'] >= config.target_accuracy:
             time_to_target = row['sim_time']
         writer.write(row)
       if step % config.checkpoint_every == 0 or step == config.num_steps:
@@ -336,6 +341,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       'final_train_loss': last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
       'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
       'time_to_target': time_to_target, 'num_params': num_params,
+      **{f'final_{k}': v for k, v in last_eval.items() if k not in ('eval_loss', 'eval_accuracy', 'param_norm')},
   }
   if lead:
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:

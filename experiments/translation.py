@@ -10,12 +10,13 @@ registers `loss`, `eval_sums` and `model_inputs` as the `seq2seq` task (this mod
 there is no import cycle).
 
 BLEU (Papineni et al. 2002) is computed with sacrebleu (Post 2018, "A Call for Clarity in Reporting BLEU
-Scores") on detokenized text decoded greedily: `bleu_score(model, params, dataset)`.
+Scores") on detokenized translations of the evaluation split: `bleu_score(model, params, dataset)`, by beam
+search (`experiments/beam_search.py`, beam 4 and length penalty 0.6 as Vaswani et al. 2017) or, with beam size
+1, greedily. The training loop reports it as `eval_bleu` when the config has a `bleu` section (see `eval_bleu` below).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
@@ -23,6 +24,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
+
+from experiments import beam_search
 
 
 LABEL_SMOOTHING = 0.1
@@ -81,12 +84,8 @@ def greedy_decode(model, params, inputs, max_decode_len: int, eos_id: int = 1):
   Uses the model's key/value cache (`decode=True` copy of its config): one decoder call per output token.
   Tokens after the first EOS are 0.
   """
-  decoder = model.clone(config=dataclasses.replace(model.config, decode=True, dropout_rate=0.0,
-                                                   attention_dropout_rate=0.0))
+  decoder, encoded, cache = beam_search.start_decoding(model, params, inputs, max_decode_len)
   batch = inputs.shape[0]
-  encoded = model.apply({'params': params}, inputs, False, method=type(model).encode)
-  cache = decoder.init(jax.random.key(0), encoded, inputs, jnp.ones((batch, max_decode_len), jnp.int32),
-                       method=type(decoder).decode)['cache']
 
   def step(i, carry):
     cache, token, out, done = carry
@@ -119,18 +118,43 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
   return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
 
 
+_greedy = jax.jit(greedy_decode, static_argnums=(0, 3))
+_beam = jax.jit(beam_search.beam_decode, static_argnums=(0, 3, 4, 5))
+
+
 def bleu_score(model, params, dataset, batch_size: int = 64, max_examples: int | None = None,
-               max_decode_len: int | None = None) -> float:
-  """BLEU of greedy translations of the evaluation split of `dataset` (a `data.wmt.TranslationDataset`)."""
-  decode = jax.jit(greedy_decode, static_argnums=(0, 3))
+               max_decode_len: int | None = None, beam_size: int = 4, alpha: float = 0.6,
+               place=jnp.asarray) -> float:
+  """BLEU of translations of the evaluation split of `dataset` (a `data.wmt.TranslationDataset`).
+
+  Beam search with `beam_size` beams and length penalty `alpha`, or greedy decoding when `beam_size` is 1;
+  at most `max_decode_len` tokens (default: the evaluation length); the first `max_examples` sentences (None:
+  all). `place` puts each batch of source tokens where `params` live.
+  """
   hypotheses = []
   total = len(dataset.eval_references) if max_examples is None else min(max_examples, len(dataset.eval_references))
   for batch in dataset.eval_batches(batch_size):
     length = max_decode_len or batch['targets'].shape[1]
-    ids = decode(model, params, jnp.asarray(batch['inputs']), length)
+    inputs = place(batch['inputs'])
+    if beam_size == 1:
+      ids = _greedy(model, params, inputs, length)
+    else:
+      ids = _beam(model, params, inputs, length, beam_size, alpha)
     keep = int(batch['mask'].sum())
     hypotheses.extend(detokenize(dataset.tokenizer, np.asarray(ids)[:keep]))
     if len(hypotheses) >= total:
       break
   hypotheses = hypotheses[:total]
   return bleu(hypotheses, dataset.eval_references[:total])
+
+
+def eval_bleu(model, params, dataset, config, place=jnp.asarray) -> dict[str, float]:
+  """{'eval_bleu': BLEU} as `config.bleu` asks (`examples`: -1 all, 0 none; `beam_size`, `alpha`,
+  `batch_size`, `max_decode_len`: 0 for the evaluation length); {} when the config has no `bleu` section."""
+  b = config.get('bleu')
+  if b is None or b.examples == 0:
+    return {}
+  return {'eval_bleu': bleu_score(model, params, dataset, batch_size=b.batch_size,
+                                  max_examples=None if b.examples < 0 else b.examples,
+                                  max_decode_len=b.max_decode_len or None, beam_size=b.beam_size, alpha=b.alpha,
+                                  place=place)}

@@ -33,6 +33,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for field in ('b1', 'b2'):
     errors.require(0 <= opt[field] < 1, f'optimizer.{field}', opt[field], 'must be in [0, 1)')
   errors.require(opt.eps > 0, 'optimizer.eps', opt.eps, 'must be > 0')
+  if config.get('bleu') is not None:
+    b = config.bleu
+    errors.require_int(b.examples, 'bleu.examples', -1)
+    errors.require_int(b.beam_size, 'bleu.beam_size', 1)
+    errors.require_int(b.batch_size, 'bleu.batch_size', 1)
+    errors.require_int(b.max_decode_len, 'bleu.max_decode_len', 0)
+    errors.require(b.alpha >= 0, 'bleu.alpha', b.alpha, 'must be >= 0')
   unknown = sorted(set(config.algorithm.keys()) - set(spec.defaults) - {'name'})
   errors.require(not unknown, 'algorithm', ', '.join(unknown),
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')

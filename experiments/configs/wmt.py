@@ -62,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.devices = 16
   config.batch_size = 8                   # packed rows of dataset.max_len tokens per worker
   config.num_steps = 100_000
-  config.eval_every = 2_000
+  config.eval_every = 5_000               # teacher-forced loss and accuracy, and BLEU
   config.log_every = 100
   config.checkpoint_every = 10_000
   config.steps_per_call = 10
@@ -76,6 +76,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 0.0
   config.optimizer.schedule = 'rsqrt'
   config.optimizer.warmup_steps = 4_000
+
+  config.bleu = ml_collections.ConfigDict()  # eval_bleu at every evaluation (experiments/translation.py)
+  config.bleu.examples = -1               # evaluation sentences translated: -1 all, 0 no BLEU
+  config.bleu.beam_size = 4               # 1: greedy decoding
+  config.bleu.alpha = 0.6                 # length penalty ((5 + |y|) / 6)^alpha (Wu et al. 2016)
+  config.bleu.batch_size = 64             # sentences decoded at once (each with beam_size beams)
+  config.bleu.max_decode_len = 0          # 0: dataset.eval_max_len
 
   config.stragglers.base_s = 0.2          # choice: a Transformer-base step of 8 packed rows on one accelerator
   return common.apply_arg(config, arg)

@@ -1,6 +1,7 @@
 """WMT pipeline and SentencePiece tokenizer under tfds mock data (random strings)."""
 
 import os
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -174,14 +175,33 @@ class WmtPipelineTest(parameterized.TestCase):
     self.assertEqual(sum(b['mask'].sum() for b in batches), EXAMPLES)
     self.assertEqual(batches[0]['inputs'].shape, (16, 12))
 
-  def test_bleu_of_greedy_translations_runs_on_the_eval_split(self):
+  def test_bleu_lines_translations_up_with_their_references(self):
     ds = registry.make_dataset(_config(self.tokenizer_dir, workers=1, batch_size=1, microbatches=1))
     model = models_registry.make_model(ml_collections.ConfigDict({'name': 'transformer_test', 'max_len': 24}),
                                        ds.num_classes)
     params = model.init(jax.random.key(0), jax.tree.map(lambda x: x[None], ds.example), train=False)['params']
-    score = translation.bleu_score(model, params, ds, batch_size=8, max_examples=10, max_decode_len=8)
-    self.assertBetween(score, 0.0, 100.0)
-    self.assertLen(ds.eval_references, EXAMPLES)
+    greedy = []
+    for batch in ds.eval_batches(8):
+      ids = translation.greedy_decode(model, params, jax.numpy.asarray(batch["inputs"]), 24)
+      greedy.extend(translation.detokenize(ds.tokenizer, np.asarray(ids))[:int(batch['mask'].sum())])
+    self.assertLen(greedy, EXAMPLES)
+    self.assertGreater(len(set(greedy)), 1)
+    # In another batching (the last batch padded), bleu_score scores the same translations, in order, against
+    # the references of the same sentences.
+    with mock.patch.object(translation, 'bleu', side_effect=lambda h, r: (list(h), list(r))):
+      hypotheses, references = translation.bleu_score(model, params, ds, batch_size=16, max_decode_len=24,
+                                                      beam_size=1)
+      self.assertEqual(hypotheses, greedy)
+      self.assertEqual(references, list(ds.eval_references))
+      hypotheses, references = translation.bleu_score(model, params, ds, batch_size=16, max_decode_len=24,
+                                                      beam_size=1, max_examples=7)
+      self.assertEqual((hypotheses, references), (greedy[:7], list(ds.eval_references[:7])))
+    config = ml_collections.ConfigDict({'bleu': {'examples': 10, 'beam_size': 3, 'alpha': 0.6, 'batch_size': 4,
+                                                 'max_decode_len': 8}})
+    scores = translation.eval_bleu(model, params, ds, config)
+    self.assertBetween(scores['eval_bleu'], 0.0, 100.0)
+    config.bleu.examples = 0
+    self.assertEqual(translation.eval_bleu(model, params, ds, config), {})
 
   def test_unknown_language_is_a_config_error(self):
     with self.assertRaisesRegex(errors.ConfigError, 'source_language'):

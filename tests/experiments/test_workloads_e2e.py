@@ -76,7 +76,8 @@ class WorkloadEndToEndTest(parameterized.TestCase):
     self._train('cifar10', 'sync')
 
   def test_wmt_local_sgd(self):
-    self._train('wmt', 'local_sgd', 'local_steps=2')
+    summary = self._train('wmt', 'local_sgd', 'local_steps=2,bleu.examples=8')
+    self.assertBetween(summary['final_eval_bleu'], 0.0, 100.0)  # beam search on the consensus model
 
   @pytest.mark.slow
   def test_cifar100_local_sgd(self):
