@@ -195,7 +195,9 @@ def _cache_path(model_dir: str, sp, tfds_name: str, split: str, keys) -> str:
 
 def make_dataset(config) -> TranslationDataset:
   """Reads `config.dataset.`: `tfds_name`, `data_dir`, `source_language`, `target_language`, `train_split`,
-  `eval_split`, `vocab_size`, `max_len`, `eval_max_len`, `packing`, `tokenizer_dir`, `max_corpus_chars`."""
+  `eval_tfds_name` (evaluate on another dataset's `eval_split`, e.g. newstest2014 of `wmt14_translate/de-en`;
+  None: `tfds_name`), `eval_split`, `vocab_size`, `max_len`, `eval_max_len`, `packing`, `tokenizer_dir`,
+  `max_corpus_chars`."""
   d = config.dataset
   data_dir = d.get('data_dir')
   name = d.get('tfds_name', 'wmt17_translate/de-en')
@@ -212,7 +214,9 @@ def make_dataset(config) -> TranslationDataset:
   train_split = d.get('train_split', 'train')
   eval_split = d.get('eval_split', 'test')
   train_ds = tfds_pipeline.as_dataset(ds_builder, train_split, data_dir)
-  eval_ds = tfds_pipeline.as_dataset(ds_builder, eval_split, data_dir)
+  eval_name = d.get('eval_tfds_name') or name
+  eval_builder = ds_builder if eval_name == name else tfds_pipeline.builder(eval_name, data_dir)
+  eval_ds = tfds_pipeline.as_dataset(eval_builder, eval_split, data_dir)
 
   sp = tokenizer_lib.train_or_load(_interleaved(train_ds, keys), d.get('vocab_size', 32000), model_dir,
                                    d.get('max_corpus_chars', 10 ** 7))

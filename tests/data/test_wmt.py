@@ -8,6 +8,7 @@ from absl.testing import parameterized
 import jax
 import ml_collections
 import numpy as np
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from algorithms import errors
@@ -202,6 +203,21 @@ class WmtPipelineTest(parameterized.TestCase):
     self.assertBetween(scores['eval_bleu'], 0.0, 100.0)
     config.bleu.examples = 0
     self.assertEqual(translation.eval_bleu(model, params, ds, config), {})
+
+  def test_evaluation_can_come_from_another_dataset(self):
+    def as_dataset(builder, split, **unused):
+      del unused
+      year = builder.name[3:5]  # wmt14_translate / wmt17_translate
+      texts = [f'{split} {year} sentence {i}' for i in range(6)]
+      return tf.data.Dataset.from_tensor_slices({'en': texts, 'de': texts})
+
+    with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+      ds = registry.make_dataset(_config(self.tokenizer_dir, workers=1, batch_size=1, microbatches=1,
+                                         eval_tfds_name='wmt14_translate/de-en'))
+      same = registry.make_dataset(_config(self.tokenizer_dir, workers=1, batch_size=1, microbatches=1))
+    self.assertEqual(ds.eval_references[0], 'test 14 sentence 0')
+    self.assertEqual(same.eval_references[0], 'test 17 sentence 0')
+    self.assertEqual(ds.train_size, 6)
 
   def test_unknown_language_is_a_config_error(self):
     with self.assertRaisesRegex(errors.ConfigError, 'source_language'):
