@@ -45,7 +45,7 @@ log = logging.getLogger('waitless')
 
 
 class Ragged:
-  """Variable-length int32 sequences stored flat: sequence i is `tokens[offsets[i]:offsets[i + 1]]`."""
+  """Variable-length integer sequences stored flat: sequence i is `tokens[offsets[i]:offsets[i + 1]]`."""
 
   def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
     self.tokens, self.offsets = tokens, offsets
