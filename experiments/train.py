@@ -35,7 +35,7 @@ from experiments import workers as workers_lib
 from models import registry as model_registry
 
 # Fields that may differ when a run is resumed: they do not change the trajectory.
-RESUMABLE_CHANGES = frozenset({'progress_every_s', 'devices', 'eval_batch_size'})
+RESUMABLE_CHANGES = frozenset({'progress_every_s', 'devices', 'eval_batch_size', 'bleu'})
 
 
 log = logging.getLogger('waitless')

@@ -18,6 +18,7 @@ from experiments import metrics_io
 from experiments import train
 from experiments import validation
 from experiments.configs import digits
+from experiments.configs import wmt
 from tests import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -144,6 +145,10 @@ class TrainTest(parameterized.TestCase):
     train.train_and_evaluate(harness.synthetic_config('sync', num_steps=5, eval_every=5), workdir)
     with self.assertRaisesRegex(train.WorkdirConflict, 'num_steps'):
       train.train_and_evaluate(harness.synthetic_config('sync', num_steps=6, eval_every=5), workdir)
+    # Fields that do not change the trajectory (evaluation batching, BLEU settings) may change on resume.
+    config = harness.synthetic_config('sync', num_steps=5, eval_every=5, eval_batch_size=7)
+    config.bleu = wmt.get_config('sync').bleu
+    self.assertEqual(train.train_and_evaluate(config, workdir)['steps'], 5)
 
   def test_divergence_stops_with_the_step_and_keeps_the_last_checkpoint(self):
     config = harness.synthetic_config('sync', num_steps=40, checkpoint_every=5, eval_every=5, log_every=5,
