@@ -27,6 +27,14 @@ class _WaitsForEveryone:
     del workers
     return 0
 
+  def _everyone_computes(self, clock: "Clock", start) -> np.ndarray:
+    """Finish times of every worker's m micro-batches, started at `start` (a time or one per worker)."""
+    return clock.work(np.arange(clock.workers), start, self.microbatches)
+
+  def _everyone_done(self, workers: int) -> dict[str, np.ndarray]:
+    """The schedule: every worker finished its m micro-batches."""
+    return {'microbatches_done': base.full(workers, self.microbatches, np.int32)}
+
 
 @dataclasses.dataclass(frozen=True)
 class Barrier(_WaitsForEveryone):
@@ -43,11 +51,11 @@ class Barrier(_WaitsForEveryone):
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     del iteration
     p = clock.workers
-    finished = clock.work(np.arange(p), clock.times.max(), self.microbatches)
+    finished = self._everyone_computes(clock, clock.times.max())
     arrival = finished.max()
     clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
     return base.Iteration(
-        schedule={'microbatches_done': base.full(p, self.microbatches, np.int32)},
+        schedule=self._everyone_done(p),
         idle=arrival - finished, bytes_communicated=network_lib.ring_bytes(clock.model_bytes, p),
         staleness=np.zeros(p))
 
@@ -67,7 +75,7 @@ class PeriodicAverage(_WaitsForEveryone):
 
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     p = clock.workers
-    clock.times[:] = clock.work(np.arange(p), clock.times, self.microbatches)
+    clock.times[:] = self._everyone_computes(clock, clock.times)
     idle = np.zeros(p)
     communicated = 0.0
     if self.averages_at(iteration):
@@ -76,7 +84,7 @@ class PeriodicAverage(_WaitsForEveryone):
       clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
       communicated = network_lib.ring_bytes(clock.model_bytes, p)
     return base.Iteration(
-        schedule={'microbatches_done': base.full(p, self.microbatches, np.int32)},
+        schedule=self._everyone_done(p),
         idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
 
 
@@ -109,11 +117,11 @@ class RingGossip(_WaitsForEveryone):
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     del iteration
     p = clock.workers
-    finished = clock.work(np.arange(p), clock.times, self.microbatches)
+    finished = self._everyone_computes(clock, clock.times)
     ready = neighbourhood_max(finished)
     exchanges = ring_neighbours(p)
     clock.times[:] = ready + exchanges * clock.network.p2p(clock.model_bytes)
     return base.Iteration(
-        schedule={'microbatches_done': base.full(p, self.microbatches, np.int32)},
+        schedule=self._everyone_done(p),
         idle=ready - finished, bytes_communicated=float(p * exchanges) * clock.model_bytes,
         staleness=np.zeros(p))
