@@ -40,8 +40,8 @@ def _projection(block: nn.Module, residual, filters: int):
   return block.norm(name='norm_proj')(residual)
 
 
-class BasicBlock(nn.Module):
-  """Two 3x3 convolutions with batch norm and a shortcut (`A`: parameter-free, `B`: projection)."""
+class _ResidualBlock(nn.Module):
+  """The fields every residual block has; `zero_init_residual` starts the block's last norm scale at 0."""
   filters: int
   conv: ModuleDef
   norm: ModuleDef
@@ -49,6 +49,10 @@ class BasicBlock(nn.Module):
   strides: tuple[int, int] = (1, 1)
   shortcut: str = 'B'
   zero_init_residual: bool = False
+
+
+class BasicBlock(_ResidualBlock):
+  """Two 3x3 convolutions with batch norm and a shortcut (`A`: parameter-free, `B`: projection)."""
 
   @nn.compact
   def __call__(self, x):
@@ -68,14 +72,8 @@ class BasicBlock(nn.Module):
     return self.act(residual + y)
 
 
-class BottleneckBlock(nn.Module):
+class BottleneckBlock(_ResidualBlock):
   """1x1 -> 3x3 -> 1x1 (x4 filters) bottleneck with a projection shortcut where the shape changes."""
-  filters: int
-  conv: ModuleDef
-  norm: ModuleDef
-  act: Callable = nn.relu
-  strides: tuple[int, int] = (1, 1)
-  shortcut: str = 'B'
   zero_init_residual: bool = True
 
   @nn.compact
