@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from algorithms import collectives
-from algorithms import errors
+import config_errors as errors
 from algorithms import spec
 from cluster import rules
 

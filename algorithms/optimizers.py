@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from algorithms import errors
+import config_errors as errors
 
 OPTIMIZERS = ('sgd', 'adamw')
 SCHEDULES = ('constant', 'cosine', 'step', 'rsqrt')

@@ -42,7 +42,7 @@ import ml_collections
 import optax
 
 from algorithms import collectives
-from algorithms import errors
+import config_errors as errors
 from algorithms import spec
 from cluster import rules
 

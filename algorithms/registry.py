@@ -6,7 +6,7 @@ Adding an algorithm: one module in `algorithms/` defining `SPEC = spec.Algorithm
 
 from __future__ import annotations
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import local_sgd
 from algorithms import parameter_server
 from algorithms import spec

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 
 
 class ComputeModel(Protocol):

@@ -1,7 +1,7 @@
 """Builds the clock for a config: compute model from `config.stragglers`, network from `config.network`.
 
 `validate(config)` checks every `stragglers.*` / `network.*` field before anything compiles and raises
-`algorithms.errors.ConfigError` naming the field. Configs written before a field existed still work: a missing
+`config_errors.ConfigError` naming the field. Configs written before a field existed still work: a missing
 field takes its default from `default_stragglers_config()` / `default_network_config()`.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 
 from cluster import clock as clock_lib
 from cluster import compute as compute_lib
@@ -105,7 +105,7 @@ def _require_workers(value, field: str, workers: int) -> tuple[int, ...]:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises algorithms.errors.ConfigError for a bad `stragglers.*` or `network.*` field."""
+  """Raises config_errors.ConfigError for a bad `stragglers.*` or `network.*` field."""
   s, p = config.stragglers, config.workers
   get = lambda name: _get(s, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
   kind = get('kind')

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from algorithms import errors
+import config_errors as errors
 from data import cifar
 from data import digits
 from data import imagenet

@@ -33,7 +33,7 @@ with epy.lazy_imports():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-from algorithms import errors
+import config_errors as errors
 from data import base
 
 AUTOTUNE = -1  # tf.data.AUTOTUNE

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from data import base
 from data import in_memory
 from data import tfds_pipeline

@@ -33,7 +33,7 @@ import os
 import socket
 from typing import Mapping
 
-from algorithms import errors
+import config_errors as errors
 
 log = logging.getLogger('waitless')
 

@@ -63,7 +63,7 @@ def _join_processes(config) -> int:
 
   Returns the number of processes (1 without any distributed setting).
   """
-  from algorithms import errors
+  import config_errors as errors
   try:
     settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                          auto=_DISTRIBUTED.value, heartbeat_timeout_s=_HEARTBEAT.value)
@@ -93,7 +93,7 @@ def main(argv):
   if _join_processes(config) > 1:
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
-  from algorithms import errors
+  import config_errors as errors
   from experiments import train
   try:
     summary = _run(config, _WORKDIR.value)

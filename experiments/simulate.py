@@ -24,7 +24,7 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import registry
 from cluster import clock as clock_lib
 from cluster import factory as cluster_factory

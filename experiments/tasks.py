@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms import errors
+import config_errors as errors
 from experiments import translation
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import optimizers
 from algorithms import registry
 from cluster import factory as cluster_factory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from algorithms import errors
+import config_errors as errors
 from models import mlp
 from models import resnet
 from models import transformer

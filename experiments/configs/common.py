@@ -11,7 +11,7 @@ import ast
 
 import ml_collections
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import registry
 from cluster import factory as cluster_factory
 

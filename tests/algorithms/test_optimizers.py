@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import optimizers
 from experiments import validation
 from experiments.configs import digits

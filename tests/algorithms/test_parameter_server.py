@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import optax
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import parameter_server
 from experiments import metrics_io
 from experiments import train

@@ -8,7 +8,7 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import registry
 from experiments import checkpointing
 from experiments import validation

@@ -4,7 +4,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from cluster import compute
 from cluster import faults
 from cluster import rules

@@ -5,7 +5,7 @@ from absl.testing import parameterized
 import ml_collections
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from cluster import compute
 from cluster import factory
 from cluster import network

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from algorithms import errors
+import config_errors as errors
 from data import cifar
 from data import imagenet
 from data import registry

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from algorithms import errors
+import config_errors as errors
 from data import registry
 from data import tfds_pipeline
 from data import tokenizer

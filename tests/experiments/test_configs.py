@@ -3,7 +3,7 @@
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import registry
 from experiments import validation
 from experiments.configs import common

@@ -22,7 +22,7 @@ from absl.testing import parameterized
 import numpy as np
 import pytest
 
-from algorithms import errors
+import config_errors as errors
 from experiments import distributed
 from experiments import metrics_io
 

@@ -8,7 +8,7 @@ import sys
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from algorithms import errors
+import config_errors as errors
 from algorithms import registry
 from experiments import simulate
 from experiments.configs import digits

@@ -13,7 +13,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from experiments import metrics_io
 from experiments import train
 from experiments import validation

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from algorithms import errors
+import config_errors as errors
 from models import registry
 from models import resnet
 from models import transformer

@@ -1,4 +1,8 @@
-"""The one exception for bad user input, raised before anything compiles or loads data."""
+"""The one exception for bad user input, raised before anything compiles or loads data.
+
+A neutral module (no jax, no numpy): every package (algorithms, cluster, data, models, experiments) and the
+config helpers may raise it.
+"""
 
 
 class ConfigError(ValueError):
