@@ -5,24 +5,35 @@ Update rule for worker i at step t (H = `local_steps`, t0 = `warmup_steps`):
     if averages_at(t): W_i <- (1/P) sum_j W_j           (blocking all-reduce of the models)
 where averages_at(t) holds for every t < t0 (post-local warmup: H = 1) and then every H-th step.
 Optimizer state stays local unless `average_opt_state`.
-Time per round: max_i sum_h X_{i,h} + allreduce(P) (`cluster.rules.PeriodicAverage`).
+Time per round: max_i sum_h X_{i,h} + allreduce(P) (`PeriodicAverage` below).
+
+The harness passes the replicated step number (`step=`), so the average is a real conditional also when
+several workers are vmapped on one device; without it (a library user's loop) the step comes from the state's
+own counter.
 
 Reference: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Callable, NamedTuple, Optional, TYPE_CHECKING
 
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from algorithms import collectives
 import config_errors as errors
+from algorithms import collectives
 from algorithms import spec
+from cluster import network as network_lib
 from cluster import rules
+from cluster.rules import synchronous
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
 
 
 class LocalSGDState(NamedTuple):
@@ -53,14 +64,16 @@ def local_sgd(inner: optax.GradientTransformation, local_steps: int, warmup_step
     average_opt_state: also average the floating-point leaves of the inner state (e.g. momentum).
 
   Returns:
-    A transformation whose updates move each worker's params to its new (possibly averaged) params.
+    A transformation whose `update(grads, state, params, *, step=None)` moves each worker's params to its new
+    (possibly averaged) params. `step`: the replicated 0-based iteration number (the harness passes it);
+    None uses the state's counter, which is per-worker data when workers are vmapped.
   """
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
     return LocalSGDState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
 
-  def update_fn(grads, state, params=None, **extra):
+  def update_fn(grads, state, params=None, *, step: Optional[jax.Array] = None, **extra):
     del extra
     if params is None:
       raise ValueError('local_sgd needs params: it averages models, not gradients.')
@@ -75,17 +88,45 @@ def local_sgd(inner: optax.GradientTransformation, local_steps: int, warmup_step
             lambda x: collectives.worker_mean(x, axis_name) if _is_float(x) else x, opt_state)
       return tree, opt_state
 
+    t = state.count if step is None else step
     new_params, inner_state = lax.cond(
-        averages_at(state.count, local_steps, warmup_steps), average, lambda x: x, (stepped, inner_state))
+        averages_at(t, local_steps, warmup_steps), average, lambda x: x, (stepped, inner_state))
     updates = jax.tree.map(lambda new, old: new - old, new_params, params)
     return updates, LocalSGDState(count=optax.safe_increment(state.count), inner=inner_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+@dataclasses.dataclass(frozen=True)
+class PeriodicAverage(synchronous.WaitsForEveryone):
+  """Local steps without waiting; a blocking model all-reduce after selected steps.
+
+  Worker i runs its steps back to back; after a step t with `averages_at(t)` everybody waits for the last
+  worker, then all-reduces. Time per round of H steps: max_i sum_h X_{i,h} + allreduce(P).
+
+  Schedule: `EveryoneSchedule` (microbatches_done = m for every worker); the math derives the averaging
+  steps from the step number itself.
+  """
+  averages_at: Callable[[int], bool]
+  microbatches: int = 1
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    p = clock.workers
+    clock.times[:] = self.everyone_computes(clock, clock.times)
+    idle = np.zeros(p)
+    communicated = 0.0
+    if self.averages_at(iteration):
+      arrival = clock.times.max()
+      idle = arrival - clock.times
+      clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
+      communicated = network_lib.ring_bytes(clock.model_bytes, p)
+    return rules.Iteration(
+        schedule=self.everyone_done(p), idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
+
+
 def time_rule(config):
   a = config.algorithm
-  return rules.PeriodicAverage(
+  return PeriodicAverage(
       averages_at=lambda t: bool(averages_at(t, a.local_steps, a.warmup_steps)),
       microbatches=config.microbatches)
 

@@ -17,15 +17,18 @@ lambda_i = min(C / ||W_t - view_i||^2, eta_max) / eta, so that with plain SGD of
 gradient of learner i is applied with eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max) (Dutta et al. 2018).
 
 Which learners push how many gradients, and who fetches, comes from the variant's time rule
-(`cluster/rules/parameter_server.py`): the math is the same for every variant; the variants differ only in
+(its module): the math is the same for every variant; the variants differ only in
 their schedules. The data contract of the harness does the rest: a learner's data position advances only by
 what it pushed, so a learner still computing recomputes the same gradient on the same view and micro-batches
 next iteration, and cancelled work (K-sync, K-batch-sync) consumes no samples.
 
 A K-batch learner can push several mini-batch gradients in one update: its first is computed on its view, the
-later ones on W_t (it fetched W_t after its first push). The step asks the state where to differentiate each
-micro-batch (`ParameterServerState.gradient_params`): micro-batches of the first job at the view, later ones
-at the server copy W_t.
+later ones on W_t (it fetched W_t after its first push). The spec's `gradient_params` hook tells the step where to
+differentiate each micro-batch (`gradient_params` below): micro-batches of the first job at the view, later
+ones at the server copy W_t.
+
+Every variant shares the schedule `ServerSchedule` and this module's math; each variant's module
+(`ksync`, `kbatch_sync`, `kasync`, `kbatch_async` with `async`, `adasync`) holds its time rule and spec.
 
 Reference: Dutta, Joshi, Ghosh, Dube, Nagpurkar, "Slow and Stale Gradients Can Win the Race: Error-Runtime
 Trade-offs in Distributed SGD", AISTATS 2018; AdaSync: the journal version, arXiv 2003.10579.
@@ -34,17 +37,36 @@ Trade-offs in Distributed SGD", AISTATS 2018; AdaSync: the journal version, arXi
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
-from algorithms import collectives
 import config_errors as errors
+from algorithms import collectives
 from algorithms import spec
 from cluster import rules
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+
+class ServerSchedule(NamedTuple):
+  """Schedule of one server update t (W_t -> W_{t+1}), shared by every parameter-server rule."""
+  microbatches_done: np.ndarray  # int32 (P,), c_i * m: the samples learner i's pushed gradients consumed
+  contributions: np.ndarray      # int32 (P,), c_i: mini-batch gradients learner i pushed in this update (0..K;
+  #                                at most 1 for K-sync / K-async); sum_i c_i = K. Its first was computed at its
+  #                                view, its later ones (K-batch rules) at W_t, fetched in between.
+  staleness: np.ndarray          # int32 (P,), server versions between learner i's view and W_t for its first
+  #                                gradient in this update (0 if c_i = 0, and for the synchronous rules)
+  refresh_view: np.ndarray       # bool (P,), afterwards learner i's view is the new W_{t+1}
+  fetch_current: np.ndarray      # bool (P,), afterwards learner i's view is W_t, the model before this update
+  #                                (K-batch-async: its last push was not the K-th). Neither flag: view unchanged.
+  k: np.ndarray                  # int32 (), the K of this update (W - eta/K * sum of the K gradients)
+  UNIFORM = ('k',)
 
 
 class ParameterServerState(NamedTuple):
@@ -52,18 +74,16 @@ class ParameterServerState(NamedTuple):
   server: Any            # the emulated server model W_t: same tree as params; identical on every worker
   inner: optax.OptState  # the server's inner optimizer state (on W), identical on every worker
 
-  def gradient_params(self, params, schedule, microbatch):
-    """Where the step differentiates micro-batch `microbatch` (0-based) of this learner's batch.
 
-    The first job (mini-batch of m micro-batches) of an update is computed on the learner's view `params`;
-    a K-batch learner's later jobs in the same update on the server model W_t, which it fetched after its
-    first push. Schedules without `contributions` hold one job per learner: always the view.
-    """
-    if schedule is None or 'contributions' not in schedule:
-      return params
-    jobs = jnp.maximum(schedule['contributions'], 1)
-    later = microbatch * jobs >= schedule['microbatches_done']  # microbatch >= m = done / contributions
-    return jax.tree.map(lambda view, w: jnp.where(later, w, view), params, self.server)
+def gradient_params(params, opt_state: ParameterServerState, schedule: ServerSchedule, microbatch):
+  """Where the step differentiates micro-batch `microbatch` (0-based) of a K-batch learner's batch.
+
+  The first job (mini-batch of m micro-batches) of an update is computed on the learner's view `params`;
+  its later jobs in the same update on the server model W_t, which it fetched after its first push.
+  """
+  jobs = jnp.maximum(schedule.contributions, 1)
+  later = microbatch * jobs >= schedule.microbatches_done  # microbatch >= m = done / contributions
+  return jax.tree.map(lambda view, w: jnp.where(later, w, view), params, opt_state.server)
 
 
 def _sq_distance(a, b) -> jax.Array:
@@ -101,8 +121,9 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
   Returns:
     A transformation whose `update(grads, state, params, schedule=...)` takes this learner's gradient (mean
     over its finished micro-batches) and its view `params`, and returns updates that move the view to its
-    new value. Without a schedule every learner pushes one gradient and fetches the new W (synchronous SGD
-    through a server). Schedule fields read: `microbatches_done`, optional `refresh_view`, `fetch_current`.
+    new value. `schedule` is a `ServerSchedule` (fields read: `microbatches_done`, `refresh_view`,
+    `fetch_current`); without one every learner pushes one gradient and fetches the new W (synchronous SGD
+    through a server).
 
   Example:
     >>> tx = parameter_server(optax.sgd(0.01), axis_name='workers')  # inside shard_map over 'workers'
@@ -121,14 +142,14 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     server = jax.tree.map(jnp.copy, params)  # its own buffers: the step donates params and state separately
     return ParameterServerState(server=server, inner=inner.init(server))
 
-  def update_fn(grads, state, params=None, *, schedule: Optional[dict[str, Any]] = None, **extra):
+  def update_fn(grads, state, params=None, *, schedule: Optional[ServerSchedule] = None, **extra):
     del extra
     if params is None:
       raise ValueError('parameter_server needs params: they are the learner\'s view of the server model.')
     server = state.server
     leaves = jax.tree.leaves(grads)
     dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32  # canonical (float32 unless x64)
-    done = (jnp.ones((), dtype) if schedule is None else schedule['microbatches_done'].astype(dtype))
+    done = (jnp.ones((), dtype) if schedule is None else schedule.microbatches_done.astype(dtype))
     weight = done
     if adaptive:
       weight = weight * staleness_factor(server, params, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
@@ -137,8 +158,8 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     updates, inner_state = inner.update(g, state.inner, server)
     new_server = optax.apply_updates(server, updates)
 
-    refresh = True if schedule is None else schedule.get('refresh_view', True)
-    fetch_current = False if schedule is None else schedule.get('fetch_current', False)
+    refresh = True if schedule is None else schedule.refresh_view
+    fetch_current = False if schedule is None else schedule.fetch_current
     new_view = jax.tree.map(lambda new, old, view: jnp.where(refresh, new, jnp.where(fetch_current, old, view)),
                             new_server, server, params)
     view_updates = jax.tree.map(lambda new, view: new - view, new_view, params)
@@ -153,16 +174,61 @@ def server_model(params, opt_state):
   return jax.tree.map(lambda x: x[0], opt_state.server)
 
 
-# ---- config -> transformation, time rule, validation ----
+# ---- shared by the variants' time rules ----
 
-# Variants AdaSync can adapt, with their time rules.
-BASE_RULES = {'ksync': rules.KSync, 'kbatch_sync': rules.KBatchSync, 'kasync': rules.KAsync,
-              'kbatch_async': rules.KBatchAsync}
-_STALE = ('kasync', 'kbatch_async')
-_ADAPTIVE_LR_DEFAULTS = {'adaptive_lr_c': 0.0, 'eta_max': 0.0}
+def schedule(p: int, k: int, m: int, contributions: np.ndarray, staleness=None, refresh_view=None,
+             fetch_current=None) -> ServerSchedule:
+  """A ServerSchedule; defaults: no staleness, every learner fetches the new model (the synchronous rules)."""
+  contributions = np.asarray(contributions, np.int32)
+  return ServerSchedule(
+      microbatches_done=contributions * np.int32(m), contributions=contributions,
+      staleness=np.zeros(p, np.int32) if staleness is None else np.asarray(staleness, np.int32),
+      refresh_view=np.ones(p, bool) if refresh_view is None else np.asarray(refresh_view, bool),
+      fetch_current=np.zeros(p, bool) if fetch_current is None else np.asarray(fetch_current, bool),
+      k=np.int32(k))
 
 
-def _build(config: ml_collections.ConfigDict, inner, axis_name):
+def current_k(rule, clock: 'Clock') -> int:
+  """K of this update: `clock.rule_state['k']` when set (AdaSync, `Clock.set_k`), else the rule's own."""
+  k = int(clock.rule_state.get('k', rule.k))
+  if not 1 <= k <= clock.workers:
+    raise ValueError(f'{type(rule).__name__}: K={k} must be in 1..{clock.workers} (workers)')
+  return k
+
+
+class KRule(rules.TimeRule):
+  """Shared by the K-family rules: the schedule, an adjustable K, what they report, failures they survive.
+
+  Reports: `k` (mean over a metrics window) and `max_staleness` (the largest staleness of a gradient applied).
+  """
+  schedule_type = ServerSchedule
+  reports = {'k': 'mean', 'max_staleness': 'max'}
+  adjustable_k = True
+
+  def __post_init__(self):
+    rules.check_positive_int(self.k, 'k')
+    rules.check_positive_int(self.microbatches, 'microbatches')
+
+  def tolerated_failures(self, workers: int) -> int:
+    return workers - self.k
+
+
+def init_learners(clock: 'Clock', m: int) -> dict[str, Any]:
+  """Event state of asynchronous learners: each starts a mini-batch on W_0 at the current time."""
+  state = clock.rule_state
+  if 'finish' not in state:
+    state['finish'] = clock.work(np.arange(clock.workers), clock.times.max(), m)  # float64 (P,)
+    state['view'] = np.zeros(clock.workers, np.int64)  # server version each in-flight job computes on
+    state['version'] = 0                                # server updates so far
+  return state
+
+
+# ---- config -> transformation, validation, spec ----
+
+ADAPTIVE_LR_DEFAULTS = {'adaptive_lr_c': 0.0, 'eta_max': 0.0}  # staleness-adaptive LR off
+
+
+def build(config: ml_collections.ConfigDict, inner, axis_name):
   a = config.algorithm
   c = float(a.get('adaptive_lr_c', 0.0))
   lr = float(config.optimizer.learning_rate)
@@ -170,89 +236,38 @@ def _build(config: ml_collections.ConfigDict, inner, axis_name):
   return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _require_k(value, field: str, workers: int) -> None:
+def require_k(value, field: str, workers: int) -> None:
   ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= workers
   errors.require(ok, field, value, f'must be an integer in 1..{workers} (workers)')
 
 
-def _validate_adaptive_lr(a) -> None:
-  errors.require(_is_number(a.adaptive_lr_c) and a.adaptive_lr_c >= 0, 'algorithm.adaptive_lr_c',
+def validate_adaptive_lr(a) -> None:
+  errors.require(is_number(a.adaptive_lr_c) and a.adaptive_lr_c >= 0, 'algorithm.adaptive_lr_c',
                  a.adaptive_lr_c, 'must be a number >= 0 (0 disables the staleness-adaptive learning rate)')
-  errors.require(_is_number(a.eta_max) and a.eta_max >= 0, 'algorithm.eta_max', a.eta_max,
+  errors.require(is_number(a.eta_max) and a.eta_max >= 0, 'algorithm.eta_max', a.eta_max,
                  'must be a number >= 0 (0: the optimizer\'s learning_rate)')
 
 
-def _validate_k(config) -> None:
-  _require_k(config.algorithm.k, 'algorithm.k', config.workers)
+def validate_k(config) -> None:
+  require_k(config.algorithm.k, 'algorithm.k', config.workers)
 
 
-def _validate_stale_k(config) -> None:
-  _validate_k(config)
-  _validate_adaptive_lr(config.algorithm)
-
-
-def _validate_async(config) -> None:
-  _validate_adaptive_lr(config.algorithm)
-
-
-def _validate_adasync(config) -> None:
-  a = config.algorithm
-  errors.require(a.base in BASE_RULES, 'algorithm.base', a.base, f'one of {", ".join(BASE_RULES)}')
-  _require_k(a.k0, 'algorithm.k0', config.workers)
-  errors.require(_is_number(a.adapt_every_s) and a.adapt_every_s > 0, 'algorithm.adapt_every_s',
-                 a.adapt_every_s, 'must be a number of simulated seconds > 0: AdaSync adapts K from the training '
-                 'loss every adapt_every_s; without it there is no loss signal (use a fixed-K variant instead)')
-  # The loop reports the training loss to the clock after each block of <= steps_per_call iterations; the
-  # first report is F(W_0), so K can only change from the third block on.
-  errors.require(config.num_steps > 2 * config.steps_per_call, 'num_steps', config.num_steps,
-                 f'adasync needs > 2 x steps_per_call={config.steps_per_call} iterations: the training loss '
-                 'reaches the clock once per block, and K adapts only after two reports (no loss signal otherwise)')
-  _validate_adaptive_lr(a)
-  errors.require(a.adaptive_lr_c == 0 or a.base in _STALE, 'algorithm.adaptive_lr_c', a.adaptive_lr_c,
-                 f'the staleness-adaptive learning rate needs stale views: base in {", ".join(_STALE)}, '
-                 f'not {a.base!r} (or 0)')
-
-
-def _one_job(config) -> int:
+def one_job(config) -> int:
   return config.microbatches
 
 
-def _k_jobs(config) -> int:
+def k_jobs(config) -> int:
   return config.algorithm.k * config.microbatches  # a fast learner may push all K mini-batches
 
 
-def _adasync_jobs(config) -> int:
-  a = config.algorithm
-  if a.base in ('kbatch_sync', 'kbatch_async'):
-    return config.workers * config.microbatches  # K may grow to P
-  return config.microbatches
-
-
-def _k_rule(name: str):
-  return lambda config: BASE_RULES[name](k=config.algorithm.k, microbatches=config.microbatches)
-
-
-def _adasync_rule(config):
-  a = config.algorithm
-  base = BASE_RULES[a.base](k=a.k0, microbatches=config.microbatches)  # its own K is ignored
-  return rules.AdaSync(base=base, k0=a.k0, period_s=float(a.adapt_every_s))
-
-
-def _spec(name, defaults, time_rule, validate, microbatches_per_iteration) -> spec.AlgorithmSpec:
-  return spec.AlgorithmSpec(name=name, defaults=defaults, build=_build, time_rule=time_rule, validate=validate,
-                            consensus=server_model, microbatches_per_iteration=microbatches_per_iteration)
-
-
-KSYNC = _spec('ksync', {'k': 4}, _k_rule('ksync'), _validate_k, _one_job)
-KBATCH_SYNC = _spec('kbatch_sync', {'k': 4}, _k_rule('kbatch_sync'), _validate_k, _k_jobs)
-KASYNC = _spec('kasync', {'k': 4, **_ADAPTIVE_LR_DEFAULTS}, _k_rule('kasync'), _validate_stale_k, _one_job)
-KBATCH_ASYNC = _spec('kbatch_async', {'k': 4, **_ADAPTIVE_LR_DEFAULTS}, _k_rule('kbatch_async'),
-                     _validate_stale_k, _k_jobs)
-ASYNC = _spec('async', dict(_ADAPTIVE_LR_DEFAULTS),
-              lambda config: rules.KBatchAsync(k=1, microbatches=config.microbatches), _validate_async, _one_job)
-ADASYNC = _spec('adasync', {'base': 'ksync', 'k0': 1, 'adapt_every_s': 1.0, **_ADAPTIVE_LR_DEFAULTS},
-                _adasync_rule, _validate_adasync, _adasync_jobs)
+def make_spec(name, defaults, time_rule, validate, microbatches_per_iteration,
+              several_jobs: bool) -> spec.AlgorithmSpec:
+  """A parameter-server variant's spec; `several_jobs`: a learner may push several mini-batches per update."""
+  return spec.AlgorithmSpec(
+      name=name, defaults=defaults, build=build, time_rule=time_rule, validate=validate, consensus=server_model,
+      microbatches_per_iteration=microbatches_per_iteration,
+      gradient_params=gradient_params if several_jobs else spec.at_own_params)

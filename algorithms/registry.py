@@ -7,20 +7,24 @@ Adding an algorithm: one module in `algorithms/` defining `SPEC = spec.Algorithm
 from __future__ import annotations
 
 import config_errors as errors
+from algorithms import adasync
+from algorithms import kasync
+from algorithms import kbatch_async
+from algorithms import kbatch_sync
+from algorithms import ksync
 from algorithms import local_sgd
-from algorithms import parameter_server
 from algorithms import spec
 from algorithms import sync
 
 _SPECS = (
     sync.SPEC,
     local_sgd.SPEC,
-    parameter_server.KSYNC,
-    parameter_server.KBATCH_SYNC,
-    parameter_server.KASYNC,
-    parameter_server.KBATCH_ASYNC,
-    parameter_server.ASYNC,
-    parameter_server.ADASYNC,
+    ksync.SPEC,
+    kbatch_sync.SPEC,
+    kasync.SPEC,
+    kbatch_async.SPEC,
+    kbatch_async.ASYNC,
+    adasync.SPEC,
 )
 REGISTRY: dict[str, spec.AlgorithmSpec] = {s.name: s for s in _SPECS}
 

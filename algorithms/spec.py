@@ -1,4 +1,13 @@
-"""What an algorithm module declares so the harness can build it: its `SPEC`."""
+"""What an algorithm module declares so the harness can build it: its `SPEC`.
+
+The spec is the whole interface between an algorithm and the harness: nothing else is discovered from the
+algorithm's state or schedule. The step calls the transformation as
+
+    updates, state = tx.update(grads, state, params, schedule=schedule, step=step)
+
+per worker, with `schedule` the time rule's NamedTuple (its `UNIFORM` fields unbatched) and `step` the
+replicated int32 iteration number: conditionals over either stay real conditionals when workers are vmapped.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ import ml_collections
 import optax
 
 from algorithms import collectives
+from cluster import rules
 
 
 def _no_checks(config: ml_collections.ConfigDict) -> None:
@@ -27,6 +37,12 @@ def mean_of_workers(params: Any, opt_state: Any) -> Any:
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), params)
 
 
+def at_own_params(params: Any, opt_state: Any, schedule: Any, microbatch: jax.Array) -> Any:
+  """Every micro-batch's gradient is taken at the worker's own parameters."""
+  del opt_state, schedule, microbatch
+  return params
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
   """Everything the harness needs to know about one algorithm.
@@ -35,18 +51,22 @@ class AlgorithmSpec:
     name: registry name, `config.algorithm.name`.
     defaults: the `config.algorithm.*` fields it reads, with their defaults.
     build: (config, inner optimizer, axis_name) -> the per-worker optax transformation.
-    time_rule: config -> the cluster time rule that produces its schedules.
-    validate: config -> None; raises errors.ConfigError for a bad value. Runs before anything compiles.
+    time_rule: config -> the `cluster.rules.TimeRule` that produces its schedules.
+    validate: config -> None; raises config_errors.ConfigError for a bad value. Runs before anything compiles.
     consensus: (stacked params, stacked opt state) -> the model to evaluate (leading axis = workers).
     microbatches_per_iteration: config -> how many micro-batches each worker's batch holds per iteration (the
       most one iteration can consume: `microbatches`, or K mini-batches for K-batch-sync); the step masks
       those beyond the schedule's `microbatches_done`.
+    gradient_params: (params, opt_state, schedule, microbatch index) -> the parameters at which the step
+      differentiates that micro-batch, per worker (default: the worker's own params; the parameter server:
+      a K-batch learner's later mini-batches at the server model it fetched in between).
   """
   name: str
   defaults: Mapping[str, Any]
   build: Callable[[ml_collections.ConfigDict, optax.GradientTransformation, collectives.AxisName],
                   optax.GradientTransformationExtraArgs]
-  time_rule: Callable[[ml_collections.ConfigDict], Any]
+  time_rule: Callable[[ml_collections.ConfigDict], rules.TimeRule]
   validate: Callable[[ml_collections.ConfigDict], None] = _no_checks
   consensus: Callable[[Any, Any], Any] = mean_of_workers
   microbatches_per_iteration: Callable[[ml_collections.ConfigDict], int] = _configured_microbatches
+  gradient_params: Callable[[Any, Any, Any, jax.Array], Any] = at_own_params

@@ -4,18 +4,25 @@ Update rule (every worker, every iteration):
     g = (1/P) sum_i g_i          (all-reduce of the workers' gradients)
     W <- W + U(g)                (U: the inner optimizer, identical on every worker)
 With P workers of local batch b this is single-device SGD with batch P*b.
-Time per iteration: max_i X_i + allreduce(P) (`cluster.rules.Barrier`).
+Time per iteration: max_i X_i + allreduce(P) (`Barrier` below).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import NamedTuple, TYPE_CHECKING
 
+import numpy as np
 import optax
 
 from algorithms import collectives
 from algorithms import spec
+from cluster import network as network_lib
 from cluster import rules
+from cluster.rules import synchronous
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
 
 
 class SyncState(NamedTuple):
@@ -51,8 +58,31 @@ def sync_sgd(inner: optax.GradientTransformation,
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+@dataclasses.dataclass(frozen=True)
+class Barrier(synchronous.WaitsForEveryone):
+  """Fully synchronous: all start together, compute m micro-batches, all-reduce, everybody waits.
+
+  Time per iteration: max_i sum_k X_{i,k} + allreduce(P).
+  Idle: max_j finish_j - finish_i (the all-reduce itself is communication, not idle).
+
+  Schedule: `EveryoneSchedule` (microbatches_done = m for every worker).
+  """
+  microbatches: int = 1
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    del iteration
+    p = clock.workers
+    finished = self.everyone_computes(clock, clock.times.max())
+    arrival = finished.max()
+    clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
+    return rules.Iteration(
+        schedule=self.everyone_done(p),
+        idle=arrival - finished, bytes_communicated=network_lib.ring_bytes(clock.model_bytes, p),
+        staleness=np.zeros(p))
+
+
 def time_rule(config):
-  return rules.Barrier(microbatches=config.microbatches)
+  return Barrier(microbatches=config.microbatches)
 
 
 SPEC = spec.AlgorithmSpec(

@@ -25,6 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from algorithms import adasync
+from algorithms import kasync
+from algorithms import kbatch_async
+from algorithms import kbatch_sync
+from algorithms import ksync
+from algorithms import local_sgd
+from algorithms import sync
 from cluster import calibration
 from cluster import factory
 from cluster import rules
@@ -86,7 +93,7 @@ def digits_step_seconds() -> float:
 def main(argv):
   del argv
   p, k, n = _WORKERS.value, _K.value, _ITERATIONS.value
-  seconds = time_rule(rules.KAsync(k), p, n)
+  seconds = time_rule(kasync.KAsync(k), p, n)
   step = digits_step_seconds()
   print(f'K-async (K={k}, P={p}): {n:,} iterations in {seconds:.2f} s = {1e6 * seconds / n:.1f} us/iteration')
   print(f'jitted digits MLP train step (8 workers x 16, {jax.default_backend()}): {1e6 * step:.1f} us')
@@ -94,15 +101,15 @@ def main(argv):
   print(f'{"rule (P=" + str(p) + ")":<40} {"us/iteration":>12} {"share of a digits step":>24}')
   table = [
       ('KAsync(K=8)  [timed above]', None, seconds / n),
-      ('Barrier (sync)', rules.Barrier(), None),
-      ('PeriodicAverage (local_sgd, H=4)', rules.PeriodicAverage(lambda t: (t + 1) % 4 == 0), None),
+      ('Barrier (sync)', sync.Barrier(), None),
+      ('PeriodicAverage (local_sgd, H=4)', local_sgd.PeriodicAverage(lambda t: (t + 1) % 4 == 0), None),
       ('RingGossip (dpsgd)', rules.RingGossip(), None),
       ('NonBlocking (m=4)', rules.NonBlocking(4), None),
-      ('KSync(K=8)', rules.KSync(8), None),
-      ('KBatchSync(K=8)', rules.KBatchSync(8), None),
-      ('KBatchAsync(K=8)', rules.KBatchAsync(8), None),
-      ('KBatchAsync(K=1) (async)', rules.KBatchAsync(1), None),
-      ('AdaSync(KAsync, K0=8)', rules.AdaSync(rules.KAsync(8), k0=8, period_s=1.0), None),
+      ('KSync(K=8)', ksync.KSync(8), None),
+      ('KBatchSync(K=8)', kbatch_sync.KBatchSync(8), None),
+      ('KBatchAsync(K=8)', kbatch_async.KBatchAsync(8), None),
+      ('KBatchAsync(K=1) (async)', kbatch_async.KBatchAsync(1), None),
+      ('AdaSync(KAsync, K0=8)', adasync.AdaSync(kasync.KAsync(8), k0=8, period_s=1.0), None),
       ('DelayedAverage (dasgd, tau=4, d=1)', rules.DelayedAverage(4, 1), None),
       ('NodeThreads (lap_sgd, Q=4, H=16)', rules.NodeThreads(4, lambda t: (t + 1) % 16 == 0), None),
       ('WaitAvoidingGroups (wagma, S=8)', rules.WaitAvoidingGroups(8, 10), None),

@@ -23,13 +23,14 @@ What a rule may use (see `cluster/rules/`):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import numpy as np
 
 from cluster import compute as compute_lib
 from cluster import faults
 from cluster import network as network_lib
+from cluster.rules import base as rules_base
 
 
 class StalledError(RuntimeError):
@@ -41,7 +42,7 @@ class Block:
   """Several iterations' schedules, stacked for one jitted call.
 
   Attributes:
-    schedule: name -> array (n, P, ...): the per-worker schedule of each iteration.
+    schedule: the rule's schedule type with every field stacked: per-worker fields (n, P), uniform (n,).
     duration: float64 (n,): simulated seconds each iteration added to the global clock.
     sim_time: float64 (n,): global simulated time at the end of each iteration.
     idle_fraction: float64 (n,): share of worker-seconds spent waiting in each iteration: sum of `idle` over
@@ -51,16 +52,16 @@ class Block:
       iterations (server versions for parameter-server rules), weighted by contributed gradients.
     bytes_communicated: float64 (n,): bytes all workers put on the network together in each iteration.
     idle: float64 (n, P): seconds each worker waited in each iteration (communication time excluded).
-    counters: name -> float64 (n,): rule-specific event counts per iteration (e.g. WAGMA's `behind`).
+    measurements: name -> float64 (n,): what the rule declares in `reports` (e.g. K, WAGMA's `behind`).
   """
-  schedule: dict[str, np.ndarray]
+  schedule: NamedTuple
   duration: np.ndarray
   sim_time: np.ndarray
   idle_fraction: np.ndarray
   mean_staleness: np.ndarray
   bytes_communicated: np.ndarray
   idle: Optional[np.ndarray] = None
-  counters: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  measurements: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def _encode(value: Any) -> Any:
@@ -90,9 +91,10 @@ class Clock:
     rule_state: dict of numpy arrays or numbers that a stateful rule keeps between iterations.
   """
 
-  def __init__(self, *, workers: int, rule: Any, compute: compute_lib.ComputeModel,
+  def __init__(self, *, workers: int, rule: rules_base.TimeRule, compute: compute_lib.ComputeModel,
                network: network_lib.Network, model_bytes: float, seed: int,
                delay: Optional[faults.RandomDelay] = None, failure: Optional[faults.Failure] = None):
+    rules_base.check_rule(rule)
     self.workers = workers
     self.rule = rule
     self.compute = compute
@@ -180,7 +182,7 @@ class Clock:
     if n < 1:
       raise ValueError(f'next_block(n={n}): n must be >= 1')
     with np.errstate(invalid='ignore'):  # inf - inf of a worker that is gone: caught below as a stall
-      if hasattr(self.rule, 'iterate_block'):
+      if self.rule.vectorized:
         return self._fast_block(n)
       return self._block(n)
 
@@ -198,6 +200,7 @@ class Clock:
     for k in range(n):
       before = self.times.sum()
       it = self.rule.iterate(self, self.iteration)
+      self._check_measurements(it.measurements)
       latest = float(self.times.max())
       if not np.isfinite(latest):
         raise self._stalled()
@@ -207,26 +210,32 @@ class Clock:
       self.sim_time = sim_times[k] = now
       self.iteration += 1
       iterations.append(it)
-    schedule = {key: np.stack([it.schedule[key] for it in iterations]) for key in iterations[0].schedule}
+    schedule = rules_base.stack([it.schedule for it in iterations])
     idle = np.stack([it.idle for it in iterations])
     staleness = [it.staleness.mean() if it.mean_staleness is None else it.mean_staleness for it in iterations]
-    counters = {key: np.array([it.counters[key] for it in iterations], np.float64)
-                for key in iterations[0].counters}
+    measurements = {key: np.array([it.measurements[key] for it in iterations], np.float64)
+                    for key in self.rule.reports}
     return Block(
         schedule=schedule, duration=durations, sim_time=sim_times,
         idle_fraction=np.where(spans > 0, idle.sum(axis=1) / np.maximum(spans, 1e-300), 0.0),
         mean_staleness=np.asarray(staleness, np.float64),
         bytes_communicated=np.array([it.bytes_communicated for it in iterations], np.float64),
-        idle=idle, counters=counters)
+        idle=idle, measurements=measurements)
+
+  def _check_measurements(self, measurements: Mapping[str, Any]) -> None:
+    if set(measurements) != set(self.rule.reports):
+      raise TypeError(f'{type(self.rule).__name__} reported {sorted(measurements)} but declares '
+                      f'{sorted(self.rule.reports)}')
 
   def _fast_block(self, n: int) -> Block:
-    """Rules with `iterate_block` (the hot event-driven ones) fill whole blocks without per-iteration objects.
+    """Vectorised rules (the hot event-driven ones) fill whole blocks without per-iteration objects.
 
     Contract: `rule.iterate_block(clock, iteration, n)` is equivalent to n calls of `iterate` (same random
     draws, same results; tested) and returns a `rules.base.Steps`; after each of its iterations every
     worker's time equals the iteration's end (so worker-seconds = P x duration).
     """
     steps = self.rule.iterate_block(self, self.iteration, n)
+    self._check_measurements(steps.measurements)
     if not np.all(np.isfinite(steps.end_time)):
       raise self._stalled()
     sim_times = np.maximum.accumulate(np.maximum(steps.end_time, self.sim_time))
@@ -238,7 +247,7 @@ class Clock:
         schedule=steps.schedule, duration=durations, sim_time=sim_times,
         idle_fraction=np.where(durations > 0, steps.idle.sum(axis=1) / np.maximum(worker_seconds, 1e-300), 0.0),
         mean_staleness=steps.mean_staleness, bytes_communicated=steps.bytes_communicated,
-        idle=steps.idle, counters=steps.counters)
+        idle=steps.idle, measurements=dict(steps.measurements))
 
   # ---- feedback from training (AdaSync) ----
 
@@ -249,12 +258,11 @@ class Clock:
     `rule_state`, so the effect is checkpointed; a resumed run must replay the same calls to stay exact
     (the loop does, as it reports after the same blocks).
     """
-    if hasattr(self.rule, 'feedback'):
-      self.rule.feedback(self, {k: float(v) for k, v in measurements.items()})
+    self.rule.feedback(self, {k: float(v) for k, v in measurements.items()})
 
   def set_k(self, k: int) -> None:
     """Sets K of a K-family rule (K-sync, K-batch-sync, K-async, K-batch-async) from the next iteration."""
-    if not getattr(self.rule, 'adjustable_k', False):
+    if not self.rule.adjustable_k:
       raise TypeError(f'{type(self.rule).__name__} has no K to set')
     if not 1 <= int(k) <= self.workers:
       raise ValueError(f'K={k} must be in 1..{self.workers}')

@@ -8,8 +8,6 @@ field takes its default from `default_stragglers_config()` / `default_network_co
 from __future__ import annotations
 
 import math
-from typing import Any
-
 import ml_collections
 import numpy as np
 
@@ -19,6 +17,7 @@ from cluster import clock as clock_lib
 from cluster import compute as compute_lib
 from cluster import faults
 from cluster import network as network_lib
+from cluster import rules
 
 DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lognormal', 'trace')
 # `slow_workers` and `random_delay` are `constant` with that modifier required; the modifiers
@@ -220,7 +219,7 @@ def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
   return delay, failure
 
 
-def make_clock(config: ml_collections.ConfigDict, rule: Any, model_bytes: float) -> clock_lib.Clock:
+def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_bytes: float) -> clock_lib.Clock:
   """The seeded clock for `config`, driving `rule` (from the algorithm's registry spec).
 
   Raises:
@@ -230,7 +229,7 @@ def make_clock(config: ml_collections.ConfigDict, rule: Any, model_bytes: float)
   name = config.algorithm.name if 'algorithm' in config else 'this algorithm'
   delay, failure = make_faults(config.stragglers, p, config.seed)
   if failure is not None and failure.permanent:
-    tolerated = rule.tolerated_failures(p) if hasattr(rule, 'tolerated_failures') else 0
+    tolerated = rule.tolerated_failures(p)
     errors.require(
         failure.permanent <= tolerated, 'stragglers.return_at_s',
         _get(config.stragglers, 'return_at_s', _STRAGGLER_DEFAULTS),

@@ -6,7 +6,8 @@
 
 Prints one JSON object: `algorithm`, `workers`, `iterations`, `sim_time`, `mean_iteration_time`,
 `mean_staleness`, `idle_fraction` (idle worker-seconds / (P x sim_time)), `idle_fraction_per_worker`,
-`bytes_communicated`, `bytes_per_iteration`, `model_bytes`, rule counters summed over the run (e.g. WAGMA's
+`bytes_communicated`, `bytes_per_iteration`, `model_bytes`, `measurements` (what the time rule declares in
+its `reports`, reduced over the run as declared: e.g. K-async's mean `k` and `max_staleness`, WAGMA's summed
 `behind`), and `simulator_us_per_iteration` (host cost of the simulation itself).
 The time rule is the algorithm's own (`algorithms.registry.get(name).time_rule(config)`).
 """
@@ -77,7 +78,8 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
 
   p = config.workers
   idle = np.zeros(p)
-  staleness_sum, bytes_sum, counters = 0.0, 0.0, {}
+  staleness_sum, bytes_sum, measured = 0.0, 0.0, {}
+  reductions = clock.rule.reports
   begin = time.perf_counter()
   done = 0
   while done < iterations:
@@ -86,8 +88,11 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     idle += b.idle.sum(axis=0)
     staleness_sum += float(b.mean_staleness.sum())
     bytes_sum += float(b.bytes_communicated.sum())
-    for key, values in b.counters.items():
-      counters[key] = counters.get(key, 0.0) + float(values.sum())
+    for key, values in b.measurements.items():
+      if reductions[key] == 'max':
+        measured[key] = max(measured.get(key, -np.inf), float(values.max()))
+      else:
+        measured[key] = measured.get(key, 0.0) + float(values.sum())
   host_seconds = time.perf_counter() - begin
   sim_time = clock.sim_time
   per_worker = idle / sim_time if sim_time > 0 else np.zeros(p)
@@ -104,7 +109,7 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
       'bytes_communicated': bytes_sum,
       'bytes_per_iteration': bytes_sum / done,
       'model_bytes': nbytes,
-      'counters': counters,
+      'measurements': {k: v / done if reductions[k] == 'mean' else v for k, v in measured.items()},
       'stragglers': config.stragglers.kind,
       'network': config.network.kind,
       'simulator_us_per_iteration': 1e6 * host_seconds / done,

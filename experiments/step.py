@@ -1,9 +1,14 @@
 """The jitted training step: a block of iterations of one algorithm on every worker.
 
 Per worker and iteration: the gradient of the worker's loss is accumulated over the micro-batches the
-schedule says it finished (`microbatches_done`; the others are masked out), divided by that count, and handed
-to the algorithm's transformation, which communicates over the worker axes and returns this worker's
-updates. A block of n iterations is one `lax.scan` inside one `shard_map`, jitted once with the state donated.
+schedule says it finished (`microbatches_done`; the others are masked out), each taken where the algorithm's
+`gradient_params` hook says, divided by that count, and handed to the algorithm's transformation as
+`tx.update(grads, state, params, schedule=..., step=...)`; it communicates over the worker axes and returns
+this worker's updates. A block of n iterations is one `lax.scan` inside one `shard_map`, jitted once with the
+state donated.
+
+The schedule's per-worker fields are vmapped with the workers that share a device; its uniform fields
+(`Schedule.UNIFORM`) and the step number are not, so conditionals over them stay conditionals.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import optax
 from jax.sharding import PartitionSpec
 
 from algorithms import collectives
+from algorithms import spec as spec_lib
+from cluster import rules
 from experiments import workers as workers_lib
 
 
@@ -35,22 +42,19 @@ def tree_l2(tree) -> jax.Array:
 
 
 def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs, axis_name, microbatches: int,
-                          seed: int):
+                          seed: int, gradient_params=spec_lib.at_own_params):
   """One iteration of one worker: (state, batch (m, b/m, ...), schedule, step) -> (state, measurements)."""
   grad_fn = jax.value_and_grad(functools.partial(task.loss, model), has_aux=True)
 
   def iteration(state: TrainState, batch, schedule, step):
     worker = collectives.worker_index(axis_name)
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), worker)
-    done = schedule['microbatches_done']
-    # An algorithm state may choose where each micro-batch's gradient is taken (parameter server: a learner's
-    # later mini-batches in one update are computed on the server model it fetched in between).
-    at = getattr(state.opt_state, 'gradient_params', None)
+    done = schedule.microbatches_done
 
     def micro(carry, xs):
       grad_sum, loss_sum, model_state = carry
       mb, k = xs
-      params = state.params if at is None else at(state.params, schedule, k)
+      params = gradient_params(state.params, state.opt_state, schedule, k)
       (loss, new_model_state), grads = grad_fn(params, model_state, mb, jax.random.fold_in(rng, k))
       used = k < done
       grad_sum = jax.tree.map(lambda s, g: s + jnp.where(used, g, jnp.zeros_like(g)), grad_sum, grads)
@@ -68,7 +72,7 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
     grad_sum, loss_sum, model_state = carry
     count = jnp.maximum(done, 1)
     grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule=schedule)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule=schedule, step=step)
     params = optax.apply_updates(state.params, updates)
     measurements = {'loss': loss_sum / count, 'l2_grads': tree_l2(grads), 'l2_params': tree_l2(params)}
     return TrainState(params, opt_state, model_state), measurements
@@ -76,29 +80,36 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
   return iteration
 
 
-def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int):
+def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int,
+                    schedule_type: type, gradient_params=spec_lib.at_own_params):
   """The jitted `(state, batches, schedules, steps) -> (state, measurements)` for a block of n iterations.
 
   Args (of the returned function):
     state: TrainState, every leaf (P, ...) sharded over the workers (donated).
     batches: dict of (n, P, m, b/m, ...) arrays, worker dimension sharded.
-    schedules: dict of (n, P, ...) arrays, worker dimension sharded.
+    schedules: a `schedule_type` (the time rule's NamedTuple): per-worker fields (n, P) sharded over the
+      workers, uniform fields (n,) replicated.
     steps: int32 (n,), the global step of each iteration (replicated).
 
   Returns:
     The new state and measurements (name -> (n, P)): `loss`, `l2_grads`, `l2_params`.
   """
-  iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed)
+  iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed, gradient_params)
+  uniform = rules.base.uniform_fields(schedule_type)
 
   def device_block(state, batches, schedules, steps):
     def body(state, xs):
       batch, schedule, step = xs
-      lifted = layout.per_worker(lambda s, b, sc: iteration(s, b, sc, step))
-      return lifted(state, batch, schedule)
+      per_worker, same = rules.base.split(schedule)
+      lifted = layout.per_worker(
+          lambda s, b, fields: iteration(s, b, schedule_type(**fields, **same), step))
+      return lifted(state, batch, per_worker)
     return lax.scan(body, state, (batches, schedules, steps))
 
   worker = PartitionSpec(workers_lib.DEVICE_AXIS)
   per_iteration = PartitionSpec(None, workers_lib.DEVICE_AXIS)
-  mapped = layout.shard_map(device_block, in_specs=(worker, per_iteration, per_iteration, PartitionSpec()),
+  schedule_specs = schedule_type(**{f: PartitionSpec() if f in uniform else per_iteration
+                                    for f in schedule_type._fields})
+  mapped = layout.shard_map(device_block, in_specs=(worker, per_iteration, schedule_specs, PartitionSpec()),
                             out_specs=(worker, per_iteration))
   return jax.jit(mapped, donate_argnums=(0,))

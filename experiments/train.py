@@ -25,6 +25,7 @@ from algorithms import optimizers
 from algorithms import registry
 from cluster import calibration
 from cluster import factory as cluster_factory
+from cluster import rules as rules_lib
 from data import registry as data_registry
 from experiments import checkpointing
 from experiments import metrics_io
@@ -83,6 +84,7 @@ class Run:
   task: tasks.Task
   model: Any
   tx: Any
+  rule: rules_lib.TimeRule
 
   @property
   def microbatches(self) -> int:
@@ -100,7 +102,18 @@ def build(config: ml_collections.ConfigDict) -> Run:
   inner = optimizers.make_optimizer(config.optimizer, config.num_steps)
   tx = spec.build(config, inner, layout.axis_name)
   return Run(config=config, spec=spec, layout=layout, dataset=dataset, task=tasks.get(dataset.task),
-             model=model, tx=tx)
+             model=model, tx=tx, rule=spec.time_rule(config))
+
+
+def make_block_step(run: Run):
+  """The run's jitted block step (`experiments.step.make_block_step`) with the algorithm's declared hooks."""
+  return step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
+                                  schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params)
+
+
+def make_clock(run: Run, model_bytes: float):
+  """A fresh seeded clock driving the run's time rule."""
+  return cluster_factory.make_clock(run.config, run.rule, model_bytes)
 
 
 def init_state(run: Run) -> step_lib.TrainState:
@@ -131,12 +144,15 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
 
   Returns the three arguments after the state, and the data positions after the block.
   """
-  done = block.schedule['microbatches_done'].astype(np.int64)
+  done = block.schedule.microbatches_done.astype(np.int64)
   starts = positions[None] + np.cumsum(done, axis=0) - done
   local_ids = run.layout.local_worker_ids()
   batches = run.dataset.train.read(local_ids, starts[:, local_ids], run.microbatches)
   batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
-  schedules = {k: _global_array(run.layout, v[:, local_ids], 1) for k, v in block.schedule.items()}
+  uniform = rules_lib.base.uniform_fields(type(block.schedule))
+  schedules = type(block.schedule)(*(
+      jnp.asarray(v) if name in uniform else _global_array(run.layout, v[:, local_ids], 1)
+      for name, v in block.schedule._asdict().items()))
   steps = jnp.arange(step, step + len(done), dtype=jnp.int32)
   return (batches, schedules, steps), positions + done.sum(axis=0)
 
@@ -165,7 +181,7 @@ def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workd
     with open(path) as f:
       seconds = json.load(f)['seconds_per_microbatch']
   else:
-    scratch_clock = cluster_factory.make_clock(config, run.spec.time_rule(config), model_bytes)
+    scratch_clock = make_clock(run, model_bytes)
     inputs, _ = block_inputs(run, scratch_clock.next_block(config.steps_per_call),
                              np.zeros(config.workers, np.int64), 0)
     seconds = calibration.seconds_per_microbatch(
@@ -221,33 +237,31 @@ def _check_workdir(workdir: str, config) -> None:
 
 
 class _Window:
-  """Per-iteration measurements since the last metrics row: means, sums (bytes, counters) and maxima."""
+  """Per-iteration measurements since the last metrics row, each reduced as declared.
 
-  MEANS = ('train_loss', 'l2_grads', 'l2_params', 'idle_fraction', 'staleness', 'k')
-  MAXIMA = ('max_staleness',)
+  The step's measurements, idle fraction and staleness are means over the window's iterations, bytes a sum;
+  the time rule's own measurements are reduced as its `reports` declare ('mean', 'sum' or 'max').
+  """
 
-  def __init__(self, saved: dict[str, float] | None = None):
+  def __init__(self, reports: dict[str, str], saved: dict[str, float] | None = None):
+    self.reductions = {'train_loss': 'mean', 'l2_grads': 'mean', 'l2_params': 'mean', 'idle_fraction': 'mean',
+                       'staleness': 'mean', 'bytes_communicated': 'sum', **reports}
     self.sums = dict(saved or {})
 
-  def add(self, block, **means: np.ndarray) -> None:
-    """Adds one block: the measured `means` plus what the clock's `block` reports."""
-    schedule = block.schedule
-    means = dict(means, idle_fraction=block.idle_fraction, staleness=block.mean_staleness)
-    if 'k' in schedule:
-      means['k'] = schedule['k'][:, 0]
-    for key, values in means.items():
-      self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(values))
-    for key, values in {'bytes_communicated': block.bytes_communicated, **block.counters}.items():
-      self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(values))
-    if 'staleness' in schedule:
-      used = schedule['microbatches_done'] > 0
-      stale = float(np.max(np.where(used, schedule['staleness'], 0)))
-      self.sums['max_staleness'] = max(self.sums.get('max_staleness', 0.0), stale)
+  def add(self, block, **measured: np.ndarray) -> None:
+    """Adds one block: the step's `measured` values (n,) plus what the clock's `block` reports."""
+    values = dict(measured, idle_fraction=block.idle_fraction, staleness=block.mean_staleness,
+                  bytes_communicated=block.bytes_communicated, **block.measurements)
+    for key, v in values.items():
+      if self.reductions[key] == 'max':
+        self.sums[key] = max(self.sums.get(key, -np.inf), float(np.max(v)))
+      else:
+        self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(v))
     self.sums['iterations'] = self.sums.get('iterations', 0.0) + len(block.duration)
 
   def row(self) -> dict[str, float]:
     n = max(self.sums.pop('iterations', 0.0), 1.0)
-    out = {k: v / n if k in self.MEANS else v for k, v in self.sums.items()}
+    out = {k: v / n if self.reductions[k] == 'mean' else v for k, v in self.sums.items()}
     self.sums = {}
     return out
 
@@ -270,13 +284,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   state = init_state(run)
   num_params, model_bytes = param_count_and_bytes(state.params)
   num_params, model_bytes = num_params // config.workers, model_bytes // config.workers
-  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, config.seed)
+  block_step = make_block_step(run)
   if config.stragglers.calibrate:
     config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdir)
-  clock = cluster_factory.make_clock(config, run.spec.time_rule(config), model_bytes)
+  clock = make_clock(run, model_bytes)
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
   positions = np.zeros(config.workers, np.int64)
-  step, wall_offset, time_to_target, window = 0, 0.0, None, _Window()
+  step, wall_offset, time_to_target, window = 0, 0.0, None, _Window(run.rule.reports)
   last_train_loss = float('nan')
   last_eval: dict[str, float] = {}
   latest = checkpointer.latest_step()
@@ -285,7 +299,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     step, wall_offset = int(meta['step']), float(meta['wall_time'])
     positions = np.asarray(meta['positions'], np.int64)
     clock.load_state_dict(meta['clock'])
-    time_to_target, window, last_eval = meta['time_to_target'], _Window(meta['window']), meta['last_eval']
+    time_to_target, last_eval = meta['time_to_target'], meta['last_eval']
+    window = _Window(run.rule.reports, meta['window'])
     last_train_loss = float(meta['train_loss'])
     log.info('Resumed from the checkpoint at step %d in %s', step, workdir)
   writer = metrics_io.MetricsWriter(workdir, keep_through_step=latest, enabled=lead)
@@ -299,7 +314,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     while step < config.num_steps:
       n = block_length(step, config)
       state, measured, block, positions = advance(run, block_step, state, clock, positions, step, n)
-      done = block.schedule['microbatches_done']
+      done = block.schedule.microbatches_done
       contributed = done > 0
       losses = np.where(contributed, measured['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
       if not np.all(np.isfinite(losses)):

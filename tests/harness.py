@@ -8,8 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from cluster import factory as cluster_factory
-from experiments import step as step_lib
+from cluster import rules
 from experiments import train
 from experiments.configs import synthetic
 
@@ -33,7 +32,7 @@ class Trajectory:
   initial_params: Any                      # host params (P, ...) before the first iteration
   params: list[Any]                        # host params (P, ...) after each block
   positions: list[np.ndarray]              # data positions (P,) at the start of each iteration
-  schedules: list[dict[str, np.ndarray]]   # the clock's schedule of each iteration
+  schedules: list[Any]                     # the clock's schedule (NamedTuple) of each iteration
   losses: np.ndarray                       # (iterations, P)
   final_state: Any = None
 
@@ -43,8 +42,8 @@ def run_iterations(config, iterations: int, block: int = 1) -> Trajectory:
   run = train.build(config)
   state = train.init_state(run)
   _, model_bytes = train.param_count_and_bytes(state.params)
-  clock = cluster_factory.make_clock(config, run.spec.time_rule(config), model_bytes)
-  block_step = step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, config.seed)
+  clock = train.make_clock(run, model_bytes)
+  block_step = train.make_block_step(run)
   positions = np.zeros(config.workers, np.int64)
   out = Trajectory(run=run, initial_params=jax.device_get(state.params), params=[], positions=[], schedules=[],
                    losses=np.zeros((iterations, config.workers)))
@@ -53,10 +52,10 @@ def run_iterations(config, iterations: int, block: int = 1) -> Trajectory:
     n = min(block, iterations - step)
     before = positions
     state, measured, blk, positions = train.advance(run, block_step, state, clock, positions, step, n)
-    done = blk.schedule['microbatches_done']
+    done = blk.schedule.microbatches_done
     for k in range(n):
       out.positions.append(before + done[:k].sum(0))
-      out.schedules.append({key: v[k] for key, v in blk.schedule.items()})
+      out.schedules.append(rules.base.take(blk.schedule, k))
     out.losses[step:step + n] = measured['loss']
     out.params.append(jax.device_get(state.params))
     clock.feedback(train_loss=float(measured['loss'].mean()))

@@ -1,11 +1,61 @@
-"""What every time rule returns, and small helpers shared by the rule families."""
+"""The time-rule contract: what every rule declares, what one iteration returns, shared helpers.
+
+A time rule turns the compute and network models into one iteration of an algorithm: it advances the clock's
+per-worker times and returns the per-worker SCHEDULE the math consumes. The schedule is the one contract
+between the host clock and the device step, so it is typed: each rule declares a `typing.NamedTuple` with a
+comment on every field (dtype, shape, meaning), and algorithms read its fields by name. Every schedule has
+
+  microbatches_done: int32 (P,), micro-batches of data each worker's contribution consumed this iteration
+
+and a class attribute `UNIFORM`, the names of the fields that hold the same value for every worker (shape ()
+per iteration). The step passes those to the algorithm's `update` unbatched, so that a conditional over them
+stays a real conditional when several workers are vmapped on one device (a per-worker predicate turns
+`lax.cond` into a select that runs every branch, collectives included).
+
+What a rule reports per iteration besides the common statistics (idle time, staleness, bytes) is declared in
+`reports`: measurement name -> how a metrics window reduces it ('mean', 'sum' or 'max'). The training loop and
+`experiments.simulate` aggregate them generically.
+"""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from typing import Mapping, Optional
+from typing import Any, ClassVar, Mapping, NamedTuple, Optional, TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+REDUCTIONS = ('mean', 'sum', 'max')
+
+
+def uniform_fields(schedule_type: type) -> tuple[str, ...]:
+  """The declared uniform fields of a schedule type (each must be one of its fields)."""
+  uniform = tuple(schedule_type.UNIFORM)
+  unknown = set(uniform) - set(schedule_type._fields)
+  if unknown:
+    raise TypeError(f'{schedule_type.__name__}.UNIFORM names unknown fields {sorted(unknown)}')
+  return uniform
+
+
+def split(schedule: NamedTuple) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(per-worker fields, uniform fields) of a schedule, as name -> value dicts."""
+  uniform = uniform_fields(type(schedule))
+  fields = schedule._asdict()
+  return ({k: v for k, v in fields.items() if k not in uniform}, {k: v for k, v in fields.items() if k in uniform})
+
+
+def stack(schedules: list[NamedTuple]) -> NamedTuple:
+  """The schedules of n iterations stacked field by field: per-worker (n, P), uniform (n,)."""
+  kind = type(schedules[0])
+  return kind(*(np.stack(values) for values in zip(*schedules)))
+
+
+def take(schedule: NamedTuple, index) -> NamedTuple:
+  """Iteration(s) `index` of a stacked schedule (the leading axis of every field)."""
+  return type(schedule)(*(np.asarray(v)[index] for v in schedule))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,22 +63,90 @@ class Iteration:
   """What one iteration did, on the host.
 
   Attributes:
-    schedule: per-worker arrays for the math, each with leading dimension P. Always holds
-      `microbatches_done`: int32 (P,), the micro-batches of data each worker's contribution consumed.
+    schedule: the rule's schedule for this iteration: per-worker fields (P,), uniform fields ().
     idle: float64 (P,), seconds each worker waited (barriers, blocked collectives) in this iteration; time
       spent communicating, and compute that was cancelled or abandoned, is not idle.
     bytes_communicated: bytes put on the network by all workers together in this iteration.
     staleness: float64 (P,), staleness of each worker's contribution (0 for synchronous rules).
     mean_staleness: mean staleness of the contributions applied in this iteration, weighted by gradients;
       None means `staleness.mean()`.
-    counters: rule-specific event counts of this iteration (same keys every iteration).
+    measurements: the rule's declared `reports`, one number each for this iteration.
   """
-  schedule: dict[str, np.ndarray]
+  schedule: NamedTuple
   idle: np.ndarray
   bytes_communicated: float
   staleness: np.ndarray
   mean_staleness: Optional[float] = None
-  counters: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  measurements: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+  """n iterations at once, from a rule's vectorised `iterate_block(clock, iteration, n)`.
+
+  Attributes:
+    schedule: the rule's schedule stacked: per-worker fields (n, P), uniform fields (n,).
+    idle: float64 (n, P).
+    bytes_communicated: float64 (n,).
+    mean_staleness: float64 (n,).
+    end_time: float64 (n,): every worker's time after each iteration.
+    measurements: name -> float64 (n,), the declared `reports`.
+  """
+  schedule: NamedTuple
+  idle: np.ndarray
+  bytes_communicated: np.ndarray
+  mean_staleness: np.ndarray
+  end_time: np.ndarray
+  measurements: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+class TimeRule(abc.ABC):
+  """How one iteration of an algorithm advances the per-worker clocks. Rules never touch parameters.
+
+  Subclasses are frozen dataclasses of their hyper-parameters and declare:
+    schedule_type: the NamedTuple of their schedule (see the module docstring).
+    reports: measurement name -> window reduction ('mean' | 'sum' | 'max'); every `Iteration.measurements`
+      (and `Steps.measurements`) has exactly these keys.
+    adjustable_k: K can be set from outside (`Clock.set_k`, AdaSync) through `clock.rule_state['k']`.
+    vectorized: `iterate_block` is implemented (the hot event-driven rules).
+  Whatever a rule carries between iterations lives in `clock.rule_state` (checkpointed with the clock).
+  """
+
+  schedule_type: ClassVar[type]
+  reports: ClassVar[Mapping[str, str]] = {}
+  adjustable_k: ClassVar[bool] = False
+  vectorized: ClassVar[bool] = False
+
+  @abc.abstractmethod
+  def iterate(self, clock: 'Clock', iteration: int) -> Iteration:
+    """Advances `clock.times` by one iteration and returns what happened."""
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Steps:
+    """n calls of `iterate` (same random draws, same results); only where `vectorized`."""
+    raise NotImplementedError(f'{type(self).__name__} has no vectorised iterate_block')
+
+  def tolerated_failures(self, workers: int) -> int:
+    """Workers the rule can lose for good and still progress (0: it waits for everyone)."""
+    del workers
+    return 0
+
+  def feedback(self, clock: 'Clock', measurements: Mapping[str, float]) -> None:
+    """Training measurements after each block (AdaSync's loss); most rules ignore them."""
+    del clock, measurements
+
+
+def check_rule(rule: TimeRule) -> None:
+  """Raises TypeError if `rule` breaks the contract in a way that is checkable before running it."""
+  if not isinstance(rule, TimeRule):
+    raise TypeError(f'{type(rule).__name__} is not a cluster.rules.TimeRule')
+  kind = rule.schedule_type
+  if 'microbatches_done' not in kind._fields:
+    raise TypeError(f'{kind.__name__} has no microbatches_done field')
+  if 'microbatches_done' in uniform_fields(kind):
+    raise TypeError(f'{kind.__name__}.microbatches_done must be per-worker')
+  bad = {k: v for k, v in rule.reports.items() if v not in REDUCTIONS}
+  if bad:
+    raise TypeError(f'{type(rule).__name__}.reports: reductions must be one of {REDUCTIONS}, got {bad}')
 
 
 def full(p: int, value, dtype) -> np.ndarray:
@@ -39,23 +157,3 @@ def full(p: int, value, dtype) -> np.ndarray:
 def check_positive_int(value, name: str, minimum: int = 1) -> None:
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
     raise ValueError(f'{name}={value!r} must be an integer >= {minimum}')
-
-
-@dataclasses.dataclass(frozen=True)
-class Steps:
-  """n iterations at once, from a rule's optional `iterate_block(clock, iteration, n)` (a fast path).
-
-  Attributes:
-    schedule: name -> array (n, P, ...), as `Iteration.schedule` stacked.
-    idle: float64 (n, P).
-    bytes_communicated: float64 (n,).
-    mean_staleness: float64 (n,).
-    end_time: float64 (n,): every worker's time after each iteration.
-    counters: name -> float64 (n,).
-  """
-  schedule: dict[str, np.ndarray]
-  idle: np.ndarray
-  bytes_communicated: np.ndarray
-  mean_staleness: np.ndarray
-  end_time: np.ndarray
-  counters: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)

@@ -7,12 +7,12 @@ reached the snapshot, so the mean is ready at
 and worker i at the apply step waits until R, or not at all when R is earlier: communication is hidden when
 allreduce(P) <= d x step time. A failed worker stalls the all-reduce, so these rules tolerate no failure.
 
-Shared schedule fields (all the same for every worker):
-  snapshot: bool (P,), after this iteration's local step worker i stores s_i = W_i and the all-reduce of the
+Shared schedule fields (uniform: the same for every worker, shape () per iteration):
+  snapshot: bool (), after this iteration's local step worker i stores s_i = W_i and the all-reduce of the
     snapshots starts.
-  apply_average: bool (P,), in this iteration worker i applies the mean of the snapshots in flight
+  apply_average: bool (), in this iteration worker i applies the mean of the snapshots in flight
     (DaSGD: W_i <- mean(s) + (W_i - s_i), or the `mix` variant; LAP-SGD: W_i <- W_i + (mean(s) - s_i)).
-  average_age: int32 (P,), iterations between the snapshot being applied and this one (0 if not applying).
+  average_age: int32 (), iterations between the snapshot being applied and this one (0 if not applying).
     Order within an iteration: local step first; then, if apply_average and average_age > 0, apply the older
     snapshot's mean, then take the new snapshot if `snapshot`; if apply_average and average_age == 0 (delay
     d = 0), take the snapshot first and apply its mean at once (a blocking average: local SGD).
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional, TYPE_CHECKING
+from typing import Callable, NamedTuple, Optional, TYPE_CHECKING
 
 import numpy as np
 
@@ -35,8 +35,27 @@ if TYPE_CHECKING:
   from cluster.clock import Clock
 
 
+class DelayedAverageSchedule(NamedTuple):
+  """Schedule of DaSGD (see the module docstring for the order of events within an iteration)."""
+  microbatches_done: np.ndarray  # int32 (P,), = m
+  snapshot: np.ndarray           # bool (), snapshot after the local step and start the all-reduce
+  apply_average: np.ndarray      # bool (), apply the mean of the snapshots in flight
+  average_age: np.ndarray        # int32 (), iterations between the snapshot applied and this one
+  UNIFORM = ('snapshot', 'apply_average', 'average_age')
+
+
+class NodeThreadsSchedule(NamedTuple):
+  """Schedule of LAP-SGD / LPP-SGD: DaSGD's fields plus the thread whose gradient this update applies."""
+  microbatches_done: np.ndarray  # int32 (P,), = m: the micro-batches of the one thread batch applied
+  snapshot: np.ndarray           # bool ()
+  apply_average: np.ndarray      # bool ()
+  average_age: np.ndarray        # int32 ()
+  thread: np.ndarray             # int32 (), t mod Q
+  UNIFORM = ('snapshot', 'apply_average', 'average_age', 'thread')
+
+
 def _delayed_average(clock: "Clock", iteration: int, finished: np.ndarray, snapshot: bool, delay: int):
-  """Advances `clock.times` past this iteration's averaging events; returns (idle, schedule, bytes)."""
+  """Advances `clock.times` past this iteration's averaging events; returns (idle, uniform fields, bytes)."""
   p = clock.workers
   state = clock.rule_state
   pending = int(state.get('pending_iteration', -1))  # iteration of the snapshot in flight, -1: none
@@ -60,13 +79,12 @@ def _delayed_average(clock: "Clock", iteration: int, finished: np.ndarray, snaps
       state['pending_iteration'] = iteration
       state['pending_ready_s'] = ready
   clock.times[:] = end
-  schedule = {'snapshot': base.full(p, snapshot, bool), 'apply_average': base.full(p, applied, bool),
-              'average_age': base.full(p, age, np.int32)}
-  return idle, schedule, communicated
+  uniform = {'snapshot': np.bool_(snapshot), 'apply_average': np.bool_(applied), 'average_age': np.int32(age)}
+  return idle, uniform, communicated
 
 
 @dataclasses.dataclass(frozen=True)
-class DelayedAverage:
+class DelayedAverage(base.TimeRule):
   """DaSGD (`dasgd`): rounds of tau local steps; the round's average is applied d steps into the next round.
 
   Worker i steps without waiting (start_i(t+1) = end_i(t)). After step t with (t+1) mod tau == 0 it snapshots;
@@ -76,11 +94,13 @@ class DelayedAverage:
   for the last worker, as in local SGD). Reference: Zhou et al., "DaSGD: Squeezing SGD Parallelization
   Performance in Distributed Training Using Delayed Averaging".
 
-  Schedule: microbatches_done int32 (P,) = m, plus snapshot / apply_average / average_age (module docstring).
+  Schedule: `DelayedAverageSchedule`.
   """
   period: int        # tau
   delay: int         # d
   microbatches: int = 1
+
+  schedule_type = DelayedAverageSchedule
 
   def __post_init__(self):
     base.check_positive_int(self.period, 'period')
@@ -89,21 +109,17 @@ class DelayedAverage:
     if self.delay > self.period:
       raise ValueError(f'delay={self.delay} must be <= period={self.period}')
 
-  def tolerated_failures(self, workers: int) -> int:
-    del workers
-    return 0
-
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     p = clock.workers
     finished = clock.work(np.arange(p), clock.times, self.microbatches)
-    idle, schedule, communicated = _delayed_average(
+    idle, uniform, communicated = _delayed_average(
         clock, iteration, finished, (iteration + 1) % self.period == 0, self.delay)
-    schedule['microbatches_done'] = base.full(p, self.microbatches, np.int32)
+    schedule = DelayedAverageSchedule(microbatches_done=base.full(p, self.microbatches, np.int32), **uniform)
     return base.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeThreads:
+class NodeThreads(base.TimeRule):
   """LAP-SGD / LPP-SGD (`lap_sgd`, `lpp_sgd`): Q threads per node, non-blocking averaging every H updates.
 
   One worker = one node; one iteration = one node-level update on every node. Q threads share the node's
@@ -119,25 +135,20 @@ class NodeThreads:
   at the apply step, see module docstring). With Q = 1 and d = 0 this is local SGD (`PeriodicAverage`).
   Reference: Chatterjee, Kungurtsev, Alistarh, "Local SGD Meets Asynchrony".
 
-  Schedule:
-    microbatches_done: int32 (P,), = m: the micro-batches of the one thread batch applied in this update.
-    thread: int32 (P,), t mod Q: which thread's gradient this node update applies.
-    snapshot / apply_average / average_age: see the module docstring.
+  Schedule: `NodeThreadsSchedule`.
   """
   threads: int                       # Q
   averages_at: Callable[[int], bool]
   microbatches: int = 1
   delay_steps: Optional[int] = None  # d; None: from the network model
 
+  schedule_type = NodeThreadsSchedule
+
   def __post_init__(self):
     base.check_positive_int(self.threads, 'threads')
     base.check_positive_int(self.microbatches, 'microbatches')
     if self.delay_steps is not None:
       base.check_positive_int(self.delay_steps, 'delay_steps', minimum=0)
-
-  def tolerated_failures(self, workers: int) -> int:
-    del workers
-    return 0
 
   def delay(self, clock: "Clock") -> int:
     """d: updates between a snapshot and applying its mean."""
@@ -153,8 +164,8 @@ class NodeThreads:
     p, q = clock.workers, self.threads
     delay = self.delay(clock)
     finished = clock.work(np.arange(p), clock.times, q * self.microbatches, time_scale=1.0 / q)
-    idle, schedule, communicated = _delayed_average(
+    idle, uniform, communicated = _delayed_average(
         clock, iteration, finished, bool(self.averages_at(iteration)), delay)
-    schedule['microbatches_done'] = base.full(p, self.microbatches, np.int32)
-    schedule['thread'] = base.full(p, iteration % q, np.int32)
+    schedule = NodeThreadsSchedule(microbatches_done=base.full(p, self.microbatches, np.int32),
+                                   thread=np.int32(iteration % q), **uniform)
     return base.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, TYPE_CHECKING
+from typing import NamedTuple, Optional, TYPE_CHECKING
 
 import numpy as np
 
@@ -18,8 +18,16 @@ TRIGGERS = ('fastest', 'deadline')
 TOPOLOGIES = ('allreduce', 'ring')
 
 
+class NonBlockingSchedule(NamedTuple):
+  """Schedule of one non-blocking round."""
+  microbatches_done: np.ndarray  # int32 (P,), n_i in 0..m: finished micro-batches worker i contributes (these,
+  #                                and only these, are consumed from its data stream)
+  abandoned: np.ndarray          # bool (P,), n_i < m: worker i dropped an unfinished micro-batch at the trigger
+  UNIFORM = ()
+
+
 @dataclasses.dataclass(frozen=True)
-class NonBlocking:
+class NonBlocking(base.TimeRule):
   """Non-blocking rounds (`nonblocking`): m micro-batches each, cut at a trigger, partial work contributed.
 
   All workers start round t together at S (the end of the previous round's communication) from the same W_t
@@ -36,15 +44,14 @@ class NonBlocking:
   A worker that failed contributes n_i = 0; the rule proceeds without it.
   Reference: He & Dube, non-blocking synchronous SGD.
 
-  Schedule:
-    microbatches_done: int32 (P,), n_i in 0..m: finished micro-batches whose gradients worker i contributes
-      (these, and only these, are consumed from its data stream).
-    abandoned: bool (P,), n_i < m: worker i dropped an unfinished micro-batch at the trigger (informative).
+  Schedule: `NonBlockingSchedule`.
   """
   microbatches: int = 1
   trigger: str = 'fastest'
   deadline_s: Optional[float] = None
   topology: str = 'allreduce'
+
+  schedule_type = NonBlockingSchedule
 
   def __post_init__(self):
     base.check_positive_int(self.microbatches, 'microbatches')
@@ -81,6 +88,6 @@ class NonBlocking:
       communicated = float(p * exchanges) * clock.model_bytes
     clock.times[:] = trigger + comm
     return base.Iteration(
-        schedule={'microbatches_done': done.astype(np.int32), 'abandoned': done < m},
+        schedule=NonBlockingSchedule(microbatches_done=done.astype(np.int32), abandoned=done < m),
         idle=np.where(done == m, trigger - finish[:, -1], 0.0), bytes_communicated=communicated,
         staleness=np.zeros(p))

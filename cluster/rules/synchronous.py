@@ -1,12 +1,13 @@
-"""Time rules of the baselines: all-reduce SGD, local SGD, D-PSGD ring gossip.
+"""Shared pieces of the rules that wait for every worker (sync, local SGD, D-PSGD gossip), and the ring.
 
-Every rule here needs every worker (a failed worker stalls it), so `tolerated_failures` is 0.
+Every rule built on `WaitsForEveryone` needs every worker (a failed worker stalls it): `tolerated_failures`
+is 0, and every worker computes its m micro-batches each iteration.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, TYPE_CHECKING
+from typing import NamedTuple, TYPE_CHECKING
 
 import numpy as np
 
@@ -17,75 +18,27 @@ if TYPE_CHECKING:
   from cluster.clock import Clock
 
 
-class _WaitsForEveryone:
+class EveryoneSchedule(NamedTuple):
+  """Schedule of a rule in which every worker contributes all of its micro-batches."""
+  microbatches_done: np.ndarray  # int32 (P,), = microbatches for every worker
+  UNIFORM = ()
+
+
+class WaitsForEveryone(base.TimeRule):
   """Rules whose iteration needs every worker (a failed worker stalls them): m micro-batches each."""
+
+  schedule_type = EveryoneSchedule
 
   def __post_init__(self):
     base.check_positive_int(self.microbatches, 'microbatches')
 
-  def tolerated_failures(self, workers: int) -> int:
-    del workers
-    return 0
-
-  def _everyone_computes(self, clock: "Clock", start) -> np.ndarray:
+  def everyone_computes(self, clock: 'Clock', start) -> np.ndarray:
     """Finish times of every worker's m micro-batches, started at `start` (a time or one per worker)."""
     return clock.work(np.arange(clock.workers), start, self.microbatches)
 
-  def _everyone_done(self, workers: int) -> dict[str, np.ndarray]:
+  def everyone_done(self, workers: int) -> EveryoneSchedule:
     """The schedule: every worker finished its m micro-batches."""
-    return {'microbatches_done': base.full(workers, self.microbatches, np.int32)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Barrier(_WaitsForEveryone):
-  """Fully synchronous (`sync`): all start together, compute m micro-batches, all-reduce, everybody waits.
-
-  Time per iteration: max_i sum_k X_{i,k} + allreduce(P).
-  Idle: max_j finish_j - finish_i (the all-reduce itself is communication, not idle).
-
-  Schedule:
-    microbatches_done: int32 (P,), = microbatches for every worker.
-  """
-  microbatches: int = 1
-
-  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
-    del iteration
-    p = clock.workers
-    finished = self._everyone_computes(clock, clock.times.max())
-    arrival = finished.max()
-    clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
-    return base.Iteration(
-        schedule=self._everyone_done(p),
-        idle=arrival - finished, bytes_communicated=network_lib.ring_bytes(clock.model_bytes, p),
-        staleness=np.zeros(p))
-
-
-@dataclasses.dataclass(frozen=True)
-class PeriodicAverage(_WaitsForEveryone):
-  """Local SGD (`local_sgd`): local steps without waiting; a blocking model all-reduce after selected steps.
-
-  Worker i runs its steps back to back; after a step t with `averages_at(t)` everybody waits for the last
-  worker, then all-reduces. Time per round of H steps: max_i sum_h X_{i,h} + allreduce(P).
-
-  Schedule:
-    microbatches_done: int32 (P,), = microbatches for every worker.
-  """
-  averages_at: Callable[[int], bool]
-  microbatches: int = 1
-
-  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
-    p = clock.workers
-    clock.times[:] = self._everyone_computes(clock, clock.times)
-    idle = np.zeros(p)
-    communicated = 0.0
-    if self.averages_at(iteration):
-      arrival = clock.times.max()
-      idle = arrival - clock.times
-      clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
-      communicated = network_lib.ring_bytes(clock.model_bytes, p)
-    return base.Iteration(
-        schedule=self._everyone_done(p),
-        idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
+    return EveryoneSchedule(microbatches_done=base.full(workers, self.microbatches, np.int32))
 
 
 def ring_neighbours(p: int) -> int:
@@ -100,7 +53,7 @@ def neighbourhood_max(values: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class RingGossip(_WaitsForEveryone):
+class RingGossip(WaitsForEveryone):
   """D-PSGD on a ring (`dpsgd`): a worker waits only for its two neighbours.
 
   Worker i finishes its compute at c_i = start_i + sum_k X_{i,k}; it exchanges models with i-1 and i+1 when
@@ -109,19 +62,19 @@ class RingGossip(_WaitsForEveryone):
   The two exchanges are counted back to back (one per neighbour). Idle: max over the neighbourhood - c_i.
   Reference: Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?", NeurIPS 2017.
 
-  Schedule:
-    microbatches_done: int32 (P,), = microbatches for every worker.
+  Schedule: `EveryoneSchedule`.
   """
   microbatches: int = 1
 
-  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> base.Iteration:
     del iteration
     p = clock.workers
-    finished = self._everyone_computes(clock, clock.times)
+    finished = self.everyone_computes(clock, clock.times)
     ready = neighbourhood_max(finished)
     exchanges = ring_neighbours(p)
     clock.times[:] = ready + exchanges * clock.network.p2p(clock.model_bytes)
     return base.Iteration(
-        schedule=self._everyone_done(p),
+        schedule=self.everyone_done(p),
         idle=ready - finished, bytes_communicated=float(p * exchanges) * clock.model_bytes,
         staleness=np.zeros(p))
+

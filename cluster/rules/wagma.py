@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import NamedTuple, TYPE_CHECKING
 
 import numpy as np
 
@@ -37,8 +37,20 @@ def group_ids(iteration: int, workers: int, group_size: int) -> np.ndarray:
   return (np.arange(workers) & ~spread).astype(np.int32)
 
 
+class WagmaSchedule(NamedTuple):
+  """Schedule of one WAGMA iteration."""
+  microbatches_done: np.ndarray  # int32 (P,), = m
+  fresh: np.ndarray              # bool (P,), worker i contributed W'_i (True for all on global-average
+  #                                iterations); fresh: W_i <- group sum / S, stale: (group sum + W'_i) / (S + 1)
+  group: np.ndarray              # int32 (P,), smallest worker id in worker i's group (informative; the math
+  #                                derives groups from t itself)
+  behind: np.ndarray             # bool (P,), worker i was more than one iteration behind (treated as one)
+  global_average: np.ndarray     # bool (), this iteration ends with the blocking average over all P
+  UNIFORM = ('global_average',)
+
+
 @dataclasses.dataclass(frozen=True)
-class WaitAvoidingGroups:
+class WaitAvoidingGroups(base.TimeRule):
   """WAGMA-SGD (`wagma`): group averaging that never waits for late members; global average every tau.
 
   Worker i runs iteration t from start_i = end_i(t-1): its local step finishes at c_i = start_i + X_i.
@@ -56,19 +68,15 @@ class WaitAvoidingGroups:
   Reference: Li et al., "Breaking (Global) Barriers in Parallel Stochastic Optimization with Wait-Avoiding
   Group Averaging", IEEE TPDS 2020.
 
-  Schedule:
-    microbatches_done: int32 (P,), = m.
-    global_average: bool (P,), this iteration ends with the blocking average over all P (same for all).
-    fresh: bool (P,), worker i contributed W'_i (True for all on global-average iterations). The math:
-      fresh: W_i <- group sum / S; stale: W_i <- (group sum + W'_i) / (S + 1); send buffer <- W'_i.
-    group: int32 (P,), smallest worker id in worker i's group this iteration (informative; the math derives
-      groups from t itself).
-    behind: bool (P,), worker i was more than one iteration behind (treated as one; see above).
-  Per-worker staleness statistic: 0 fresh, 1 stale, 2 behind (meaning 2 or more). Counters: `stale`, `behind`.
+  Schedule: `WagmaSchedule`. Per-worker staleness statistic: 0 fresh, 1 stale, 2 behind (meaning 2 or
+  more). Reports (summed over a metrics window): `stale`, `behind`.
   """
   group_size: int      # S
   period: int          # tau
   microbatches: int = 1
+
+  schedule_type = WagmaSchedule
+  reports = {'stale': 'sum', 'behind': 'sum'}
 
   def __post_init__(self):
     base.check_positive_int(self.group_size, 'group_size')
@@ -76,9 +84,6 @@ class WaitAvoidingGroups:
     base.check_positive_int(self.microbatches, 'microbatches')
     _log2(self.group_size, 'group_size')
 
-  def tolerated_failures(self, workers: int) -> int:
-    del workers
-    return 0  # the global average every tau iterations waits for everybody
 
   def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
     p, s = clock.workers, self.group_size
@@ -108,8 +113,8 @@ class WaitAvoidingGroups:
       global_average = False
     staleness = np.where(fresh, 0, np.where(behind, 2, 1)).astype(np.float64)
     return base.Iteration(
-        schedule={'microbatches_done': base.full(p, self.microbatches, np.int32),
-                  'global_average': base.full(p, global_average, bool), 'fresh': fresh,
-                  'group': group_ids(iteration, p, s), 'behind': behind},
+        schedule=WagmaSchedule(microbatches_done=base.full(p, self.microbatches, np.int32), fresh=fresh,
+                               group=group_ids(iteration, p, s), behind=behind,
+                               global_average=np.bool_(global_average)),
         idle=idle, bytes_communicated=communicated, staleness=staleness,
-        counters={'stale': float((~fresh).sum()), 'behind': float(behind.sum())})
+        measurements={'stale': float((~fresh).sum()), 'behind': float(behind.sum())})

@@ -88,19 +88,19 @@ def replay(test, traj, config, variant, block):
                            config.optimizer.momentum, a.get('adaptive_lr_c', 0.0),
                            a.get('eta_max', 0.0) or config.optimizer.learning_rate)
   for t, (s, positions) in enumerate(zip(traj.schedules, traj.positions)):
-    k = int(s['k'][0])
+    k = int(s.k)
     if variant in ('ksync', 'kasync'):
-      pushes = s['contributed'].astype(int)
+      pushes = s.contributions
       test.assertEqual(pushes.sum(), k)
     else:
-      pushes = s['contributions']
+      pushes = s.contributions
       test.assertEqual(pushes.sum(), k)
-    np.testing.assert_array_equal(s['microbatches_done'], pushes * m)
+    np.testing.assert_array_equal(s.microbatches_done, pushes * m)
     etas = {}
     for i in np.flatnonzero(pushes):
       view = server.views[i]
       # The rule's staleness says which server version the learner's (first) gradient was computed on.
-      version = server.versions[t - int(s['staleness'][i])]
+      version = server.versions[t - int(s.staleness[i])]
       np.testing.assert_allclose(view[0], version[0], rtol=1e-12, atol=1e-14, err_msg=f'iteration {t} {i}')
       etas[i] = server.eta(view)
       for job in range(pushes[i]):
@@ -113,9 +113,9 @@ def replay(test, traj, config, variant, block):
     for i in range(config.workers):
       if variant in ('ksync', 'kbatch_sync'):
         server.fetch(i)  # cancelled or finished, every learner starts the next round from W_{t+1}
-      elif s['refresh_view'][i]:
+      elif s.refresh_view[i]:
         server.fetch(i)
-      elif variant == 'kbatch_async' and s['fetch_current'][i]:
+      elif variant == 'kbatch_async' and s.fetch_current[i]:
         server.fetch(i, version=t)
       else:
         test.assertEqual(pushes[i], 0)
@@ -134,7 +134,7 @@ def replay(test, traj, config, variant, block):
 
 
 def _staleness(traj):
-  return max(int(s['staleness'].max()) for s in traj.schedules)
+  return max(int(s.staleness.max()) for s in traj.schedules)
 
 
 class ParameterServerTest(parameterized.TestCase):
@@ -157,7 +157,7 @@ class ParameterServerTest(parameterized.TestCase):
     if variant in ('kasync', 'kbatch_async'):
       self.assertGreater(_staleness(traj), 0, 'no stale gradient: the test would not exercise views')
     if variant == 'kbatch_async' and config.algorithm.get('k', 1) > 1:
-      several = [(s['contributions'] > 1) & (s['staleness'] > 0) for s in traj.schedules]
+      several = [(s.contributions > 1) & (s.staleness > 0) for s in traj.schedules]
       self.assertTrue(np.any(several), 'no stale learner pushed twice in one update')
 
   @parameterized.named_parameters(('ksync', 'ksync', 'ksync'), ('kbatch_async', 'kbatch_async', 'kbatch_async'),
@@ -166,7 +166,7 @@ class ParameterServerTest(parameterized.TestCase):
     with jax.enable_x64(True):
       config = _f64(f'adasync,base={base},k0=1,adapt_every_s=0.01', **{'optimizer.learning_rate': 0.1})
       traj = harness.run_iterations(config, 24, block=1)
-    ks = [int(s['k'][0]) for s in traj.schedules]
+    ks = [int(s.k) for s in traj.schedules]
     self.assertEqual(ks[0], 1)
     self.assertGreater(max(ks), 1, 'K never adapted')
     replay(self, traj, config, variant, block=1)

@@ -10,6 +10,7 @@ import numpy as np
 
 import config_errors as errors
 from algorithms import registry
+from cluster import rules
 from experiments import checkpointing
 from experiments import validation
 from tests import harness
@@ -58,7 +59,7 @@ class RegistryCommonTest(parameterized.TestCase):
     config = _config(name)
     validation.validate(config)  # its defaults form a valid config
     self.assertEqual(set(config.algorithm.keys()) - {'name'}, set(spec.defaults))
-    self.assertTrue(hasattr(spec.time_rule(config), 'iterate'))
+    self.assertIsInstance(spec.time_rule(config), rules.TimeRule)
 
   def test_unknown_name_lists_the_known_ones(self):
     with self.assertRaisesRegex(errors.ConfigError, 'algorithm.name.*' + '.*'.join(registry.names())):

@@ -37,13 +37,13 @@ def json_round_trip(state):
 
 def assert_blocks_equal(test, a, b, idle_fraction_rtol: float = 0.0):
   """Every field equal; `idle_fraction` up to rounding when two code paths divide differently."""
-  test.assertEqual(sorted(a.schedule), sorted(b.schedule))
-  for key in a.schedule:
-    np.testing.assert_array_equal(a.schedule[key], b.schedule[key], err_msg=key)
-    test.assertEqual(a.schedule[key].dtype, b.schedule[key].dtype, key)
+  test.assertIs(type(a.schedule), type(b.schedule))
+  for key, x, y in zip(a.schedule._fields, a.schedule, b.schedule):
+    np.testing.assert_array_equal(x, y, err_msg=key)
+    test.assertEqual(x.dtype, y.dtype, key)
   for field in ('duration', 'sim_time', 'mean_staleness', 'bytes_communicated', 'idle'):
     np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
   np.testing.assert_allclose(a.idle_fraction, b.idle_fraction, rtol=idle_fraction_rtol, atol=0)
-  test.assertEqual(sorted(a.counters), sorted(b.counters))
-  for key in a.counters:
-    np.testing.assert_array_equal(a.counters[key], b.counters[key], err_msg=key)
+  test.assertEqual(sorted(a.measurements), sorted(b.measurements))
+  for key in a.measurements:
+    np.testing.assert_array_equal(a.measurements[key], b.measurements[key], err_msg=key)

@@ -9,6 +9,11 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from algorithms import kasync
+from algorithms import kbatch_async
+from algorithms import kbatch_sync
+from algorithms import ksync
+from algorithms import sync
 from cluster import rules
 from tests.cluster import helpers
 
@@ -34,25 +39,25 @@ class ClosedFormTest(parameterized.TestCase):
     self.assertLess(standard_error, 0.02 * expected)  # the test is tight: 5 SE is at most 10% of the value
 
   @parameterized.named_parameters(
-      ('fully_sync_barrier', lambda: rules.Barrier(), harmonic(P) / MU),
-      ('fully_sync_k_equals_p', lambda: rules.KSync(k=P), harmonic(P) / MU),
-      ('ksync_k1', lambda: rules.KSync(k=1), (harmonic(P) - harmonic(P - 1)) / MU),
-      ('ksync_k4', lambda: rules.KSync(k=4), (harmonic(P) - harmonic(P - 4)) / MU),
-      ('kasync_k4', lambda: rules.KAsync(k=4), (harmonic(P) - harmonic(P - 4)) / MU),
-      ('kasync_k2', lambda: rules.KAsync(k=2), (harmonic(P) - harmonic(P - 2)) / MU),
-      ('kbatch_sync_k4', lambda: rules.KBatchSync(k=4), 4 / (P * MU)),
-      ('kbatch_sync_k8', lambda: rules.KBatchSync(k=8), 8 / (P * MU)),
-      ('kbatch_async_k4', lambda: rules.KBatchAsync(k=4), 4 / (P * MU)),
-      ('async', lambda: rules.KBatchAsync(k=1), 1 / (P * MU)),
-      ('async_as_kasync_k1', lambda: rules.KAsync(k=1), 1 / (P * MU)),
+      ('fully_sync_barrier', lambda: sync.Barrier(), harmonic(P) / MU),
+      ('fully_sync_k_equals_p', lambda: ksync.KSync(k=P), harmonic(P) / MU),
+      ('ksync_k1', lambda: ksync.KSync(k=1), (harmonic(P) - harmonic(P - 1)) / MU),
+      ('ksync_k4', lambda: ksync.KSync(k=4), (harmonic(P) - harmonic(P - 4)) / MU),
+      ('kasync_k4', lambda: kasync.KAsync(k=4), (harmonic(P) - harmonic(P - 4)) / MU),
+      ('kasync_k2', lambda: kasync.KAsync(k=2), (harmonic(P) - harmonic(P - 2)) / MU),
+      ('kbatch_sync_k4', lambda: kbatch_sync.KBatchSync(k=4), 4 / (P * MU)),
+      ('kbatch_sync_k8', lambda: kbatch_sync.KBatchSync(k=8), 8 / (P * MU)),
+      ('kbatch_async_k4', lambda: kbatch_async.KBatchAsync(k=4), 4 / (P * MU)),
+      ('async', lambda: kbatch_async.KBatchAsync(k=1), 1 / (P * MU)),
+      ('async_as_kasync_k1', lambda: kasync.KAsync(k=1), 1 / (P * MU)),
   )
   def test_exponential(self, make_rule, expected):
     self._check(make_rule(), expected, kind='exponential', rate=MU)
 
   @parameterized.named_parameters(
-      ('fully_sync', lambda: rules.Barrier(), SHIFT + harmonic(P) / MU),
-      ('ksync_k4', lambda: rules.KSync(k=4), SHIFT + (harmonic(P) - harmonic(P - 4)) / MU),
-      ('ksync_k1', lambda: rules.KSync(k=1), SHIFT + (harmonic(P) - harmonic(P - 1)) / MU),
+      ('fully_sync', lambda: sync.Barrier(), SHIFT + harmonic(P) / MU),
+      ('ksync_k4', lambda: ksync.KSync(k=4), SHIFT + (harmonic(P) - harmonic(P - 4)) / MU),
+      ('ksync_k1', lambda: ksync.KSync(k=1), SHIFT + (harmonic(P) - harmonic(P - 1)) / MU),
   )
   def test_shifted_exponential(self, make_rule, expected):
     self._check(make_rule(), expected, kind='shifted_exponential', shift_s=SHIFT, rate=MU)

@@ -5,6 +5,7 @@ from absl.testing import parameterized
 import numpy as np
 
 import config_errors as errors
+from algorithms import sync
 from cluster import compute
 from cluster import faults
 from cluster import rules
@@ -41,9 +42,9 @@ class DistributionTest(parameterized.TestCase):
     self.assertAlmostEqual(model.mean(), 0.02)
 
   def test_slow_fraction_picks_the_first_workers(self):
-    clock = helpers.clock(rules.Barrier(), workers=8, slow_fraction=0.25, slow_factor=4.0)
+    clock = helpers.clock(sync.Barrier(), workers=8, slow_fraction=0.25, slow_factor=4.0)
     np.testing.assert_allclose(clock.compute.factors, [4, 4, 1, 1, 1, 1, 1, 1])
-    clock = helpers.clock(rules.Barrier(), workers=8, kind='slow_workers', slow_workers=(3, 5))
+    clock = helpers.clock(sync.Barrier(), workers=8, kind='slow_workers', slow_workers=(3, 5))
     np.testing.assert_allclose(clock.compute.factors, [1, 1, 1, 2, 1, 2, 1, 1])
 
 
@@ -58,7 +59,7 @@ class TraceTest(absltest.TestCase):
   def test_npy_through_the_clock(self):
     path = self.create_tempfile('t.npy').full_path
     np.save(path, np.array([[0.01, 0.02], [0.03, 0.01]]))
-    block = helpers.clock(rules.Barrier(), workers=2, kind='trace', trace_path=path).next_block(4)
+    block = helpers.clock(sync.Barrier(), workers=2, kind='trace', trace_path=path).next_block(4)
     np.testing.assert_allclose(block.duration, [0.02, 0.03, 0.02, 0.03])
 
   def test_bad_trace(self):
@@ -89,7 +90,7 @@ class RandomDelayTest(absltest.TestCase):
     np.testing.assert_array_equal(delay.delays(workers[::-1], jobs[::-1]), seconds.reshape(-1)[::-1])
 
   def test_barrier_pays_the_delay_every_iteration(self):
-    clock = helpers.clock(rules.Barrier(), workers=64, base_s=0.01, kind='random_delay', delayed_workers=2,
+    clock = helpers.clock(sync.Barrier(), workers=64, base_s=0.01, kind='random_delay', delayed_workers=2,
                           delay_s=0.32)
     block = clock.next_block(20)
     np.testing.assert_allclose(block.duration, 0.33)

@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 
 import config_errors as errors
+from algorithms import sync
 from cluster import compute
 from cluster import factory
 from cluster import network
@@ -83,7 +84,7 @@ class ValidateTest(parameterized.TestCase):
                'random_delay': {'delayed_workers': 2, 'delay_s': 0.32}}.get(kind, {})
       config = helpers.config(kind=kind, **extra)
       factory.validate(config)
-      clock = factory.make_clock(config, rules.Barrier(), 1e6)
+      clock = factory.make_clock(config, sync.Barrier(), 1e6)
       self.assertTrue(np.all(clock.next_block(3).duration > 0), kind)
 
   def test_old_configs_without_the_new_fields_still_work(self):
@@ -91,7 +92,7 @@ class ValidateTest(parameterized.TestCase):
     config.stragglers = ml_collections.ConfigDict({'kind': 'constant', 'base_s': 0.02})
     config.network = ml_collections.ConfigDict({'kind': 'ideal'})
     factory.validate(config)
-    clock = factory.make_clock(config, rules.Barrier(), 1e6)
+    clock = factory.make_clock(config, sync.Barrier(), 1e6)
     np.testing.assert_allclose(clock.next_block(2).duration, 0.02)
 
 
@@ -108,7 +109,7 @@ class MakeTest(absltest.TestCase):
     self.assertEqual(net.latency(), 1e-5)
 
   def test_composition(self):
-    clock = helpers.clock(rules.Barrier(), kind='exponential', slow_workers=(0,), delayed_workers=1,
+    clock = helpers.clock(sync.Barrier(), kind='exponential', slow_workers=(0,), delayed_workers=1,
                           delay_s=0.1, fail_worker=(2, 3), fail_at_s=1.0, return_at_s=2.0)
     self.assertIsInstance(clock.compute, compute.SlowWorkers)
     self.assertIsInstance(clock.compute.base, compute.Exponential)

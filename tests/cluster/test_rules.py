@@ -7,6 +7,13 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from algorithms import adasync
+from algorithms import kasync
+from algorithms import kbatch_async
+from algorithms import kbatch_sync
+from algorithms import ksync
+from algorithms import local_sgd
+from algorithms import sync
 from cluster import clock as clock_lib
 from cluster import rules
 from tests.cluster import helpers
@@ -23,18 +30,18 @@ def every(h):
 
 # name, rule factory, mean iteration time with no stragglers and an ideal network.
 NO_STRAGGLER_CASES = (
-    ('barrier', lambda: rules.Barrier(M), M * X),
-    ('periodic_average', lambda: rules.PeriodicAverage(every(4), M), M * X),
+    ('barrier', lambda: sync.Barrier(M), M * X),
+    ('periodic_average', lambda: local_sgd.PeriodicAverage(every(4), M), M * X),
     ('ring_gossip', lambda: rules.RingGossip(M), M * X),
     ('nonblocking_fastest', lambda: rules.NonBlocking(M), M * X),
     ('nonblocking_deadline', lambda: rules.NonBlocking(M, trigger='deadline', deadline_s=1.0), M * X),
-    ('ksync', lambda: rules.KSync(3, M), M * X),
-    ('kbatch_sync', lambda: rules.KBatchSync(3, M), M * X),
-    ('kasync_k_equals_p', lambda: rules.KAsync(P, M), M * X),
-    ('kasync_k4', lambda: rules.KAsync(4, M), M * X * 4 / P),  # K divides P: P/K updates per X, nobody waits
-    ('kbatch_async_k_equals_p', lambda: rules.KBatchAsync(P, M), M * X),
-    ('kbatch_async_k4', lambda: rules.KBatchAsync(4, M), M * X * 4 / P),  # P pushes per X: K/P of X each
-    ('adasync', lambda: rules.AdaSync(rules.KSync(1, M), k0=2, period_s=0.05), M * X),
+    ('ksync', lambda: ksync.KSync(3, M), M * X),
+    ('kbatch_sync', lambda: kbatch_sync.KBatchSync(3, M), M * X),
+    ('kasync_k_equals_p', lambda: kasync.KAsync(P, M), M * X),
+    ('kasync_k4', lambda: kasync.KAsync(4, M), M * X * 4 / P),  # K divides P: P/K updates per X, nobody waits
+    ('kbatch_async_k_equals_p', lambda: kbatch_async.KBatchAsync(P, M), M * X),
+    ('kbatch_async_k4', lambda: kbatch_async.KBatchAsync(4, M), M * X * 4 / P),  # P pushes per X: K/P of X each
+    ('adasync', lambda: adasync.AdaSync(ksync.KSync(1, M), k0=2, period_s=0.05), M * X),
     ('dasgd', lambda: rules.DelayedAverage(4, 1, M), M * X),
     ('lap_sgd', lambda: rules.NodeThreads(4, every(16), M), M * X),
     ('wagma', lambda: rules.WaitAvoidingGroups(4, 4, M), M * X),
@@ -43,8 +50,8 @@ NO_STRAGGLER_CASES = (
 # Every rule with stragglers of every sort, for the resume and fast-path tests.
 ALL_RULES = NO_STRAGGLER_CASES + (
     ('nonblocking_ring', lambda: rules.NonBlocking(3, topology='ring'), None),
-    ('adasync_kasync', lambda: rules.AdaSync(rules.KAsync(1), k0=2, period_s=0.01), None),
-    ('adasync_kbatch_async', lambda: rules.AdaSync(rules.KBatchAsync(1), k0=2, period_s=0.01), None),
+    ('adasync_kasync', lambda: adasync.AdaSync(kasync.KAsync(1), k0=2, period_s=0.01), None),
+    ('adasync_kbatch_async', lambda: adasync.AdaSync(kbatch_async.KBatchAsync(1), k0=2, period_s=0.01), None),
     ('dasgd_d0', lambda: rules.DelayedAverage(3, 0), None),
     ('lap_sgd_fixed_delay', lambda: rules.NodeThreads(2, every(2), delay_steps=3), None),
 )
@@ -59,28 +66,29 @@ class NoStragglerTest(parameterized.TestCase):
     block = clock.next_block(64)
     np.testing.assert_allclose(block.sim_time[-1] / 64, expected, rtol=1e-9)
     self.assertTrue(np.all(np.diff(block.sim_time) >= 0))
-    self.assertEqual(block.schedule['microbatches_done'].shape, (64, P))
-    self.assertEqual(block.schedule['microbatches_done'].dtype, np.int32)
-    for key, value in block.schedule.items():
-      self.assertEqual(value.shape[:2], (64, P), key)
-    if not isinstance(clock.rule, (rules.KSync, rules.KBatchSync, rules.KAsync, rules.KBatchAsync,
-                                   rules.AdaSync, rules.NonBlocking)):
-      np.testing.assert_array_equal(block.schedule['microbatches_done'], M)
+    self.assertEqual(block.schedule.microbatches_done.shape, (64, P))
+    self.assertEqual(block.schedule.microbatches_done.dtype, np.int32)
+    uniform = rules.base.uniform_fields(type(block.schedule))
+    for key, value in block.schedule._asdict().items():
+      self.assertEqual(value.shape, (64,) if key in uniform else (64, P), key)
+    if not isinstance(clock.rule, (ksync.KSync, kbatch_sync.KBatchSync, kasync.KAsync, kbatch_async.KBatchAsync,
+                                   adasync.AdaSync, rules.NonBlocking)):
+      np.testing.assert_array_equal(block.schedule.microbatches_done, M)
     np.testing.assert_allclose(block.idle, 0.0, atol=1e-12)
     np.testing.assert_array_equal(block.mean_staleness[:1], 0.0)
 
   def test_barrier_with_network(self):
-    clock = helpers.clock(rules.Barrier(M), workers=P, base_s=X, network=NET)
+    clock = helpers.clock(sync.Barrier(M), workers=P, base_s=X, network=NET)
     block = clock.next_block(10)
     expected = M * X + clock.network.allreduce(clock.model_bytes, P)
     np.testing.assert_allclose(block.duration, expected, rtol=1e-12)
     np.testing.assert_allclose(block.bytes_communicated, 2 * (P - 1) * clock.model_bytes)
 
   def test_ksync_with_network_pays_push_and_fetch(self):
-    clock = helpers.clock(rules.KSync(2, M), workers=P, base_s=X, network=NET)
+    clock = helpers.clock(ksync.KSync(2, M), workers=P, base_s=X, network=NET)
     block = clock.next_block(10)
     np.testing.assert_allclose(block.duration, M * X + 2 * clock.network.p2p(clock.model_bytes), rtol=1e-12)
-    np.testing.assert_array_equal(block.schedule['contributed'].sum(axis=1), 2)
+    np.testing.assert_array_equal(block.schedule.contributions.astype(bool).sum(axis=1), 2)
 
   def test_ring_gossip_with_network(self):
     clock = helpers.clock(rules.RingGossip(M), workers=P, base_s=X, network=NET)
@@ -106,8 +114,8 @@ class NonBlockingTest(absltest.TestCase):
   def test_fastest_trigger_partial_work_and_abandoned_microbatch(self):
     clock = helpers.clock(rules.NonBlocking(3), workers=4, base_s=X, slow_workers=(0,), slow_factor=2.5)
     block = clock.next_block(1)
-    np.testing.assert_array_equal(block.schedule['microbatches_done'][0], [1, 3, 3, 3])
-    np.testing.assert_array_equal(block.schedule['abandoned'][0], [True, False, False, False])
+    np.testing.assert_array_equal(block.schedule.microbatches_done[0], [1, 3, 3, 3])
+    np.testing.assert_array_equal(block.schedule.abandoned[0], [True, False, False, False])
     np.testing.assert_allclose(block.duration, 3 * X)  # min_i (time to finish m) + free all-reduce
     # The abandoned micro-batch was started, so the compute trace moved past it; its data was not consumed.
     np.testing.assert_array_equal(clock.units, [2, 3, 3, 3])
@@ -116,94 +124,94 @@ class NonBlockingTest(absltest.TestCase):
     rule = rules.NonBlocking(3, trigger='deadline', deadline_s=0.015)
     clock = helpers.clock(rule, workers=4, base_s=X, slow_workers=(0,), slow_factor=2.0)
     block = clock.next_block(2)
-    np.testing.assert_array_equal(block.schedule['microbatches_done'][0], [0, 1, 1, 1])
+    np.testing.assert_array_equal(block.schedule.microbatches_done[0], [0, 1, 1, 1])
     np.testing.assert_allclose(block.duration, 0.015)
 
   def test_deadline_never_ends_empty(self):
     rule = rules.NonBlocking(2, trigger='deadline', deadline_s=1e-4)
     block = helpers.clock(rule, workers=4, base_s=X).next_block(3)
-    np.testing.assert_array_equal(block.schedule['microbatches_done'], 1)
+    np.testing.assert_array_equal(block.schedule.microbatches_done, 1)
     np.testing.assert_allclose(block.duration, X)
 
 
 class ParameterServerTest(absltest.TestCase):
 
   def test_kbatch_sync_fast_learner_gives_several(self):
-    clock = helpers.clock(rules.KBatchSync(4), workers=4, base_s=X, slow_workers=(0,), slow_factor=10.0)
+    clock = helpers.clock(kbatch_sync.KBatchSync(4), workers=4, base_s=X, slow_workers=(0,), slow_factor=10.0)
     block = clock.next_block(3)
-    np.testing.assert_array_equal(block.schedule['contributions'], [[0, 2, 1, 1]] * 3)
-    np.testing.assert_array_equal(block.schedule['microbatches_done'], [[0, 2, 1, 1]] * 3)
+    np.testing.assert_array_equal(block.schedule.contributions, [[0, 2, 1, 1]] * 3)
+    np.testing.assert_array_equal(block.schedule.microbatches_done, [[0, 2, 1, 1]] * 3)
     np.testing.assert_allclose(block.duration, 2 * X)
 
   def test_async_staleness_and_views(self):
-    block = helpers.clock(rules.KBatchAsync(1), workers=2, base_s=X).next_block(6)
+    block = helpers.clock(kbatch_async.KBatchAsync(1), workers=2, base_s=X).next_block(6)
     # Both learners finish at X, 2X, ...; the server takes one gradient per update, lowest id first.
-    np.testing.assert_array_equal(block.schedule['contributions'], [[1, 0], [0, 1]] * 3)
-    np.testing.assert_array_equal(block.schedule['staleness'].sum(axis=1), [0, 1, 1, 1, 1, 1])
-    np.testing.assert_array_equal(block.schedule['refresh_view'], block.schedule['contributions'] > 0)
-    self.assertFalse(block.schedule['fetch_current'].any())
+    np.testing.assert_array_equal(block.schedule.contributions, [[1, 0], [0, 1]] * 3)
+    np.testing.assert_array_equal(block.schedule.staleness.sum(axis=1), [0, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(block.schedule.refresh_view, block.schedule.contributions > 0)
+    self.assertFalse(block.schedule.fetch_current.any())
     np.testing.assert_allclose(block.sim_time, [X, X, 2 * X, 2 * X, 3 * X, 3 * X])
 
   def test_kbatch_async_contributions_sum_to_k(self):
-    rule = rules.KBatchAsync(3)
+    rule = kbatch_async.KBatchAsync(3)
     block = helpers.clock(rule, workers=P, kind='exponential', rate=50.0, slow_workers=(1, 2),
                           slow_factor=5.0).next_block(500)
-    np.testing.assert_array_equal(block.schedule['contributions'].sum(axis=1), 3)
-    both = block.schedule['fetch_current'] & block.schedule['refresh_view']
+    np.testing.assert_array_equal(block.schedule.contributions.sum(axis=1), 3)
+    both = block.schedule.fetch_current & block.schedule.refresh_view
     self.assertFalse(both.any())
-    np.testing.assert_array_equal(block.schedule['refresh_view'].sum(axis=1), 1)
+    np.testing.assert_array_equal(block.schedule.refresh_view.sum(axis=1), 1)
     np.testing.assert_array_equal(block.idle, 0.0)
 
   def test_kasync_staleness_counts_server_versions(self):
     # Worker 0 is 2.5x slower: each of its gradients is 2 or 3 server versions old (K = 2 of 3).
-    clock = helpers.clock(rules.KAsync(2), workers=3, base_s=X, slow_workers=(0,), slow_factor=2.5)
+    clock = helpers.clock(kasync.KAsync(2), workers=3, base_s=X, slow_workers=(0,), slow_factor=2.5)
     block = clock.next_block(40)
-    np.testing.assert_array_equal(block.schedule['contributed'].sum(axis=1), 2)
-    np.testing.assert_array_equal(block.schedule['refresh_view'], block.schedule['contributed'])
-    slow = block.schedule['staleness'][block.schedule['contributed'][:, 0], 0]
+    np.testing.assert_array_equal(block.schedule.contributions.astype(bool).sum(axis=1), 2)
+    np.testing.assert_array_equal(block.schedule.refresh_view, block.schedule.contributions.astype(bool))
+    slow = block.schedule.staleness[block.schedule.contributions.astype(bool)[:, 0], 0]
     self.assertGreater(len(slow), 5)
     self.assertTrue(np.all(slow >= 1))
-    np.testing.assert_array_equal(block.schedule['staleness'][~block.schedule['contributed']], 0)
+    np.testing.assert_array_equal(block.schedule.staleness[~block.schedule.contributions.astype(bool)], 0)
 
   def test_set_k(self):
-    clock = helpers.clock(rules.KSync(2), workers=4, base_s=X)
+    clock = helpers.clock(ksync.KSync(2), workers=4, base_s=X)
     clock.next_block(1)
     clock.set_k(3)
     block = clock.next_block(2)
-    np.testing.assert_array_equal(block.schedule['k'], 3)
-    np.testing.assert_array_equal(block.schedule['contributed'].sum(axis=1), 3)
+    np.testing.assert_array_equal(block.schedule.k, 3)
+    np.testing.assert_array_equal(block.schedule.contributions.astype(bool).sum(axis=1), 3)
     with self.assertRaises(ValueError):
       clock.set_k(5)
     with self.assertRaises(TypeError):
-      helpers.clock(rules.Barrier(), workers=4).set_k(2)
+      helpers.clock(sync.Barrier(), workers=4).set_k(2)
 
 
 class AdaSyncTest(absltest.TestCase):
 
   def test_k_follows_the_loss_every_period(self):
-    rule = rules.AdaSync(rules.KSync(1), k0=2, period_s=0.05)
+    rule = adasync.AdaSync(ksync.KSync(1), k0=2, period_s=0.05)
     clock = helpers.clock(rule, workers=P, base_s=X)
     clock.feedback(train_loss=1.0)                 # F(W_0)
     block = clock.next_block(5)                    # t = 0 .. 0.05: K0
-    np.testing.assert_array_equal(block.schedule['k'], 2)
+    np.testing.assert_array_equal(block.schedule.k, 2)
     clock.feedback(train_loss=0.25)                # K = round(2 sqrt(1 / 0.25)) = 4 from t = 0.05
     block = clock.next_block(5)
-    np.testing.assert_array_equal(block.schedule['k'], 4)
-    np.testing.assert_array_equal(block.schedule['contributed'].sum(axis=1), 4)
+    np.testing.assert_array_equal(block.schedule.k, 4)
+    np.testing.assert_array_equal(block.schedule.contributions.astype(bool).sum(axis=1), 4)
     clock.feedback(train_loss=1e-4)                # capped at P
     block = clock.next_block(5)
-    np.testing.assert_array_equal(block.schedule['k'], P)
+    np.testing.assert_array_equal(block.schedule.k, P)
 
   def test_k_waits_for_the_period(self):
-    clock = helpers.clock(rules.AdaSync(rules.KAsync(1), k0=1, period_s=1.0), workers=P, base_s=X)
+    clock = helpers.clock(adasync.AdaSync(kasync.KAsync(1), k0=1, period_s=1.0), workers=P, base_s=X)
     clock.feedback(train_loss=1.0)
     clock.next_block(2)
     clock.feedback(train_loss=0.01)
-    np.testing.assert_array_equal(clock.next_block(10).schedule['k'], 1)
+    np.testing.assert_array_equal(clock.next_block(10).schedule.k, 1)
 
   def test_no_loss_keeps_k0(self):
-    clock = helpers.clock(rules.AdaSync(rules.KSync(1), k0=3, period_s=0.01), workers=P, base_s=X)
-    np.testing.assert_array_equal(clock.next_block(10).schedule['k'], 3)
+    clock = helpers.clock(adasync.AdaSync(ksync.KSync(1), k0=3, period_s=0.01), workers=P, base_s=X)
+    np.testing.assert_array_equal(clock.next_block(10).schedule.k, 3)
 
 
 class DelayedAverageTest(parameterized.TestCase):
@@ -215,11 +223,10 @@ class DelayedAverageTest(parameterized.TestCase):
   )
   def test_schedule(self, delay, applies, ages, snapshots):
     block = helpers.clock(rules.DelayedAverage(4, delay), workers=4, base_s=X).next_block(12)
-    np.testing.assert_array_equal(np.flatnonzero(block.schedule['snapshot'][:, 0]), snapshots)
-    np.testing.assert_array_equal(np.flatnonzero(block.schedule['apply_average'][:, 0]), applies)
-    np.testing.assert_array_equal(block.schedule['average_age'][applies, 0], ages)
-    for key in ('snapshot', 'apply_average', 'average_age'):
-      self.assertTrue(np.all(block.schedule[key] == block.schedule[key][:, :1]), key)
+    np.testing.assert_array_equal(np.flatnonzero(block.schedule.snapshot), snapshots)
+    np.testing.assert_array_equal(np.flatnonzero(block.schedule.apply_average), applies)
+    np.testing.assert_array_equal(block.schedule.average_age[applies], ages)
+    self.assertEqual(rules.base.uniform_fields(type(block.schedule)), ('snapshot', 'apply_average', 'average_age'))
 
   def _allreduce_clock(self, rule, allreduce_steps):
     """A clock whose all-reduce of the model takes `allreduce_steps` x X (bandwidth only)."""
@@ -235,8 +242,8 @@ class DelayedAverageTest(parameterized.TestCase):
     block = clock.next_block(40)
     np.testing.assert_allclose(block.duration, X, rtol=1e-9)  # no communication on the critical path
     np.testing.assert_allclose(block.idle, 0.0, atol=1e-15)
-    local_sgd = self._allreduce_clock(rules.PeriodicAverage(every(4)), allreduce_steps=1.5).next_block(40)
-    np.testing.assert_allclose(local_sgd.sim_time[-1], 40 * X + 10 * 1.5 * X, rtol=1e-9)
+    periodic = self._allreduce_clock(local_sgd.PeriodicAverage(every(4)), allreduce_steps=1.5).next_block(40)
+    np.testing.assert_allclose(periodic.sim_time[-1], 40 * X + 10 * 1.5 * X, rtol=1e-9)
 
   def test_waits_for_the_part_of_the_allreduce_it_cannot_hide(self):
     clock = self._allreduce_clock(rules.DelayedAverage(4, 1), allreduce_steps=1.5)
@@ -248,21 +255,21 @@ class DelayedAverageTest(parameterized.TestCase):
     clock = self._allreduce_clock(rules.NodeThreads(4, every(16)), allreduce_steps=2.5)
     block = clock.next_block(64)
     self.assertEqual(clock.rule_state['delay_steps'], 3)  # ceil(2.5 X / X)
-    np.testing.assert_array_equal(np.flatnonzero(block.schedule['snapshot'][:, 0]), [15, 31, 47, 63])
-    np.testing.assert_array_equal(np.flatnonzero(block.schedule['apply_average'][:, 0]), [18, 34, 50])
-    np.testing.assert_array_equal(block.schedule['thread'][:8, 0], [0, 1, 2, 3, 0, 1, 2, 3])
+    np.testing.assert_array_equal(np.flatnonzero(block.schedule.snapshot), [15, 31, 47, 63])
+    np.testing.assert_array_equal(np.flatnonzero(block.schedule.apply_average), [18, 34, 50])
+    np.testing.assert_array_equal(block.schedule.thread[:8], [0, 1, 2, 3, 0, 1, 2, 3])
     np.testing.assert_allclose(block.duration, X, rtol=1e-9)
 
   def test_lap_sgd_snapshot_before_previous_apply_forces_it(self):
     clock = helpers.clock(rules.NodeThreads(1, every(2), delay_steps=3), workers=4, base_s=X)
     block = clock.next_block(8)
-    np.testing.assert_array_equal(np.flatnonzero(block.schedule['apply_average'][:, 0]), [3, 5, 7])
-    np.testing.assert_array_equal(block.schedule['average_age'][[3, 5, 7], 0], [2, 2, 2])
+    np.testing.assert_array_equal(np.flatnonzero(block.schedule.apply_average), [3, 5, 7])
+    np.testing.assert_array_equal(block.schedule.average_age[[3, 5, 7]], [2, 2, 2])
 
   def test_lap_sgd_q1_d0_is_local_sgd(self):
     kwargs = dict(workers=P, kind='lognormal', base_s=X, sigma=0.5)
     lap = helpers.clock(rules.NodeThreads(1, every(4), delay_steps=0), **kwargs).next_block(40)
-    local = helpers.clock(rules.PeriodicAverage(every(4)), **kwargs).next_block(40)
+    local = helpers.clock(local_sgd.PeriodicAverage(every(4)), **kwargs).next_block(40)
     np.testing.assert_allclose(lap.sim_time, local.sim_time, rtol=1e-12)
 
 
@@ -278,13 +285,13 @@ class WagmaTest(parameterized.TestCase):
     rule = rules.WaitAvoidingGroups(group_size=4, period=5)
     clock = helpers.clock(rule, workers=16, base_s=X, network=network)
     block = clock.next_block(50)
-    self.assertTrue(block.schedule['fresh'].all())
-    self.assertFalse(block.schedule['behind'].any())
-    np.testing.assert_array_equal(block.counters['stale'], 0)
-    np.testing.assert_array_equal(np.flatnonzero(block.schedule['global_average'][:, 0]), [4, 9, 14, 19, 24,
+    self.assertTrue(block.schedule.fresh.all())
+    self.assertFalse(block.schedule.behind.any())
+    np.testing.assert_array_equal(block.measurements['stale'], 0)
+    np.testing.assert_array_equal(np.flatnonzero(block.schedule.global_average), [4, 9, 14, 19, 24,
                                                                                           29, 34, 39, 44, 49])
     group = clock.network.latency() * 4 + clock.network.allreduce(clock.model_bytes, 4)
-    expected = np.where(block.schedule['global_average'][:, 0], X + clock.network.allreduce(clock.model_bytes, 16),
+    expected = np.where(block.schedule.global_average, X + clock.network.allreduce(clock.model_bytes, 16),
                         X + group)
     np.testing.assert_allclose(block.duration, expected, rtol=1e-9)
 
@@ -292,73 +299,73 @@ class WagmaTest(parameterized.TestCase):
     rule = rules.WaitAvoidingGroups(group_size=4, period=8)
     clock = helpers.clock(rule, workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
     block = clock.next_block(64)
-    stale = ~block.schedule['fresh']
-    regular = ~block.schedule['global_average'][:, 0]
+    stale = ~block.schedule.fresh
+    regular = ~block.schedule.global_average
     # At least the two workers delayed at this step (a delay of 3.2 steps keeps a worker late for a while).
     self.assertTrue(np.all(stale[regular].sum(axis=1) >= 2))
-    self.assertGreater(block.counters['behind'].sum(), 0)         # 3.2 steps late: more than one behind
+    self.assertGreater(block.measurements['behind'].sum(), 0)         # 3.2 steps late: more than one behind
     self.assertFalse(stale[~regular].any())
     # Wait-avoiding: over 8 iterations, max_i sum X_i instead of sum max_i X_i of all-reduce SGD.
-    sync = helpers.clock(rules.Barrier(), workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
-    self.assertLess(block.sim_time[-1], 0.6 * sync.next_block(64).sim_time[-1])
+    barrier = helpers.clock(sync.Barrier(), workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
+    self.assertLess(block.sim_time[-1], 0.6 * barrier.next_block(64).sim_time[-1])
 
   def test_tau_one_is_global_average(self):
     block = helpers.clock(rules.WaitAvoidingGroups(2, 1), workers=4, kind='exponential', rate=100.0).next_block(9)
-    self.assertTrue(block.schedule['global_average'].all())
-    self.assertTrue(block.schedule['fresh'].all())
+    self.assertTrue(block.schedule.global_average.all())
+    self.assertTrue(block.schedule.fresh.all())
 
 
 class FailureTest(parameterized.TestCase):
 
   def test_barrier_waits_for_a_worker_that_returns(self):
     # Worker 3 fails during iteration 5 (0.05 .. 0.06) and is back at 0.2: the lost micro-batch restarts.
-    clock = helpers.clock(rules.Barrier(), workers=4, base_s=X, fail_worker=3, fail_at_s=0.055, return_at_s=0.2)
+    clock = helpers.clock(sync.Barrier(), workers=4, base_s=X, fail_worker=3, fail_at_s=0.055, return_at_s=0.2)
     block = clock.next_block(8)
     np.testing.assert_allclose(block.sim_time, [0.01, 0.02, 0.03, 0.04, 0.05, 0.21, 0.22, 0.23])
 
   def test_barrier_refuses_a_worker_that_never_returns(self):
     with self.assertRaisesRegex(Exception, 'stragglers.return_at_s'):
-      helpers.clock(rules.Barrier(), workers=4, fail_worker=3, fail_at_s=0.05)
+      helpers.clock(sync.Barrier(), workers=4, fail_worker=3, fail_at_s=0.05)
     with self.assertRaisesRegex(Exception, 'stragglers.return_at_s'):
-      helpers.clock(rules.KSync(4), workers=4, fail_worker=3, fail_at_s=0.05, return_at_s=-1.0)
-    self.assertEqual(helpers.clock(rules.KSync(3), workers=4, fail_worker=3, fail_at_s=0.05).lost_workers, 1)
-    self.assertIsNone(helpers.clock(rules.Barrier(), workers=4, fail_worker=-1).failure)
+      helpers.clock(ksync.KSync(4), workers=4, fail_worker=3, fail_at_s=0.05, return_at_s=-1.0)
+    self.assertEqual(helpers.clock(ksync.KSync(3), workers=4, fail_worker=3, fail_at_s=0.05).lost_workers, 1)
+    self.assertIsNone(helpers.clock(sync.Barrier(), workers=4, fail_worker=-1).failure)
 
   def test_a_clock_built_by_hand_raises_a_clear_stall(self):
-    ok = helpers.clock(rules.KSync(3), workers=4, base_s=X, fail_worker=3, fail_at_s=0.05)
-    clock = clock_lib.Clock(workers=4, rule=rules.Barrier(), compute=ok.compute, network=ok.network,
+    ok = helpers.clock(ksync.KSync(3), workers=4, base_s=X, fail_worker=3, fail_at_s=0.05)
+    clock = clock_lib.Clock(workers=4, rule=sync.Barrier(), compute=ok.compute, network=ok.network,
                             model_bytes=1.0, seed=0, failure=ok.failure)
     clock.next_block(4)
     with self.assertRaisesRegex(clock_lib.StalledError, r'Barrier waits for worker\(s\) \[3\]'):
       clock.next_block(4)
 
   @parameterized.named_parameters(
-      ('ksync', lambda: rules.KSync(3), 'contributed'),
-      ('kasync', lambda: rules.KAsync(2), 'contributed'),
-      ('kbatch_sync', lambda: rules.KBatchSync(4), 'contributions'),
-      ('kbatch_async', lambda: rules.KBatchAsync(2), 'contributions'),
+      ('ksync', lambda: ksync.KSync(3), 'contributions'),
+      ('kasync', lambda: kasync.KAsync(2), 'contributions'),
+      ('kbatch_sync', lambda: kbatch_sync.KBatchSync(4), 'contributions'),
+      ('kbatch_async', lambda: kbatch_async.KBatchAsync(2), 'contributions'),
       ('nonblocking', lambda: rules.NonBlocking(2), 'microbatches_done'),
-      ('adasync', lambda: rules.AdaSync(rules.KSync(3), k0=3, period_s=0.01), 'contributed'),
+      ('adasync', lambda: adasync.AdaSync(ksync.KSync(3), k0=3, period_s=0.01), 'contributions'),
   )
   def test_k_of_p_rules_proceed_without_the_failed_worker(self, make_rule, field):
     clock = helpers.clock(make_rule(), workers=4, kind='exponential', rate=100.0, fail_worker=3, fail_at_s=0.2)
-    if isinstance(clock.rule, rules.AdaSync):
+    if isinstance(clock.rule, adasync.AdaSync):
       clock.feedback(train_loss=1.0)
       clock.feedback(train_loss=1e-3)  # asks for K = P; capped at the 3 workers that are left
     block = clock.next_block(300)
     after = block.sim_time > 0.3
     self.assertGreater(after.sum(), 50)
     self.assertTrue(np.all(np.isfinite(block.sim_time)))
-    self.assertEqual(int(np.asarray(block.schedule[field])[after, 3].sum()), 0)
-    self.assertGreater(int(np.asarray(block.schedule[field])[~after, 3].sum()), 0)
+    self.assertEqual(int(np.asarray(getattr(block.schedule, field))[after, 3].sum()), 0)
+    self.assertGreater(int(np.asarray(getattr(block.schedule, field))[~after, 3].sum()), 0)
 
   def test_kasync_worker_returns(self):
-    clock = helpers.clock(rules.KAsync(1), workers=4, base_s=X, fail_worker=(2, 3), fail_at_s=0.1,
+    clock = helpers.clock(kasync.KAsync(1), workers=4, base_s=X, fail_worker=(2, 3), fail_at_s=0.1,
                           return_at_s=0.3)
     block = clock.next_block(200)
     during = (block.sim_time > 0.11) & (block.sim_time < 0.3)
-    self.assertFalse(block.schedule['contributed'][during][:, 2:].any())
-    self.assertTrue(block.schedule['contributed'][block.sim_time > 0.31][:, 2:].any())
+    self.assertFalse(block.schedule.contributions.astype(bool)[during][:, 2:].any())
+    self.assertTrue(block.schedule.contributions.astype(bool)[block.sim_time > 0.31][:, 2:].any())
 
 
 class ResumeTest(parameterized.TestCase):
@@ -400,21 +407,16 @@ class ResumeTest(parameterized.TestCase):
     helpers.assert_blocks_equal(self, restored.next_block(9), want)
 
   def test_state_is_strict_json_except_infinity(self):
-    clock = helpers.clock(rules.KAsync(2), workers=4, fail_worker=0, fail_at_s=0.0)
+    clock = helpers.clock(kasync.KAsync(2), workers=4, fail_worker=0, fail_at_s=0.0)
     clock.next_block(3)
     text = json.dumps(clock.state_dict())
     self.assertIn('Infinity', text)  # the lost worker's in-flight job
     self.assertTrue(math.isinf(json.loads(text)['rule_state']['finish']['__ndarray__'][0]))
 
 
-class _OnlyIterate:
-  """Hides a rule's `iterate_block` so that the clock takes the per-iteration path."""
-
-  def __init__(self, rule):
-    self.rule = rule
-
-  def iterate(self, clock, iteration):
-    return self.rule.iterate(clock, iteration)
+class _OnlyIterate(kasync.KAsync):
+  """K-async with its vectorised `iterate_block` switched off, so that the clock takes the per-iteration path."""
+  vectorized = False
 
 
 class FastPathTest(absltest.TestCase):
@@ -422,8 +424,8 @@ class FastPathTest(absltest.TestCase):
   def test_kasync_block_path_equals_iterations(self):
     kwargs = dict(workers=12, kind='pareto', shape=2.5, scale=0.01, delayed_workers=2, delay_s=0.05,
                   network=NET)
-    fast = helpers.clock(rules.KAsync(5, 2), **kwargs)
-    slow = helpers.clock(_OnlyIterate(rules.KAsync(5, 2)), **kwargs)
+    fast = helpers.clock(kasync.KAsync(5, 2), **kwargs)
+    slow = helpers.clock(_OnlyIterate(5, 2), **kwargs)
     for _ in range(3):
       helpers.assert_blocks_equal(self, fast.next_block(50), slow.next_block(50), idle_fraction_rtol=1e-12)
     self.assertEqual(helpers.json_round_trip(fast.state_dict()), helpers.json_round_trip(slow.state_dict()))

@@ -1,0 +1,128 @@
+"""AdaSync: K of a K-family variant adapted every t0 seconds of simulated time from the training loss.
+
+    K <- min(P - lost, max(1, round(K0 sqrt(F(W_0) / F(W_t)))))
+
+The math is the parameter server's (`algorithms.parameter_server`); only K changes, through the time rule.
+The training loop reports the training loss to the clock after each block (`Clock.feedback`), the only place
+where training feeds back into the simulator.
+
+Reference: Dutta, Joshi, Ghosh, Dube, Nagpurkar, "Slow and Stale Gradients Can Win the Race: Error-Runtime
+Trade-offs in Distributed SGD", AISTATS 2018; the journal version with AdaSync, arXiv 2003.10579.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, TYPE_CHECKING
+
+import config_errors as errors
+from algorithms import kasync
+from algorithms import kbatch_async
+from algorithms import kbatch_sync
+from algorithms import ksync
+from algorithms import parameter_server as ps
+from cluster import rules
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+# The variants AdaSync can adapt, with their time rules.
+BASE_RULES = {'ksync': ksync.KSync, 'kbatch_sync': kbatch_sync.KBatchSync, 'kasync': kasync.KAsync,
+              'kbatch_async': kbatch_async.KBatchAsync}
+_STALE = ('kasync', 'kbatch_async')
+_SEVERAL_JOBS = ('kbatch_sync', 'kbatch_async')
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaSync(rules.TimeRule):
+  """AdaSync time rule: K of `base` adapted every `period_s` seconds of simulated time from the loss.
+
+  K is evaluated at the first iteration that starts at or after each multiple of t0, with F(W_0) the first
+  loss reported and F(W_t) the latest one. The training loop reports losses with `clock.feedback(train_loss=...)`
+  after each block; until a loss is reported K stays K0. `lost` = workers that fail and never return. K, the
+  next adjustment time and both losses live in `clock.rule_state` (checkpointed).
+
+  Schedule and reports: those of `base` (`ServerSchedule`, `k`, `max_staleness`).
+  """
+  base: ps.KRule     # KSync, KBatchSync, KAsync or KBatchAsync; its own k is ignored
+  k0: int
+  period_s: float    # t0
+
+  schedule_type = ps.ServerSchedule
+  reports = ps.KRule.reports
+  adjustable_k = True
+
+  def __post_init__(self):
+    rules.check_positive_int(self.k0, 'k0')
+    if not isinstance(self.base, ps.KRule):
+      raise ValueError(f'AdaSync needs a K-family base rule, got {type(self.base).__name__}')
+    if not self.period_s > 0:
+      raise ValueError(f'period_s={self.period_s!r} must be > 0')
+
+  def tolerated_failures(self, workers: int) -> int:
+    # K is capped at the workers left, so only K0 matters at the start; batch rules need a single learner.
+    several = isinstance(self.base, (kbatch_sync.KBatchSync, kbatch_async.KBatchAsync))
+    return workers - 1 if several else workers - self.k0
+
+  def _state(self, clock: 'Clock') -> dict[str, Any]:
+    state = clock.rule_state
+    if 'k' not in state:
+      state.update(k=self.k0, next_adjust_s=self.period_s, initial_loss=None, latest_loss=None)
+    return state
+
+  def feedback(self, clock: 'Clock', measurements: Mapping[str, float]) -> None:
+    loss = measurements['train_loss']
+    if not math.isfinite(loss):
+      return
+    state = self._state(clock)
+    if state['initial_loss'] is None:
+      state['initial_loss'] = loss
+    state['latest_loss'] = loss
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    state = self._state(clock)
+    # A relative tolerance: simulated times are sums of floats, and 10 x 0.01 s must reach a 0.1 s boundary.
+    slack = 1e-9 * self.period_s
+    if clock.sim_time >= state['next_adjust_s'] - slack:
+      periods = math.floor((clock.sim_time - state['next_adjust_s'] + slack) / self.period_s) + 1
+      state['next_adjust_s'] += periods * self.period_s
+      f0, f = state['initial_loss'], state['latest_loss']
+      if f0 is not None and f is not None and f0 > 0 and f > 0:
+        k = int(round(self.k0 * math.sqrt(f0 / f)))
+        state['k'] = min(clock.workers - clock.lost_workers, max(1, k))
+    return self.base.iterate(clock, iteration)
+
+
+def time_rule(config) -> AdaSync:
+  a = config.algorithm
+  base = BASE_RULES[a.base](k=a.k0, microbatches=config.microbatches)  # its own K is ignored
+  return AdaSync(base=base, k0=a.k0, period_s=float(a.adapt_every_s))
+
+
+def validate(config) -> None:
+  a = config.algorithm
+  errors.require(a.base in BASE_RULES, 'algorithm.base', a.base, f'one of {", ".join(BASE_RULES)}')
+  ps.require_k(a.k0, 'algorithm.k0', config.workers)
+  errors.require(ps.is_number(a.adapt_every_s) and a.adapt_every_s > 0, 'algorithm.adapt_every_s',
+                 a.adapt_every_s, 'must be a number of simulated seconds > 0: AdaSync adapts K from the training '
+                 'loss every adapt_every_s; without it there is no loss signal (use a fixed-K variant instead)')
+  # The loop reports the training loss to the clock after each block of <= steps_per_call iterations; the
+  # first report is F(W_0), so K can only change from the third block on.
+  errors.require(config.num_steps > 2 * config.steps_per_call, 'num_steps', config.num_steps,
+                 f'adasync needs > 2 x steps_per_call={config.steps_per_call} iterations: the training loss '
+                 'reaches the clock once per block, and K adapts only after two reports (no loss signal otherwise)')
+  ps.validate_adaptive_lr(a)
+  errors.require(a.adaptive_lr_c == 0 or a.base in _STALE, 'algorithm.adaptive_lr_c', a.adaptive_lr_c,
+                 f'the staleness-adaptive learning rate needs stale views: base in {", ".join(_STALE)}, '
+                 f'not {a.base!r} (or 0)')
+
+
+def microbatches_per_iteration(config) -> int:
+  if config.algorithm.base in _SEVERAL_JOBS:
+    return config.workers * config.microbatches  # K may grow to P
+  return config.microbatches
+
+
+SPEC = ps.make_spec('adasync', {'base': 'ksync', 'k0': 1, 'adapt_every_s': 1.0, **ps.ADAPTIVE_LR_DEFAULTS},
+                    time_rule, validate, microbatches_per_iteration, several_jobs=True)

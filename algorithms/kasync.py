@@ -1,0 +1,110 @@
+"""K-async SGD: the server updates with the first K learners to push; only they fetch the new model.
+
+Update rule (update t): with S_t the first K learners to push, each gradient computed at that learner's view
+W_{tau_i} (possibly stale),
+    W_{t+1} = W_t + U((1/K) sum_{i in S_t} lambda_i g_i(W_{tau_i})),
+lambda_i = 1, or the staleness-adaptive factor (`adaptive_lr_c` > 0). K = 1 is asynchronous SGD with one
+gradient per update. Time per update with X ~ Exp(mu), ideal network: (H_P - H_{P-K}) / mu (memorylessness).
+
+Reference: Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TYPE_CHECKING
+
+import numpy as np
+
+from algorithms import parameter_server as ps
+from cluster import rules
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+
+@dataclasses.dataclass(frozen=True)
+class KAsync(ps.KRule):
+  """K-async time rule.
+
+  Learners compute continuously, each on its own view of W. The server waits for the first K learners to push
+  (arrival = end of their job + p2p(M)), updates at T = the K-th arrival with their gradients (each computed
+  at that learner's view, possibly stale), and only those K learners fetch the new W and start again at
+  T + p2p(M); the others keep computing on their views (no cancellation).
+  Ties are broken by worker id. Idle: T - arrival_i for the K contributors (they wait for the update), 0 for
+  the others. Staleness of a pushed gradient: server version at the update minus the version of the learner's
+  view. Bytes: K pushes + K fetches of M. The iteration ends at T (`clock.times` is set to T for every worker;
+  the in-flight jobs are in `rule_state`).
+
+  Schedule: `ServerSchedule` with contributions 1 for the K pushers, their staleness, refresh_view = the
+  pushers (they fetch W_{t+1}); the others keep their views.
+  """
+  k: int
+  microbatches: int = 1
+
+  vectorized = True
+
+  def _update(self, clock: 'Clock', state: dict[str, Any], k: int, up: float):
+    """One server update: (who pushed, their staleness, their arrival times, update time)."""
+    finish, view = state['finish'], state['view']
+    chosen = np.argsort(finish, kind='stable')[:k]  # ties: lowest worker id first
+    arrival = finish[chosen] + up
+    update = arrival.max()
+    version = state['version']
+    stale = version - view[chosen]
+    state['version'] = version + 1
+    view[chosen] = version + 1
+    finish[chosen] = clock.work(chosen, update + up, self.microbatches)
+    clock.times[:] = update
+    return chosen, stale, arrival, update
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    del iteration
+    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    state = ps.init_learners(clock, m)
+    chosen, stale, arrival, update = self._update(clock, state, k, clock.network.p2p(clock.model_bytes))
+    contributed = np.zeros(p, bool)
+    contributed[chosen] = True
+    staleness = np.zeros(p, np.int32)
+    staleness[chosen] = stale
+    idle = np.zeros(p)
+    idle[chosen] = update - arrival
+    return rules.Iteration(
+        schedule=ps.schedule(p, k, m, contributed, staleness=staleness, refresh_view=contributed),
+        idle=idle, bytes_communicated=2.0 * k * clock.model_bytes, staleness=staleness.astype(np.float64),
+        mean_staleness=float(stale.mean()), measurements={'k': k, 'max_staleness': float(stale.max())})
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+    """n calls of `iterate`, writing straight into the block's arrays (the simulator's hot path)."""
+    del iteration
+    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    state = ps.init_learners(clock, m)
+    up = clock.network.p2p(clock.model_bytes)
+    contributed = np.zeros((n, p), bool)
+    staleness = np.zeros((n, p), np.int32)
+    idle = np.zeros((n, p))
+    end, mean_staleness, max_staleness = np.zeros(n), np.zeros(n), np.zeros(n)
+    for t in range(n):
+      chosen, stale, arrival, end[t] = self._update(clock, state, k, up)
+      contributed[t, chosen] = True
+      staleness[t, chosen] = stale
+      idle[t, chosen] = end[t] - arrival
+      mean_staleness[t] = stale.sum() / k
+      max_staleness[t] = stale.max()
+    contributions = contributed.astype(np.int32)
+    return rules.Steps(
+        schedule=ps.ServerSchedule(
+            microbatches_done=contributions * np.int32(m), contributions=contributions, staleness=staleness,
+            refresh_view=contributed, fetch_current=np.zeros((n, p), bool), k=np.full(n, k, np.int32)),
+        idle=idle, bytes_communicated=np.full(n, 2.0 * k * clock.model_bytes), mean_staleness=mean_staleness,
+        end_time=end, measurements={'k': np.full(n, float(k)), 'max_staleness': max_staleness})
+
+
+def validate(config) -> None:
+  ps.validate_k(config)
+  ps.validate_adaptive_lr(config.algorithm)
+
+
+SPEC = ps.make_spec('kasync', {'k': 4, **ps.ADAPTIVE_LR_DEFAULTS},
+                    lambda config: KAsync(k=config.algorithm.k, microbatches=config.microbatches),
+                    validate, ps.one_job, several_jobs=False)
