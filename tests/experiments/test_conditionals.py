@@ -1,0 +1,61 @@
+"""Uniform schedule fields and the step number stay unbatched, so conditionals stay conditionals under vmap.
+
+When several workers share a device they are vmapped; a per-worker predicate would turn `lax.cond` into a
+select that runs every branch, collectives included (local SGD would all-reduce on every iteration). The
+compiled block step is inspected: the averaging all-reduce must sit inside a conditional's branch, with one
+and with two workers per device. The same step fed a per-worker counter instead of the step number (what the
+harness did before) loses the conditional: the check can fail.
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import optax
+
+from experiments import train
+from tests import harness
+from tests import hlo
+
+
+def without_step(tx: optax.GradientTransformationExtraArgs) -> optax.GradientTransformationExtraArgs:
+  """`tx` as called before the core contract: no replicated `step`, so local SGD reads its per-worker count."""
+  def update(grads, state, params=None, *, step=None, **extra):
+    del step
+    return tx.update(grads, state, params, **extra)
+  return optax.GradientTransformationExtraArgs(tx.init, update)
+
+
+def compiled_block_step(arg: str, workers: int, devices: int, drop_step: bool = False) -> hlo.Hlo:
+  config = harness.synthetic_config(arg, workers=workers, devices=devices, steps_per_call=4)
+  run = train.build(config)
+  if drop_step:
+    run.tx = without_step(run.tx)
+  state = train.init_state(run)
+  _, nbytes = train.param_count_and_bytes(state.params)
+  block = train.make_clock(run, nbytes).next_block(4)
+  inputs, _ = train.block_inputs(run, block, np.zeros(workers, np.int64), 0)
+  return hlo.compiled(train.make_block_step(run), state, *inputs)
+
+
+class ConditionalCollectivesTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(('one_worker_per_device', 4), ('two_workers_per_device', 2))
+  def test_local_sgd_average_is_inside_a_conditional(self, devices):
+    program = compiled_block_step('local_sgd,local_steps=8', workers=4, devices=devices)
+    self.assertGreaterEqual(program.conditionals, 1)
+    self.assertEqual(program.collectives_outside_conditionals(), [])
+    inside = program.reachable(b for branch in program.branches for b in branch)
+    self.assertIn('all-reduce', [op.removesuffix('-start') for op in program.collectives(inside)])
+
+  def test_a_per_worker_predicate_would_run_the_average_every_iteration(self):
+    program = compiled_block_step('local_sgd,local_steps=8', workers=4, devices=2, drop_step=True)
+    self.assertEqual(program.conditionals, 0)
+    self.assertIn('all-reduce', [op.removesuffix('-start') for op in program.collectives_outside_conditionals()])
+
+  def test_sync_all_reduces_unconditionally(self):
+    program = compiled_block_step('sync', workers=4, devices=2)
+    self.assertNotEqual(program.collectives_outside_conditionals(), [])
+
+
+if __name__ == '__main__':
+  absltest.main()
