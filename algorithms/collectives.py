@@ -8,6 +8,7 @@ a device). The global worker index orders workers device-major: worker = device 
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Hashable, Sequence, Union
 
 import jax
@@ -73,3 +74,124 @@ def worker_mean(tree: Any, axis_name: AxisName) -> Any:
   if not axes:
     return tree
   return _per_worker(lax.pmean(tree, axes), tree, axes)
+
+
+def _shift(tree: Any, axis: Hashable, size: int, shift: int) -> Any:
+  """Moves each leaf `shift` steps along one axis: index j receives from (j - shift) mod size."""
+  shift %= size
+  if shift == 0:  # also size 1: nothing moves, so no collective is emitted at all
+    return tree
+  return lax.ppermute(tree, axis, perm=[(j, (j + shift) % size) for j in range(size)])
+
+
+def ring_shift(tree: Any, axis_name: AxisName, offset: int) -> Any:
+  """Worker i receives the value of worker (i - offset) mod P: `jnp.roll` by `offset` over the workers.
+
+  Multi-axis ppermutes fail when workers are vmapped, so the shift is done one axis at a time, from the
+  fastest-varying (last) axis to the slowest: it is a subtraction in mixed radix. Along axis t the source
+  digit is the receiver's digit minus the offset's digit minus a borrow, and the borrow is 1 exactly on the
+  receivers whose lower digits (the axes after t) read less than the offset's lower digits. Each axis is
+  therefore at most two single-axis ppermutes of the same value, selected per receiver; the last axis has no
+  borrow (one ppermute), an axis with no possible borrow has one, and identity shifts are skipped. With
+  (devices, local workers) that is a local shift by offset mod L and a device shift by q or q + 1
+  (q = (offset mod P) // L), the latter for the elements that wrapped around the local axis.
+
+  Args:
+    tree: per-worker pytree.
+    axis_name: the worker axes (None: one worker, returned as is).
+    offset: static shift of any sign and size.
+
+  Returns:
+    The pytree of worker (i - offset) mod P, on worker i.
+  """
+  axes = _axes(axis_name)
+  sizes = [lax.axis_size(a) for a in axes]
+  remaining = int(offset) % num_workers(axis_name)
+  out = tree
+  below = 1  # product of the sizes of the axes after axis t
+  for t in reversed(range(len(axes))):
+    axis, size = axes[t], sizes[t]
+    digit, low = (remaining // below) % size, remaining % below
+    if low == 0 or size == 1:  # nobody borrows, or both shifts are the identity
+      out = _shift(out, axis, size, digit)
+    else:
+      borrow = worker_index(axes[t + 1:]) < low
+      plain, borrowed = _shift(out, axis, size, digit), _shift(out, axis, size, digit + 1)
+      out = jax.tree.map(lambda a, b: jnp.where(borrow, b, a), plain, borrowed)
+    below *= size
+  return out
+
+
+def _xor_digits(axis_name: AxisName, mask: int, what: str) -> list[tuple[Hashable, int, int]]:
+  """(axis, size, part of the mask on that axis) per axis, after checking P is a power of two and the mask."""
+  axes = _axes(axis_name)
+  sizes = [lax.axis_size(a) for a in axes]
+  workers = num_workers(axis_name)
+  if workers & (workers - 1):
+    raise ValueError(f'{what} needs a power-of-two number of workers, got P={workers} (axis sizes {sizes})')
+  if not 0 <= mask < workers:
+    raise ValueError(f'{what} mask must be in [0, P={workers}), got {mask}')
+  # With P a power of two every axis size is a power of two, so the device-major index is the axes' bits concatenated:
+  # the last axis holds the lowest bits of the mask.
+  digits = []
+  for axis, size in zip(reversed(axes), reversed(sizes)):
+    digits.append((axis, size, mask % size))
+    mask //= size
+  return digits
+
+
+def xor_exchange(tree: Any, axis_name: AxisName, mask: int) -> Any:
+  """Worker i receives the value of worker i XOR mask (a pairwise swap; the identity for mask 0).
+
+  XOR acts on each axis's bits independently, so a multi-axis exchange (which fails when workers are vmapped)
+  is one single-axis ppermute per axis whose part of the mask is nonzero: the last (local) axis takes the low
+  log2 L bits, the device axis the rest. An exchange along the vmapped axis compiles to a local permutation.
+
+  Args:
+    tree: per-worker pytree.
+    axis_name: the worker axes (None: one worker).
+    mask: static int in [0, P).
+
+  Returns:
+    The pytree of worker i XOR mask, on worker i.
+
+  Raises:
+    ValueError: P is not a power of two, or the mask is outside [0, P).
+  """
+  out = tree
+  for axis, size, part in _xor_digits(axis_name, operator.index(mask), 'xor_exchange'):
+    if part:
+      out = lax.ppermute(out, axis, perm=[(j, j ^ part) for j in range(size)])
+  return out
+
+
+def xor_group_sum(tree: Any, axis_name: AxisName, masks: Sequence[int]) -> Any:
+  """Sum over the group of worker i: the workers i XOR (any XOR of a subset of `masks`), 2^len(masks) of them.
+
+  Recursive doubling: round r adds the partner's partial sum, x + xor_exchange(x, masks[r]); after all
+  rounds every member of a group holds the group's sum. The masks must be distinct powers of two (the groups
+  are then the cosets of the subgroup they span, each of exactly 2^len(masks) workers, each worker counted
+  once). No masks: each worker is its own group (identity). WAGMA-SGD takes m_r = 1 << ((t*g + r) mod G).
+
+  Args:
+    tree: per-worker pytree.
+    axis_name: the worker axes (None: one worker).
+    masks: static distinct powers of two below P.
+
+  Returns:
+    The group sum of each leaf, on every member of the group.
+
+  Raises:
+    ValueError: P is not a power of two, or a mask is not a power of two below P or is repeated.
+  """
+  masks = [operator.index(m) for m in masks]
+  if len(set(masks)) != len(masks):
+    raise ValueError(f'xor_group_sum masks must be distinct, got {masks}')
+  for m in masks:
+    if m <= 0 or m & (m - 1):
+      raise ValueError(f'xor_group_sum masks must be powers of two, got {m} in {masks}')
+    _xor_digits(axis_name, m, 'xor_group_sum')  # raises on P or a mask out of range, named for this caller
+  out = tree
+  for m in masks:
+    out = jax.tree.map(jnp.add, out, xor_exchange(out, axis_name, m))
+  return out
