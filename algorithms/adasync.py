@@ -52,6 +52,7 @@ class AdaSync(rules.TimeRule):
   schedule_type = ps.ServerSchedule
   reports = ps.KRule.reports
   adjustable_k = True
+  uses_feedback = True
 
   def __post_init__(self):
     rules.check_positive_int(self.k0, 'k0')

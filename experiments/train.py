@@ -157,6 +157,17 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
   return (batches, schedules, steps), positions + done.sum(axis=0)
 
 
+def prepare_block(run: Run, clock, positions: np.ndarray, step: int):
+  """Samples the schedules of the block starting at `step` and reads every worker's micro-batches for it.
+
+  Returns:
+    (the clock's Block, the step's inputs after the state, the data positions after the block).
+  """
+  block = clock.next_block(block_length(step, run.config))
+  inputs, positions = block_inputs(run, block, positions, step)
+  return block, inputs, positions
+
+
 def advance(run: Run, block_step, state, clock, positions: np.ndarray, step: int, n: int):
   """Runs iterations step .. step+n-1: samples their schedules, reads each worker's micro-batches, steps.
 
@@ -310,10 +321,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   evaluate = make_evaluator(run)
   start_wall, start_step, last_progress = time.time(), step, time.time()
+  sim_time = clock.sim_time
+  # Keep the device busy: while it runs a block, the host samples the next block's schedule and reads its
+  # data; between boundaries the next block is even dispatched before this one's results are read. Not across
+  # a checkpoint (the saved clock and data positions must be those after the saved step), not before an
+  # evaluation (it reads this block's state, which the next block would donate), and not at all for a rule
+  # that adapts to this block's loss (AdaSync): the schedules, and so the trajectory, stay exactly the same.
+  lookahead = not run.rule.uses_feedback
   try:
+    if step < config.num_steps:  # else: a finished run, resumed
+      block, inputs, positions = prepare_block(run, clock, positions, step)
+      state, measured = block_step(state, *inputs)
     while step < config.num_steps:
-      n = block_length(step, config)
-      state, measured, block, positions = advance(run, block_step, state, clock, positions, step, n)
+      end = step + len(block.duration)
+      is_eval = end % config.eval_every == 0 or end == config.num_steps
+      is_checkpoint = end % config.checkpoint_every == 0 or end == config.num_steps
+      following = following_dispatched = None
+      if lookahead and not is_checkpoint:
+        following = prepare_block(run, clock, positions, end)
+        if not is_eval:
+          next_block, next_inputs, _ = following
+          state, next_measured = block_step(state, *next_inputs)
+          following_dispatched = (next_block, next_measured)
+
+      measured = to_host(measured)
       done = block.schedule.microbatches_done
       contributed = done > 0
       losses = np.where(contributed, measured['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
@@ -324,20 +355,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       window.add(block, train_loss=losses, l2_grads=measured['l2_grads'].mean(1),
                  l2_params=measured['l2_params'].mean(1))
       clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
-      step += n
+      step, sim_time = end, float(block.sim_time[-1])
       last_train_loss = float(losses[-1])
       wall = wall_offset + time.time() - start_wall
 
-      is_eval = step % config.eval_every == 0 or step == config.num_steps
       if is_eval or step % config.log_every == 0:
-        row = {'step': step, 'sim_time': float(block.sim_time[-1]), 'wall_time': wall, **window.row()}
+        row = {'step': step, 'sim_time': sim_time, 'wall_time': wall, **window.row()}
         if is_eval:
           last_eval = evaluate(state)
           row.update({k: v for k, v in last_eval.items() if k != 'param_norm'})
           if time_to_target is None and last_eval['eval_accuracy'] >= config.target_accuracy:
             time_to_target = row['sim_time']
         writer.write(row)
-      if step % config.checkpoint_every == 0 or step == config.num_steps:
+      if is_checkpoint:
         checkpointer.save(step, state, {
             'step': step, 'wall_time': wall, 'positions': positions.tolist(), 'clock': clock.state_dict(),
             'time_to_target': time_to_target, 'window': window.sums, 'last_eval': last_eval,
@@ -346,13 +376,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         last_progress = time.time()
         rate = (step - start_step) / max(time.time() - start_wall, 1e-9)
         log.info('step %d/%d  loss %.4f  sim %.2fs  %.1f steps/s  ETA %.0fs', step, config.num_steps,
-                     last_train_loss, clock.sim_time, rate, (config.num_steps - step) / max(rate, 1e-9))
+                 last_train_loss, sim_time, rate, (config.num_steps - step) / max(rate, 1e-9))
+      if step >= config.num_steps:
+        break  # the end: nothing more to prepare
+      if following_dispatched is not None:
+        block, measured = following_dispatched
+        positions = following[2]
+      else:
+        if following is None:
+          following = prepare_block(run, clock, positions, step)
+        block, inputs, positions = following
+        state, measured = block_step(state, *inputs)
   finally:
     checkpointer.close()
     writer.close()
 
   summary = {
-      'steps': step, 'sim_time': clock.sim_time, 'wall_time': wall_offset + time.time() - start_wall,
+      'steps': step, 'sim_time': sim_time, 'wall_time': wall_offset + time.time() - start_wall,
       'final_train_loss': last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
       'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
       'time_to_target': time_to_target, 'num_params': num_params,

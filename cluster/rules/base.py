@@ -109,6 +109,8 @@ class TimeRule(abc.ABC):
       (and `Steps.measurements`) has exactly these keys.
     adjustable_k: K can be set from outside (`Clock.set_k`, AdaSync) through `clock.rule_state['k']`.
     vectorized: `iterate_block` is implemented (the hot event-driven rules).
+    uses_feedback: `feedback` changes the schedules that follow (AdaSync): the training loop then samples a
+      block only after the previous block's measurements came back (no lookahead).
   Whatever a rule carries between iterations lives in `clock.rule_state` (checkpointed with the clock).
   """
 
@@ -116,6 +118,7 @@ class TimeRule(abc.ABC):
   reports: ClassVar[Mapping[str, str]] = {}
   adjustable_k: ClassVar[bool] = False
   vectorized: ClassVar[bool] = False
+  uses_feedback: ClassVar[bool] = False
 
   @abc.abstractmethod
   def iterate(self, clock: 'Clock', iteration: int) -> Iteration:
