@@ -9,7 +9,8 @@ Time per round: max_i sum_h X_{i,h} + allreduce(P) (`PeriodicAverage` below).
 
 The harness passes the replicated step number (`step=`), so the average is a real conditional also when
 several workers are vmapped on one device; without it (a library user's loop) the step comes from the state's
-own counter.
+own counter. Without post-local warmup the period is fixed: blocks of whole rounds of H steps pass the static
+`round_position`, and the average is then no conditional at all, issued at position H - 1 of each round.
 
 Reference: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020.
 """
@@ -64,16 +65,18 @@ def local_sgd(inner: optax.GradientTransformation, local_steps: int, warmup_step
     average_opt_state: also average the floating-point leaves of the inner state (e.g. momentum).
 
   Returns:
-    A transformation whose `update(grads, state, params, *, step=None)` moves each worker's params to its new
-    (possibly averaged) params. `step`: the replicated 0-based iteration number (the harness passes it);
-    None uses the state's counter, which is per-worker data when workers are vmapped.
+    A transformation whose `update(grads, state, params, *, step=None, round_position=None)` moves each
+    worker's params to its new (possibly averaged) params. `step`: the replicated 0-based iteration number
+    (the harness passes it); None uses the state's counter, which is per-worker data when workers are vmapped.
+    `round_position`: a static int, step mod H, for a caller that runs whole rounds (needs warmup_steps = 0).
   """
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
     return LocalSGDState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
 
-  def update_fn(grads, state, params=None, *, step: Optional[jax.Array] = None, **extra):
+  def update_fn(grads, state, params=None, *, step: Optional[jax.Array] = None,
+                round_position: Optional[int] = None, **extra):
     del extra
     if params is None:
       raise ValueError('local_sgd needs params: it averages models, not gradients.')
@@ -88,9 +91,15 @@ def local_sgd(inner: optax.GradientTransformation, local_steps: int, warmup_step
             lambda x: collectives.worker_mean(x, axis_name) if _is_float(x) else x, opt_state)
       return tree, opt_state
 
-    t = state.count if step is None else step
-    new_params, inner_state = lax.cond(
-        averages_at(t, local_steps, warmup_steps), average, lambda x: x, (stepped, inner_state))
+    if round_position is not None:  # static: average unconditionally at the round's last step, else not at all
+      if warmup_steps:
+        raise ValueError('round_position needs a fixed period: warmup_steps must be 0')
+      averaged = round_position == local_steps - 1
+      new_params, inner_state = average((stepped, inner_state)) if averaged else (stepped, inner_state)
+    else:
+      t = state.count if step is None else step
+      new_params, inner_state = lax.cond(
+          averages_at(t, local_steps, warmup_steps), average, lambda x: x, (stepped, inner_state))
     updates = jax.tree.map(lambda new, old: new - old, new_params, params)
     return updates, LocalSGDState(count=optax.safe_increment(state.count), inner=inner_state)
 
@@ -136,10 +145,16 @@ def validate(config):
   errors.require_int(config.algorithm.warmup_steps, 'algorithm.warmup_steps', 0)
 
 
+def round_length(config):
+  """H: the averaging period, fixed unless the post-local warmup averages every step first."""
+  a = config.algorithm
+  return a.local_steps if a.warmup_steps == 0 and a.local_steps > 1 else None
+
+
 SPEC = spec.AlgorithmSpec(
     name='local_sgd',
     defaults={'local_steps': 4, 'warmup_steps': 0, 'average_opt_state': False},
     build=lambda config, inner, axis_name: local_sgd(
         inner, local_steps=config.algorithm.local_steps, warmup_steps=config.algorithm.warmup_steps,
         axis_name=axis_name, average_opt_state=config.algorithm.average_opt_state),
-    time_rule=time_rule, validate=validate)
+    time_rule=time_rule, validate=validate, round_length=round_length)

@@ -12,7 +12,7 @@ replicated int32 iteration number: conditionals over either stay real conditiona
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,11 @@ def mean_of_workers(params: Any, opt_state: Any) -> Any:
   """Consensus model = the average of the workers' parameters (leading axis = workers)."""
   del opt_state
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), params)
+
+
+def no_rounds(config: ml_collections.ConfigDict) -> None:
+  del config
+  return None
 
 
 def at_own_params(params: Any, opt_state: Any, schedule: Any, microbatch: jax.Array) -> Any:
@@ -60,6 +65,10 @@ class AlgorithmSpec:
     gradient_params: (params, opt_state, schedule, microbatch index) -> the parameters at which the step
       differentiates that micro-batch, per worker (default: the worker's own params; the parameter server:
       a K-batch learner's later mini-batches at the server model it fetched in between).
+    round_length: config -> R, the fixed period of an algorithm whose events repeat every R iterations from
+      step 0, or None. With R, the step runs aligned blocks as whole rounds and calls
+      `update(..., round_position=r)` with a static r in 0..R-1 (step = k R + r); other blocks, and library
+      users, call it without `round_position`, and both must give the same result.
   """
   name: str
   defaults: Mapping[str, Any]
@@ -70,3 +79,4 @@ class AlgorithmSpec:
   consensus: Callable[[Any, Any], Any] = mean_of_workers
   microbatches_per_iteration: Callable[[ml_collections.ConfigDict], int] = _configured_microbatches
   gradient_params: Callable[[Any, Any, Any, jax.Array], Any] = at_own_params
+  round_length: Callable[[ml_collections.ConfigDict], Optional[int]] = no_rounds

@@ -9,6 +9,12 @@ state donated.
 
 The schedule's per-worker fields are vmapped with the workers that share a device; its uniform fields
 (`Schedule.UNIFORM`) and the step number are not, so conditionals over them stay conditionals.
+
+Rounds: an algorithm with a fixed period R declares `round_length` (its spec). A block of whole rounds then
+scans over rounds, each round's R iterations unrolled with a static `round_position=r` passed to `tx.update`:
+the algorithm may issue a collective at a fixed position, with no conditional around it, and consume it
+positions later, so XLA can run it under the compute in between (DaSGD's delayed average). Blocks that do not
+start and end on round boundaries use the per-iteration path; the two must give the same trajectory.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
   """One iteration of one worker: (state, batch (m, b/m, ...), schedule, step) -> (state, measurements)."""
   grad_fn = jax.value_and_grad(functools.partial(task.loss, model), has_aux=True)
 
-  def iteration(state: TrainState, batch, schedule, step):
+  def iteration(state: TrainState, batch, schedule, step, round_position=None):
     worker = collectives.worker_index(axis_name)
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), worker)
     done = schedule.microbatches_done
@@ -72,7 +78,8 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
     grad_sum, loss_sum, model_state = carry
     count = jnp.maximum(done, 1)
     grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule=schedule, step=step)
+    extra = {} if round_position is None else {'round_position': round_position}
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule=schedule, step=step, **extra)
     params = optax.apply_updates(state.params, updates)
     measurements = {'loss': loss_sum / count, 'l2_grads': tree_l2(grads), 'l2_params': tree_l2(params)}
     return TrainState(params, opt_state, model_state), measurements
@@ -81,7 +88,7 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
 
 
 def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int,
-                    schedule_type: type, gradient_params=spec_lib.at_own_params):
+                    schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None):
   """The jitted `(state, batches, schedules, steps) -> (state, measurements)` for a block of n iterations.
 
   Args (of the returned function):
@@ -90,6 +97,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     schedules: a `schedule_type` (the time rule's NamedTuple): per-worker fields (n, P) sharded over the
       workers, uniform fields (n,) replicated.
     steps: int32 (n,), the global step of each iteration (replicated).
+  With `round_length` R, n must be a multiple of R and steps[0] a multiple of R (whole rounds).
 
   Returns:
     The new state and measurements (name -> (n, P)): `loss`, `l2_grads`, `l2_params`.
@@ -97,14 +105,27 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
   iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed, gradient_params)
   uniform = rules.base.uniform_fields(schedule_type)
 
+  def one_iteration(state, xs, round_position=None):
+    batch, schedule, step = xs
+    per_worker, same = rules.base.split(schedule)
+    lifted = layout.per_worker(
+        lambda s, b, fields: iteration(s, b, schedule_type(**fields, **same), step, round_position))
+    return lifted(state, batch, per_worker)
+
+  def one_round(state, xs):
+    measured = []
+    for r in range(round_length):  # unrolled: positions are static
+      state, m = one_iteration(state, jax.tree.map(lambda x: x[r], xs), round_position=r)
+      measured.append(m)
+    return state, jax.tree.map(lambda *ms: jnp.stack(ms), *measured)
+
   def device_block(state, batches, schedules, steps):
-    def body(state, xs):
-      batch, schedule, step = xs
-      per_worker, same = rules.base.split(schedule)
-      lifted = layout.per_worker(
-          lambda s, b, fields: iteration(s, b, schedule_type(**fields, **same), step))
-      return lifted(state, batch, per_worker)
-    return lax.scan(body, state, (batches, schedules, steps))
+    xs = (batches, schedules, steps)
+    if round_length is None:
+      return lax.scan(one_iteration, state, xs)
+    rounds = jax.tree.map(lambda x: x.reshape((x.shape[0] // round_length, round_length) + x.shape[1:]), xs)
+    state, measured = lax.scan(one_round, state, rounds)
+    return state, jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), measured)
 
   worker = PartitionSpec(workers_lib.DEVICE_AXIS)
   per_iteration = PartitionSpec(None, workers_lib.DEVICE_AXIS)

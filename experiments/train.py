@@ -9,6 +9,7 @@ absolute step numbers, so a resumed run executes the same programs on the same i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -64,9 +65,19 @@ def _next_boundary(step: int, config) -> int:
   return min(candidates)
 
 
-def block_length(step: int, config) -> int:
-  """Iterations in the block starting at `step`: never crosses a log, eval or checkpoint boundary."""
-  return min(config.steps_per_call, _next_boundary(step, config) - step)
+def block_length(step: int, config, round_length: int | None = None) -> int:
+  """Iterations in the block starting at `step`: never crosses a log, eval or checkpoint boundary.
+
+  With a round length R the block is whole rounds where it can be (max(1, steps_per_call // R) of them); after
+  a boundary that falls inside a round, a shorter block reaches the next round boundary. Lengths depend only on
+  absolute step numbers, so a resumed run runs the same blocks.
+  """
+  limit = _next_boundary(step, config) - step
+  if round_length is None:
+    return min(config.steps_per_call, limit)
+  if step % round_length:
+    return min(round_length - step % round_length, limit)
+  return min(round_length * max(1, config.steps_per_call // round_length), limit)
 
 
 def param_count_and_bytes(params) -> tuple[int, int]:
@@ -87,6 +98,11 @@ class Run:
   rule: rules_lib.TimeRule
 
   @property
+  def round_length(self) -> int | None:
+    """The algorithm's fixed period (whole-round blocks), or None."""
+    return self.spec.round_length(self.config)
+
+  @property
   def microbatches(self) -> int:
     """Micro-batches in each worker's batch per iteration (the step masks those not finished)."""
     return self.spec.microbatches_per_iteration(self.config)
@@ -105,10 +121,39 @@ def build(config: ml_collections.ConfigDict) -> Run:
              model=model, tx=tx, rule=spec.time_rule(config))
 
 
-def make_block_step(run: Run):
-  """The run's jitted block step (`experiments.step.make_block_step`) with the algorithm's declared hooks."""
-  return step_lib.make_block_step(run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
-                                  schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params)
+class BlockStep:
+  """The run's jitted block step (`experiments.step.make_block_step`) with the algorithm's declared hooks.
+
+  `(state, batches, schedules, steps) -> (state, measurements)`, `steps` a host int32 array: a block of whole
+  rounds of the algorithm's `round_length` runs the round-structured program, any other block the
+  per-iteration one. Each program compiles once per block length.
+  """
+
+  def __init__(self, run: Run):
+    make = functools.partial(
+        step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
+        schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params)
+    self.round_length = run.round_length
+    self.per_iteration = make()
+    self.rounds = None if self.round_length is None else make(round_length=self.round_length)
+
+  def whole_rounds(self, steps: np.ndarray) -> bool:
+    r = self.round_length
+    return r is not None and int(steps[0]) % r == 0 and len(steps) % r == 0
+
+  def program(self, steps: np.ndarray):
+    """The jitted program that runs the block of `steps`."""
+    return self.rounds if self.whole_rounds(steps) else self.per_iteration
+
+  def __call__(self, state, batches, schedules, steps):
+    return self.program(steps)(state, batches, schedules, steps)
+
+  def lower(self, state, batches, schedules, steps):
+    return self.program(steps).lower(state, batches, schedules, steps)
+
+
+def make_block_step(run: Run) -> BlockStep:
+  return BlockStep(run)
 
 
 def make_clock(run: Run, model_bytes: float):
@@ -153,7 +198,7 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
   schedules = type(block.schedule)(*(
       jnp.asarray(v) if name in uniform else _global_array(run.layout, v[:, local_ids], 1)
       for name, v in block.schedule._asdict().items()))
-  steps = jnp.arange(step, step + len(done), dtype=jnp.int32)
+  steps = np.arange(step, step + len(done), dtype=np.int32)  # on the host: BlockStep picks the program by it
   return (batches, schedules, steps), positions + done.sum(axis=0)
 
 
@@ -163,7 +208,7 @@ def prepare_block(run: Run, clock, positions: np.ndarray, step: int):
   Returns:
     (the clock's Block, the step's inputs after the state, the data positions after the block).
   """
-  block = clock.next_block(block_length(step, run.config))
+  block = clock.next_block(block_length(step, run.config, run.round_length))
   inputs, positions = block_inputs(run, block, positions, step)
   return block, inputs, positions
 

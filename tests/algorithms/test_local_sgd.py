@@ -71,6 +71,22 @@ class LocalSGDTest(parameterized.TestCase):
     for a, b in zip(runs[0].params, runs[1].params):
       jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14), a, b)
 
+  @parameterized.named_parameters(('one_worker_per_device', 4), ('two_workers_per_device', 2))
+  def test_whole_round_blocks_equal_the_per_iteration_path(self, devices):
+    # block=6 with H=3: whole rounds (static round_position, unconditional average); block=4: blocks that
+    # start or end inside a round take the per-iteration path (conditional average); block=1: per iteration.
+    with jax.enable_x64(True):
+      config = _f64('local_sgd,local_steps=3', **{'optimizer.momentum': 0.9, 'devices': devices})
+      runs = {block: harness.run_iterations(config, 12, block=block) for block in (1, 4, 6)}
+    self.assertEqual(runs[6].run.round_length, 3)
+    for block in (4, 6):
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14),
+                   runs[block].params[-1], runs[1].params[-1])
+
+  def test_post_local_warmup_has_no_fixed_round(self):
+    self.assertIsNone(local_sgd.round_length(_f64('local_sgd,local_steps=4,warmup_steps=2')))
+    self.assertEqual(local_sgd.round_length(_f64('local_sgd,local_steps=4')), 4)
+
 
 if __name__ == '__main__':
   absltest.main()

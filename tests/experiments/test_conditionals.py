@@ -25,14 +25,14 @@ def without_step(tx: optax.GradientTransformationExtraArgs) -> optax.GradientTra
   return optax.GradientTransformationExtraArgs(tx.init, update)
 
 
-def compiled_block_step(arg: str, workers: int, devices: int, drop_step: bool = False) -> hlo.Hlo:
-  config = harness.synthetic_config(arg, workers=workers, devices=devices, steps_per_call=4)
+def compiled_block_step(arg: str, workers: int, devices: int, drop_step: bool = False, n: int = 4) -> hlo.Hlo:
+  config = harness.synthetic_config(arg, workers=workers, devices=devices, steps_per_call=n)
   run = train.build(config)
   if drop_step:
     run.tx = without_step(run.tx)
   state = train.init_state(run)
   _, nbytes = train.param_count_and_bytes(state.params)
-  block = train.make_clock(run, nbytes).next_block(4)
+  block = train.make_clock(run, nbytes).next_block(n)
   inputs, _ = train.block_inputs(run, block, np.zeros(workers, np.int64), 0)
   return hlo.compiled(train.make_block_step(run), state, *inputs)
 
@@ -51,6 +51,15 @@ class ConditionalCollectivesTest(parameterized.TestCase):
     program = compiled_block_step('local_sgd,local_steps=8', workers=4, devices=2, drop_step=True)
     self.assertEqual(program.conditionals, 0)
     self.assertIn('all-reduce', [op.removesuffix('-start') for op in program.collectives_outside_conditionals()])
+
+  @parameterized.named_parameters(('one_worker_per_device', 4), ('two_workers_per_device', 2))
+  def test_a_block_of_whole_rounds_averages_once_per_round_without_a_conditional(self, devices):
+    # Two rounds of H = 4: the round body is unrolled with static positions; the average, at position 3 only,
+    # needs no conditional, so XLA may schedule it freely (DaSGD overlaps its delayed average this way).
+    program = compiled_block_step('local_sgd,local_steps=4', workers=4, devices=devices, n=8)
+    self.assertEqual(program.conditionals, 0)
+    reduces = [op for op in program.collectives(program.ops) if op.removesuffix('-start') == 'all-reduce']
+    self.assertEqual(len(reduces), 1)  # once in the scanned round body
 
   def test_sync_all_reduces_unconditionally(self):
     program = compiled_block_step('sync', workers=4, devices=2)
