@@ -2,7 +2,9 @@
 
 Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
 resumes from its latest checkpoint. User errors (bad config, missing data, a workdir holding another run)
-print one line and exit with status 2; a diverged run exits with status 3.
+print one line and exit with status 2; a diverged run exits with status 3. SIGTERM or Ctrl-C (SIGINT) finish
+the current block, checkpoint, and exit with status 75 (`preemption.EXIT_PREEMPTED`) and one line: rerunning
+the same command resumes; a second signal stops at once.
 
 Multi-process (multi-host) runs: every process runs the same command plus `--coordinator_address`,
 `--num_processes` and `--process_id` (or `--distributed` where JAX detects them: SLURM, Cloud TPU pods); see
@@ -94,6 +96,7 @@ def main(argv):
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
   import config_errors as errors
+  from experiments import preemption
   from experiments import train
   try:
     summary = _run(config, _WORKDIR.value)
@@ -103,6 +106,9 @@ def main(argv):
   except train.TrainingDiverged as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(3)
+  except preemption.Preempted as e:
+    print(str(e), file=sys.stderr)
+    sys.exit(preemption.EXIT_PREEMPTED)
   except KeyboardInterrupt:
     print(f'interrupted: rerun the same command to resume from the last checkpoint in {_WORKDIR.value}',
           file=sys.stderr)

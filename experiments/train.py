@@ -30,6 +30,7 @@ from cluster import rules as rules_lib
 from data import registry as data_registry
 from experiments import checkpointing
 from experiments import metrics_io
+from experiments import preemption
 from experiments import step as step_lib
 from experiments import tasks
 from experiments import validation
@@ -322,10 +323,15 @@ class _Window:
     return out
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       stop_requests: preemption.StopRequests | None = None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
 
   Writes metrics.jsonl, summary.json, config.json, TensorBoard events and orbax checkpoints in `workdir`.
+
+  Raises:
+    preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; the run finished its
+      block and checkpointed, and the same call resumes it.
   """
   run = build(config)
   lead = jax.process_index() == 0
@@ -373,14 +379,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # evaluation (it reads this block's state, which the next block would donate), and not at all for a rule
   # that adapts to this block's loss (AdaSync): the schedules, and so the trajectory, stay exactly the same.
   lookahead = not run.rule.uses_feedback
+  stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
   try:
+    stop_requests.install()
     if step < config.num_steps:  # else: a finished run, resumed
       block, inputs, positions = prepare_block(run, clock, positions, step)
       state, measured = block_step(state, *inputs)
     while step < config.num_steps:
       end = step + len(block.duration)
       is_eval = end % config.eval_every == 0 or end == config.num_steps
-      is_checkpoint = end % config.checkpoint_every == 0 or end == config.num_steps
+      stop = stop_requests.agreed(step)  # then this block is the last: checkpoint after it, no lookahead
+      is_checkpoint = end % config.checkpoint_every == 0 or end == config.num_steps or stop
       following = following_dispatched = None
       if lookahead and not is_checkpoint:
         following = prepare_block(run, clock, positions, end)
@@ -422,6 +431,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         rate = (step - start_step) / max(time.time() - start_wall, 1e-9)
         log.info('step %d/%d  loss %.4f  sim %.2fs  %.1f steps/s  ETA %.0fs', step, config.num_steps,
                  last_train_loss, sim_time, rate, (config.num_steps - step) / max(rate, 1e-9))
+      if stop and step < config.num_steps:
+        raise preemption.Preempted(step, workdir, stop_requests.signal_name)
       if step >= config.num_steps:
         break  # the end: nothing more to prepare
       if following_dispatched is not None:
@@ -433,6 +444,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         block, inputs, positions = following
         state, measured = block_step(state, *inputs)
   finally:
+    stop_requests.uninstall()
     checkpointer.close()
     writer.close()
 

@@ -10,8 +10,10 @@
 #   Inside an allocation (salloc): bash launch/slurm.sh --config=... --workdir=...
 #
 # The config's `devices` must be the job's GPU count (nodes x GPUs per node) and `workers` a multiple of it.
-# A job that stops (failure, time limit, preemption, `scancel`) resumes from its last checkpoint when the same
-# command is submitted again (or with `sbatch --requeue`). One process that dies makes SLURM end the others
+# Preemption and the time limit: SLURM sends SIGTERM 300 s ahead (`--signal=B:TERM@300`, to this script); it
+# is passed to every process, which finishes its block, checkpoints and exits with status 75; the job is then
+# requeued (`--requeue`, or REQUEUE=0 to stop instead) and the rerun resumes from that checkpoint exactly.
+# A job that stops otherwise (failure, `scancel`) resumes from its last checkpoint when submitted again. One process that dies makes SLURM end the others
 # (`srun --kill-on-bad-exit`); JAX's heartbeats stop them too if SLURM does not (HEARTBEAT_S).
 # Per-GPU mode: do not bind GPUs per task (no --gpus-per-task / --gpu-bind): every process sees the node's
 # GPUs and JAX gives process SLURM_LOCALID its GPU.
@@ -26,6 +28,8 @@
 #SBATCH --time=04:00:00
 #SBATCH --output=slurm-%j.out
 #SBATCH --open-mode=append
+#SBATCH --signal=B:TERM@300
+#SBATCH --requeue
 set -euo pipefail
 
 if [ -z "${SLURM_JOB_ID:-}" ]; then
@@ -67,5 +71,19 @@ else
 fi
 echo "[slurm] job $SLURM_JOB_ID: $nodes node(s), $tasks process(es), $mode, $((nodes * gpus_per_node)) GPU(s)"
 
-exec srun --kill-on-bad-exit=1 --ntasks="$tasks" --ntasks-per-node="$tasks_per_node" \
-  python -m experiments.main "$@" --distributed --heartbeat_timeout_s="${HEARTBEAT_S:-120}"
+srun --kill-on-bad-exit=1 --ntasks="$tasks" --ntasks-per-node="$tasks_per_node" \
+  python -m experiments.main "$@" --distributed --heartbeat_timeout_s="${HEARTBEAT_S:-120}" &
+run=$!
+# SLURM signals the batch script (B:), not srun's tasks: forward it, then requeue once they checkpointed.
+trap 'echo "[slurm] SIGTERM: asking every process to checkpoint"; kill -TERM "$run" 2>/dev/null || true' TERM
+status=0
+wait "$run" || status=$?
+if [ "$status" -ne 0 ] && kill -0 "$run" 2>/dev/null; then  # wait returned early on the trapped signal
+  status=0
+  wait "$run" || status=$?
+fi
+if [ "$status" -eq 75 ] && [ "${REQUEUE:-1}" = "1" ]; then
+  echo "[slurm] preempted and checkpointed: requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"

@@ -1,0 +1,74 @@
+"""Stopping a run cleanly when the cluster asks: SIGTERM (SLURM's --signal, TPU maintenance) or SIGINT.
+
+The first signal only sets a flag; the training loop finishes the block it is running, writes a checkpoint and
+raises `Preempted`, and the run exits with `EXIT_PREEMPTED` and one line saying how to resume. A second signal
+interrupts at once (KeyboardInterrupt; the last checkpoint is kept). In a multi-process run every process must
+stop after the same block (a checkpoint is a collective write), so the flag is agreed on across processes
+once per block: a process stops when any process was asked to.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: temporary failure, rerun to resume
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(RuntimeError):
+  """The run stopped at a signal after checkpointing; rerunning the same command resumes it."""
+
+  def __init__(self, step: int, workdir: str, signal_name: str):
+    super().__init__(f'preempted by {signal_name} at step {step}: checkpoint saved in {workdir}; rerun the same '
+                     'command to resume from it')
+    self.step = step
+
+
+class StopRequests:
+  """Catches the stop signals while the training loop runs (`install` / `uninstall`, or a context manager)."""
+
+  def __init__(self):
+    self.signal_name: str | None = None
+    self._previous = {}
+
+  def install(self) -> None:
+    if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+      for sig in SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def uninstall(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+  def __enter__(self) -> 'StopRequests':
+    self.install()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.uninstall()
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    if self.signal_name is not None:  # asked twice: stop now
+      raise KeyboardInterrupt
+    self.signal_name = signal.Signals(signum).name
+
+  def request(self, name: str = 'request') -> None:
+    """Asks the loop to stop after the current block (what a signal does)."""
+    self.signal_name = name
+
+  def agreed(self, step: int) -> bool:
+    """Whether to stop after the block that starts at `step`; the same answer on every process."""
+    del step
+    asked = self.signal_name is not None
+    if jax.process_count() > 1:
+      asked = bool(np.any(multihost_utils.process_allgather(np.int32(asked))))
+      if asked and self.signal_name is None:
+        self.signal_name = 'a peer process'
+    return asked
