@@ -4,16 +4,48 @@ Each checkpoint holds two items: `state` (the TrainState arrays, sharded per wor
 for its own shards) and `meta` (JSON: step, per-worker data positions, the cluster clock's state, simulated and
 wall time so far, the first time the target accuracy was reached, the last metrics window). Saves are
 asynchronous; an interrupted save is never the one restored (orbax finalises a step atomically).
+
+A checkpoint that orbax finalised but that cannot be read back (a truncated or corrupted file, a disk error)
+is reported in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored.
+Before anything trains, `check_writable` makes sure the workdir can take a checkpoint at all.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+import shutil
+from typing import Any, Callable, Optional
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+log = logging.getLogger('waitless')
+
+
+class UnusableWorkdir(ValueError):
+  """The workdir cannot hold the run's outputs (read-only, or not enough free space for a checkpoint)."""
+
+
+def check_writable(workdir: str, checkpoint_bytes: float = 0.0) -> None:
+  """Raises UnusableWorkdir (one line) unless `workdir` takes a file (and has room for two checkpoints)."""
+  probe = os.path.join(workdir, f'.write_probe_{jax.process_index()}')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with open(probe, 'wb') as f:
+      f.write(b'\0' * 4096)
+    os.remove(probe)
+  except OSError as e:
+    raise UnusableWorkdir(f'workdir {workdir} is not writable ({e.strerror or e}): use another --workdir') from e
+  if checkpoint_bytes <= 0:
+    return
+  free = shutil.disk_usage(workdir).free
+  needed = 2.0 * checkpoint_bytes + (1 << 20)  # the kept checkpoint and the one being written, plus metadata
+  if free < needed:
+    raise UnusableWorkdir(f'workdir {workdir} has {free / 1e6:.1f} MB free but two checkpoints of this run need '
+                          f'about {needed / 1e6:.1f} MB: free some space or use another --workdir')
 
 
 class Checkpointer:
@@ -40,9 +72,41 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return restored['state'], restored['meta']
 
+  def restore_latest(self, like_state: Any,
+                     quarantine: Optional[Callable[[int], None]] = None) -> Optional[tuple[int, Any, dict]]:
+    """(step, state, meta) of the newest checkpoint that reads back, or None if there is none.
+
+    A checkpoint that fails to restore is logged in one line, handed to `quarantine(step)` (which moves it
+    away), and the next older one is tried.
+    """
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        state, meta = self.restore(step, like_state)
+        return step, state, meta
+      except Exception as e:  # pylint: disable=broad-except  # orbax / tensorstore / JSON errors alike
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        log.warning('checkpoint at step %d is unreadable (%s: %s); trying the previous one',
+                    step, type(e).__name__, reason)
+        if quarantine is not None:
+          quarantine(step)
+          self._manager.reload()
+    return None
+
   def wait(self) -> None:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def quarantine_step(workdir: str) -> Callable[[int], None]:
+  """Moves `<workdir>/checkpoints/<step>` to `<workdir>/corrupt_checkpoints/<step>` (process 0; all wait)."""
+  def move(step: int) -> None:
+    if jax.process_index() == 0:
+      target = os.path.join(workdir, 'corrupt_checkpoints')
+      os.makedirs(target, exist_ok=True)
+      shutil.move(os.path.join(workdir, 'checkpoints', str(step)), os.path.join(target, str(step)))
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f'quarantine checkpoint {step}')
+  return move

@@ -96,11 +96,12 @@ def main(argv):
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
   import config_errors as errors
+  from experiments import checkpointing
   from experiments import preemption
   from experiments import train
   try:
     summary = _run(config, _WORKDIR.value)
-  except (errors.ConfigError, train.WorkdirConflict, FileNotFoundError) as e:
+  except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except train.TrainingDiverged as e:

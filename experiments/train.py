@@ -336,6 +336,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   run = build(config)
   lead = jax.process_index() == 0
   _check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
+  checkpointing.check_writable(workdir)
   if lead:
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, 'config.json')
@@ -350,14 +351,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if config.stragglers.calibrate:
     config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdir)
   clock = make_clock(run, model_bytes)
+  _, state_bytes = param_count_and_bytes(state)
+  checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / jax.process_count())
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
   positions = np.zeros(config.workers, np.int64)
   step, wall_offset, time_to_target, window = 0, 0.0, None, _Window(run.rule.reports)
   last_train_loss = float('nan')
   last_eval: dict[str, float] = {}
-  latest = checkpointer.latest_step()
-  if latest is not None:
-    state, meta = checkpointer.restore(latest, state)
+  restored = checkpointer.restore_latest(state, checkpointing.quarantine_step(workdir))
+  latest = None if restored is None else restored[0]
+  if restored is not None:
+    _, state, meta = restored
     step, wall_offset = int(meta['step']), float(meta['wall_time'])
     positions = np.asarray(meta['positions'], np.int64)
     clock.load_state_dict(meta['clock'])
