@@ -51,13 +51,29 @@ def force_host_devices(count: int) -> None:
   os.environ['XLA_FLAGS'] = ' '.join(existing + [flag])
 
 
-def _run(config, workdir):
+def _run(config, workdir, stop_requests):
   from experiments import train  # imported after XLA_FLAGS is set
   if not _MOCK_DATA.value:
-    return train.train_and_evaluate(config, workdir)
+    return train.train_and_evaluate(config, workdir, stop_requests)
   import tensorflow_datasets as tfds
   with tfds.testing.mock_data(num_examples=_MOCK_EXAMPLES.value):
-    return train.train_and_evaluate(config, workdir)
+    return train.train_and_evaluate(config, workdir, stop_requests)
+
+
+def _is_jax_runtime_error(e: BaseException) -> bool:
+  import jax  # pylint: disable=g-import-not-at-top
+  return isinstance(e, jax.errors.JaxRuntimeError)
+
+
+def _watch_peers(stop_requests, workdir):
+  """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from experiments import peer_watchdog
+  watchdog = peer_watchdog.PeerWatchdog(
+      jax_distributed.global_state.client, distributed.process_index(), distributed.process_count(),
+      timeout_s=_HEARTBEAT.value / 2, completed_step=lambda: stop_requests.completed_step, workdir=workdir)
+  watchdog.start()
+  return watchdog
 
 
 def _join_processes(config) -> int:
@@ -92,15 +108,17 @@ def main(argv):
   progress.addHandler(handler)
   progress.setLevel(std_logging.INFO)
   progress.propagate = False
-  if _join_processes(config) > 1:
-    handler.setFormatter(std_logging.Formatter(
-        f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
   import config_errors as errors
   from experiments import checkpointing
   from experiments import preemption
   from experiments import train
+  stop_requests, watchdog = preemption.StopRequests(), None
+  if _join_processes(config) > 1:
+    handler.setFormatter(std_logging.Formatter(
+        f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
+    watchdog = _watch_peers(stop_requests, _WORKDIR.value)
   try:
-    summary = _run(config, _WORKDIR.value)
+    summary = _run(config, _WORKDIR.value, stop_requests)
   except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -114,6 +132,14 @@ def main(argv):
     print(f'interrupted: rerun the same command to resume from the last checkpoint in {_WORKDIR.value}',
           file=sys.stderr)
     sys.exit(130)
+  except RuntimeError as e:  # jax.errors.JaxRuntimeError: in a multi-process run, a collective lost its peer
+    if watchdog is None or not _is_jax_runtime_error(e):
+      raise
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    watchdog.report(f'a collective failed ({first}), a peer process probably died')
+  finally:
+    if watchdog is not None:
+      watchdog.finish()
   progress.info('summary: %s', json.dumps(summary))
 
 

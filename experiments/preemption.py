@@ -34,6 +34,7 @@ class StopRequests:
 
   def __init__(self):
     self.signal_name: str | None = None
+    self.completed_step: int | None = None  # the loop's progress: the last step every block before it finished
     self._previous = {}
 
   def install(self) -> None:
@@ -65,7 +66,7 @@ class StopRequests:
 
   def agreed(self, step: int) -> bool:
     """Whether to stop after the block that starts at `step`; the same answer on every process."""
-    del step
+    self.completed_step = step
     asked = self.signal_name is not None
     if jax.process_count() > 1:
       asked = bool(np.any(multihost_utils.process_allgather(np.int32(asked))))
