@@ -41,15 +41,13 @@ from experiments import train
 from experiments.configs import digits
 from models import registry as model_registry
 
-_STEPS = flags.DEFINE_integer('steps', 2000, 'Iterations of the long run (the short one has half).')
-_WORKERS = flags.DEFINE_integer('workers', 8, 'Workers.')
-_DEVICES = flags.DEFINE_integer('devices', 8, 'Devices (CPU: forced host devices).')
 _PER_CALL = 10
+WORKERS, DEVICES = 8, 8  # main() sets them from its flags
 
 
 def _config(steps: int):
   config = digits.get_config('sync')
-  config.workers, config.devices, config.num_steps = _WORKERS.value, _DEVICES.value, steps
+  config.workers, config.devices, config.num_steps = WORKERS, DEVICES, steps
   config.steps_per_call = _PER_CALL
   config.eval_every = config.checkpoint_every = steps
   config.progress_every_s = 1e9
@@ -113,10 +111,12 @@ def steady_rate(seconds_of, steps: int) -> float:
 
 def main(argv):
   del argv
+  global WORKERS, DEVICES
+  WORKERS, DEVICES = _WORKERS.value, _DEVICES.value
   logging.set_verbosity(logging.WARNING)
   harness = steady_rate(harness_seconds, _STEPS.value)
   reference = steady_rate(reference_seconds, _STEPS.value)
-  print(f'digits MLP, {_WORKERS.value} workers on {_DEVICES.value} {jax.devices()[0].platform} device(s), '
+  print(f'digits MLP, {WORKERS} workers on {DEVICES} {jax.devices()[0].platform} device(s), '
         f'{_PER_CALL} iterations per call, steady state over {_STEPS.value // 2} iterations')
   print(f'{"loop":<28}{"steps/s":>10}')
   print(f'{"hand-written shard_map":<28}{reference:>10.0f}')
@@ -125,4 +125,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _STEPS = flags.DEFINE_integer('steps', 2000, 'Iterations of the long run (the short one has half).')
+  _WORKERS = flags.DEFINE_integer('workers', 8, 'Workers.')
+  _DEVICES = flags.DEFINE_integer('devices', 8, 'Devices (CPU: forced host devices).')
   app.run(main)

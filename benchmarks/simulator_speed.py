@@ -26,22 +26,21 @@ import numpy as np
 import optax
 
 from algorithms import adasync
+from algorithms import dpsgd
 from algorithms import kasync
 from algorithms import kbatch_async
 from algorithms import kbatch_sync
 from algorithms import ksync
 from algorithms import local_sgd
+from algorithms import nonblocking
 from algorithms import sync
+from algorithms import wagma
 from cluster import calibration
 from cluster import factory
 from cluster import rules
 from experiments.configs import digits
 from models import registry as model_registry
 
-_ITERATIONS = flags.DEFINE_integer('iterations', 100_000, 'K-async iterations to time.')
-_WORKERS = flags.DEFINE_integer('workers', 64, 'Simulated workers.')
-_K = flags.DEFINE_integer('k', 8, 'K of K-async.')
-_OTHERS = flags.DEFINE_integer('other_iterations', 5_000, 'Iterations per rule in the side-by-side table.')
 
 
 def _clock(rule, workers: int):
@@ -103,8 +102,8 @@ def main(argv):
       ('KAsync(K=8)  [timed above]', None, seconds / n),
       ('Barrier (sync)', sync.Barrier(), None),
       ('PeriodicAverage (local_sgd, H=4)', local_sgd.PeriodicAverage(lambda t: (t + 1) % 4 == 0), None),
-      ('RingGossip (dpsgd)', rules.RingGossip(), None),
-      ('NonBlocking (m=4)', rules.NonBlocking(4), None),
+      ('RingGossip (dpsgd)', dpsgd.RingGossip(), None),
+      ('NonBlocking (m=4)', nonblocking.NonBlocking(4), None),
       ('KSync(K=8)', ksync.KSync(8), None),
       ('KBatchSync(K=8)', kbatch_sync.KBatchSync(8), None),
       ('KBatchAsync(K=8)', kbatch_async.KBatchAsync(8), None),
@@ -112,7 +111,7 @@ def main(argv):
       ('AdaSync(KAsync, K0=8)', adasync.AdaSync(kasync.KAsync(8), k0=8, period_s=1.0), None),
       ('DelayedAverage (dasgd, tau=4, d=1)', rules.DelayedAverage(4, 1), None),
       ('NodeThreads (lap_sgd, Q=4, H=16)', rules.NodeThreads(4, lambda t: (t + 1) % 16 == 0), None),
-      ('WaitAvoidingGroups (wagma, S=8)', rules.WaitAvoidingGroups(8, 10), None),
+      ('WaitAvoidingGroups (wagma, S=8)', wagma.WaitAvoidingGroups(8, 10), None),
   ]
   for name, rule, per_iteration in table:
     if per_iteration is None:
@@ -121,4 +120,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _ITERATIONS = flags.DEFINE_integer('iterations', 100_000, 'K-async iterations to time.')
+  _WORKERS = flags.DEFINE_integer('workers', 64, 'Simulated workers.')
+  _K = flags.DEFINE_integer('k', 8, 'K of K-async.')
+  _OTHERS = flags.DEFINE_integer('other_iterations', 5_000, 'Iterations per rule in the side-by-side table.')
   app.run(main)

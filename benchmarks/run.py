@@ -1,0 +1,222 @@
+"""The benchmark suite: ratios measured side by side in one process, written to benchmarks/RESULTS.md.
+
+  python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling]
+
+Sections (every registered algorithm is included automatically):
+  1. algorithms  device time per iteration of each algorithm / sync's, digits MLP, 8 workers, with one worker
+                 per device (8 devices) and four per device (2 devices); target <= 1.10x except inherent extra
+                 work, which the table names.
+  2. harness     the training loop's steady-state steps/s / a hand-written jitted shard_map loop (>= 0.95x).
+  3. simulator   seconds to simulate 100,000 iterations of 64 workers per algorithm's time rule (< 2 s), and
+                 its share of a jitted digits training step.
+  4. memory      bytes per worker of the compiled block step (arguments + temporaries) / sync's.
+  5. scaling     device time per iteration as P grows from 8 to 1024 virtual workers on one CPU device (linear
+                 least-squares model), per algorithm, and the growth exponent of a log-log fit.
+Each figure is a median of repeated timings; run it on a quiet machine. `--quick` shrinks every section
+(fewer repeats and iterations) for a smoke test.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import platform
+import subprocess
+import sys
+import time
+
+if __package__ in (None, ''):  # run as a script: make the repository importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ['XLA_FLAGS'] = ' '.join(
+    [f for f in os.environ.get('XLA_FLAGS', '').split() if 'xla_force_host_platform_device_count' not in f]
+    + ['--xla_force_host_platform_device_count=8'])
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+
+from algorithms import registry
+from benchmarks import harness_overhead
+from benchmarks import simulator_speed
+from cluster import factory
+from experiments import train
+from experiments.configs import digits
+from experiments.configs import synthetic
+
+_QUICK = flags.DEFINE_bool('quick', False, 'Smaller sections (a smoke test, not figures to report).')
+_SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling'],
+                              'Sections to run.')
+_OUT = flags.DEFINE_string('out', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'RESULTS.md'),
+                           'Where to write the results ('' to skip).')
+
+# Work an algorithm does beyond sync's by design (section 1 names it next to its ratio).
+INHERENT = {
+    'kbatch_sync': 'K mini-batches of micro-batches per worker buffer (masked)',
+    'kbatch_async': 'K mini-batches of micro-batches per worker buffer (masked)',
+    'adasync': 'P mini-batches per worker buffer when its base is a K-batch rule',
+    'wagma': 'log2 S exchanges per iteration instead of one all-reduce',
+    'lap_sgd': 'Q thread views per node',
+    'lpp_sgd': 'Q thread views per node',
+    'dpsgd': 'two neighbour exchanges per iteration',
+    'nonblocking': 'm micro-batches scanned per worker',
+}
+_ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',
+         'kbatch_async': 'kbatch_async,k=4', 'adasync': 'adasync,k0=2'}
+
+
+def _arg(name: str) -> str:
+  return _ARGS.get(name, name)
+
+
+def _block_seconds(config, repeats: int, n: int = 8):
+  """(median seconds per iteration of the jitted block step, compiled memory analysis) for `config`."""
+  config.steps_per_call = n
+  run = train.build(config)
+  state = train.init_state(run)
+  _, nbytes = train.param_count_and_bytes(state.params)
+  clock = train.make_clock(run, nbytes)
+  inputs, _ = train.block_inputs(run, clock.next_block(n), np.zeros(config.workers, np.int64), 0)
+  step = train.make_block_step(run)
+  memory = step.lower(state, *inputs).compile().memory_analysis()
+  state, out = step(state, *inputs)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(repeats):
+    begin = time.perf_counter()
+    state, out = step(state, *inputs)
+    jax.block_until_ready(out)
+    times.append(time.perf_counter() - begin)
+  return float(np.median(times)) / n, memory
+
+
+def _digits(name: str, devices: int):
+  config = digits.get_config(_arg(name))
+  config.devices = devices
+  return config
+
+
+def section_algorithms(out, repeats):
+  print('## 1. Device time per iteration against sync (digits MLP, 8 workers, 8 iterations per call)\n', file=out)
+  print('| algorithm | 1 worker/device (us) | ratio | 4 workers/device (us) | ratio | inherent extra work |',
+        file=out)
+  print('| --- | ---: | ---: | ---: | ---: | --- |', file=out)
+  base = {d: _block_seconds(_digits('sync', d), repeats)[0] for d in (8, 2)}
+  for name in registry.names():
+    t = {d: (base[d] if name == 'sync' else _block_seconds(_digits(name, d), repeats)[0]) for d in (8, 2)}
+    print(f'| {name} | {1e6 * t[8]:.0f} | {t[8] / base[8]:.2f}x | {1e6 * t[2]:.0f} | {t[2] / base[2]:.2f}x '
+          f'| {INHERENT.get(name, "")} |', file=out, flush=True)
+  print('', file=out)
+
+
+def section_harness(out, steps):
+  harness = harness_overhead.steady_rate(harness_overhead.harness_seconds, steps)
+  reference = harness_overhead.steady_rate(harness_overhead.reference_seconds, steps)
+  print('## 2. Training loop against a hand-written shard_map loop (digits MLP, 8 workers on 8 devices)\n',
+        file=out)
+  print('| loop | steps/s |\n| --- | ---: |', file=out)
+  print(f'| hand-written jitted shard_map | {reference:.0f} |', file=out)
+  print(f'| waitless harness (sync) | {harness:.0f} |', file=out)
+  print(f'\nratio: **{harness / reference:.2f}x** (target >= 0.95)\n', file=out, flush=True)
+
+
+def section_simulator(out, iterations):
+  step = simulator_speed.digits_step_seconds()
+  print(f'## 3. Simulator: {iterations:,} iterations of 64 workers per time rule (exponential compute, '
+        'alpha-beta network)\n', file=out)
+  print('| algorithm | rule | seconds | us/iteration | share of a jitted digits step | < 2 s |', file=out)
+  print('| --- | --- | ---: | ---: | ---: | :---: |', file=out)
+  for name in registry.names():
+    config = digits.get_config(_arg(name))
+    config.workers = 64
+    config.stragglers.kind, config.stragglers.rate, config.network.kind = 'exponential', 100.0, 'alpha_beta'
+    factory.validate(config)
+    rule = registry.get(name).time_rule(config)
+    clock = factory.make_clock(config, rule, model_bytes=4e6)
+    begin, done = time.perf_counter(), 0
+    while done < iterations:
+      done += len(clock.next_block(min(1000, iterations - done)).duration)
+    seconds = time.perf_counter() - begin
+    per = seconds / iterations
+    print(f'| {name} | {type(rule).__name__} | {seconds:.2f} | {1e6 * per:.1f} | {per / step:.1%} | '
+          f'{"yes" if seconds < 2 * iterations / 100_000 else "no"} |', file=out, flush=True)
+  print(f'\n(one jitted digits training step: {1e6 * step:.0f} us)\n', file=out)
+
+
+def section_memory(out):
+  print('## 4. Memory per worker of the compiled block step (digits MLP, 8 workers on 8 devices)\n', file=out)
+  print('| algorithm | arguments (KB) | temporaries (KB) | total / sync |', file=out)
+  print('| --- | ---: | ---: | ---: |', file=out)
+  rows = {}
+  for name in registry.names():
+    _, memory = _block_seconds(_digits(name, 8), repeats=1)
+    rows[name] = (memory.argument_size_in_bytes, memory.temp_size_in_bytes)
+  base = sum(rows['sync'])
+  for name, (arguments, temporaries) in rows.items():
+    print(f'| {name} | {arguments / 1024:.1f} | {temporaries / 1024:.1f} | {(arguments + temporaries) / base:.2f}x |',
+          file=out, flush=True)
+  print('\n(one device holds one worker here: the compiled program\'s bytes are per worker)\n', file=out)
+
+
+def section_scaling(out, sizes, repeats):
+  print('## 5. Scaling: device time per iteration as P grows, one CPU device, linear least squares (d = 16)\n',
+        file=out)
+  print('| algorithm | ' + ' | '.join(f'P={p} (us)' for p in sizes) + ' | growth exponent |', file=out)
+  print('| --- | ' + ' | '.join('---:' for _ in sizes) + ' | ---: |', file=out)
+  for name in registry.names():
+    times = []
+    for p in sizes:
+      config = synthetic.get_config(_arg(name))
+      config.workers, config.devices, config.batch_size = p, 1, 8
+      if 'k' in config.algorithm:
+        config.algorithm.k = max(1, p // 2)
+      if 'k0' in config.algorithm:
+        config.algorithm.k0 = max(1, p // 2)
+      if 'group_size' in config.algorithm:
+        config.algorithm.group_size = 4
+      times.append(_block_seconds(config, repeats, n=4)[0])
+    exponent = np.polyfit(np.log(sizes), np.log(times), 1)[0]
+    print(f'| {name} | ' + ' | '.join(f'{1e6 * t:.0f}' for t in times) + f' | {exponent:.2f} |', file=out,
+          flush=True)
+  print('', file=out)
+
+
+class _Tee(io.StringIO):
+  def write(self, s):
+    sys.stdout.write(s)
+    return super().write(s)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  quick = _QUICK.value
+  out = _Tee()
+  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or 'unknown'
+  print(f'# Benchmark results\n\n{datetime.date.today().isoformat()}, commit {commit}, '
+        f'{jax.devices()[0].device_kind} ({jax.default_backend()}), {os.cpu_count()} cores, '
+        f'{platform.python_implementation()} {platform.python_version()}, jax {jax.__version__}'
+        f'{" (--quick: smoke test)" if quick else ""}\n', file=out)
+  begin = time.time()
+  sections = _SECTIONS.value
+  if 'algorithms' in sections:
+    section_algorithms(out, repeats=3 if quick else 15)
+  if 'harness' in sections:
+    section_harness(out, steps=400 if quick else 2000)
+  if 'simulator' in sections:
+    section_simulator(out, iterations=2_000 if quick else 100_000)
+  if 'memory' in sections:
+    section_memory(out)
+  if 'scaling' in sections:
+    section_scaling(out, sizes=(8, 64) if quick else (8, 64, 256, 1024), repeats=3 if quick else 10)
+  print(f'(whole suite: {time.time() - begin:.0f} s)', file=out)
+  if _OUT.value:
+    with open(_OUT.value, 'w') as f:
+      f.write(out.getvalue())
+
+
+if __name__ == '__main__':
+  app.run(main)
