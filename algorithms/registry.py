@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import config_errors as errors
 from algorithms import adasync
+from algorithms import dpsgd
 from algorithms import kasync
 from algorithms import kbatch_async
 from algorithms import kbatch_sync
 from algorithms import ksync
 from algorithms import local_sgd
+from algorithms import nonblocking
 from algorithms import spec
 from algorithms import sync
+from algorithms import wagma
 
 _SPECS = (
     sync.SPEC,
@@ -25,6 +28,9 @@ _SPECS = (
     kbatch_async.SPEC,
     kbatch_async.ASYNC,
     adasync.SPEC,
+    nonblocking.SPEC,
+    dpsgd.SPEC,
+    wagma.SPEC,
 )
 REGISTRY: dict[str, spec.AlgorithmSpec] = {s.name: s for s in _SPECS}
 

@@ -4,15 +4,13 @@ A rule never touches parameters. Given the clock (per-worker times, the compute 
 advances the clocks by one iteration and returns the typed per-worker schedule that the math consumes (see
 `cluster/rules/base.py` for the contract). Each algorithm module in `algorithms/` holds its own rule next to
 its math (sync: `Barrier`, local_sgd: `PeriodicAverage`, the parameter-server family: `KSync`, `KBatchSync`,
-`KAsync`, `KBatchAsync`, `AdaSync`) and builds it from its config in `time_rule(config)`.
+`KAsync`, `KBatchAsync`, `AdaSync`, dpsgd: `RingGossip`, nonblocking: `NonBlocking`, wagma:
+`WaitAvoidingGroups`) and builds it from its config in `time_rule(config)`.
 
 Here: the shared pieces (`WaitsForEveryone`, the ring helpers) and the rules whose algorithms are not
 registered yet; each moves into its algorithm's module when the math lands:
-  dpsgd                                 RingGossip(microbatches)
-  nonblocking                           NonBlocking(microbatches, trigger, deadline_s, topology)
   dasgd                                 DelayedAverage(period, delay, microbatches)
   lap_sgd, lpp_sgd                      NodeThreads(threads, averages_at, microbatches, delay_steps)
-  wagma                                 WaitAvoidingGroups(group_size, period, microbatches)
 """
 
 from cluster.rules.base import Iteration
@@ -22,15 +20,10 @@ from cluster.rules.base import check_positive_int
 from cluster.rules.base import full
 from cluster.rules.delayed_average import DelayedAverage
 from cluster.rules.delayed_average import NodeThreads
-from cluster.rules.nonblocking import NonBlocking
 from cluster.rules.synchronous import EveryoneSchedule
-from cluster.rules.synchronous import RingGossip
 from cluster.rules.synchronous import WaitsForEveryone
-from cluster.rules.wagma import WaitAvoidingGroups
-from cluster.rules.wagma import group_ids
-from cluster.rules.wagma import group_masks
 
 __all__ = [
-    'DelayedAverage', 'EveryoneSchedule', 'Iteration', 'NodeThreads', 'NonBlocking', 'RingGossip', 'Steps',
-    'TimeRule', 'WaitAvoidingGroups', 'WaitsForEveryone', 'check_positive_int', 'full', 'group_ids', 'group_masks',
+    'DelayedAverage', 'EveryoneSchedule', 'Iteration', 'NodeThreads', 'Steps',
+    'TimeRule', 'WaitsForEveryone', 'check_positive_int', 'full',
 ]

@@ -1,17 +1,18 @@
 """Shared pieces of the rules that wait for every worker (sync, local SGD, D-PSGD gossip), and the ring.
 
+The ring helpers (`ring_neighbours`, `neighbourhood_max`) serve D-PSGD's `RingGossip` (algorithms/dpsgd.py)
+and non-blocking SGD's ring topology (algorithms/nonblocking.py).
+
 Every rule built on `WaitsForEveryone` needs every worker (a failed worker stalls it): `tolerated_failures`
 is 0, and every worker computes its m micro-batches each iteration.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple, TYPE_CHECKING
 
 import numpy as np
 
-from cluster import network as network_lib
 from cluster.rules import base
 
 if TYPE_CHECKING:
@@ -50,31 +51,4 @@ def neighbourhood_max(values: np.ndarray) -> np.ndarray:
   """max(values[i-1], values[i], values[i+1]) on a ring (works for P = 1 and 2)."""
   ring = np.concatenate((values[-1:], values, values[:1]))
   return np.maximum(np.maximum(ring[:-2], ring[1:-1]), ring[2:])
-
-
-@dataclasses.dataclass(frozen=True)
-class RingGossip(WaitsForEveryone):
-  """D-PSGD on a ring (`dpsgd`): a worker waits only for its two neighbours.
-
-  Worker i finishes its compute at c_i = start_i + sum_k X_{i,k}; it exchanges models with i-1 and i+1 when
-  all three are there, then starts the next iteration:
-    start_i(t+1) = max(c_{i-1}, c_i, c_{i+1}) + 2 p2p(M).
-  The two exchanges are counted back to back (one per neighbour). Idle: max over the neighbourhood - c_i.
-  Reference: Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?", NeurIPS 2017.
-
-  Schedule: `EveryoneSchedule`.
-  """
-  microbatches: int = 1
-
-  def iterate(self, clock: 'Clock', iteration: int) -> base.Iteration:
-    del iteration
-    p = clock.workers
-    finished = self.everyone_computes(clock, clock.times)
-    ready = neighbourhood_max(finished)
-    exchanges = ring_neighbours(p)
-    clock.times[:] = ready + exchanges * clock.network.p2p(clock.model_bytes)
-    return base.Iteration(
-        schedule=self.everyone_done(p),
-        idle=ready - finished, bytes_communicated=float(p * exchanges) * clock.model_bytes,
-        staleness=np.zeros(p))
 

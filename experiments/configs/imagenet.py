@@ -17,7 +17,7 @@ Iterations for E epochs: E * 1,281,167 / (workers * batch_size).
 Headline run (shared/ALGORITHMS.md): WAGMA-SGD (Li et al.), ResNet-50 / ImageNet, 64 workers, 2 random workers
 delayed 320 ms each step, group size S = 8 (sqrt 64), global average every tau = 10 iterations: 1.63x faster
 to solution than all-reduce SGD at 75.3% vs 75.9% top-1.
-    python -m experiments.main --config=experiments/configs/imagenet.py:wagma,group_size=8,tau=10 \
+    python -m experiments.main --config=experiments/configs/imagenet.py:wagma,group_size=8,sync_every=10 \
       --workdir=/tmp/in_wagma
     python -m experiments.main --config=experiments/configs/imagenet.py:sync --workdir=/tmp/in_sync
     python -m experiments.main --config=experiments/configs/imagenet.py:local_sgd,local_steps=10 --workdir=...

@@ -20,7 +20,7 @@ the first `bleu.examples` evaluation sentences (-1: all of them; 0: no BLEU).
 
 Headline run (shared/ALGORITHMS.md): WAGMA-SGD (Li et al.), Transformer on WMT17, 16 workers, group size S = 4
 (sqrt 16), global average every tau = 8 iterations: BLEU 26.12, 1.39x faster than local SGD.
-    python -m experiments.main --config=experiments/configs/wmt.py:wagma,group_size=4,tau=8 \
+    python -m experiments.main --config=experiments/configs/wmt.py:wagma,group_size=4,sync_every=8 \
       --workdir=/tmp/wmt_wagma
     python -m experiments.main --config=experiments/configs/wmt.py:local_sgd,local_steps=8 --workdir=...
 

@@ -8,12 +8,15 @@ from absl.testing import parameterized
 import numpy as np
 
 from algorithms import adasync
+from algorithms import dpsgd
 from algorithms import kasync
 from algorithms import kbatch_async
 from algorithms import kbatch_sync
 from algorithms import ksync
 from algorithms import local_sgd
+from algorithms import nonblocking
 from algorithms import sync
+from algorithms import wagma
 from cluster import clock as clock_lib
 from cluster import rules
 from tests.cluster import helpers
@@ -32,9 +35,10 @@ def every(h):
 NO_STRAGGLER_CASES = (
     ('barrier', lambda: sync.Barrier(M), M * X),
     ('periodic_average', lambda: local_sgd.PeriodicAverage(every(4), M), M * X),
-    ('ring_gossip', lambda: rules.RingGossip(M), M * X),
-    ('nonblocking_fastest', lambda: rules.NonBlocking(M), M * X),
-    ('nonblocking_deadline', lambda: rules.NonBlocking(M, trigger='deadline', deadline_s=1.0), M * X),
+    ('ring_gossip', lambda: dpsgd.RingGossip(M), M * X),
+    ('ring_gossip_overlap', lambda: dpsgd.RingGossip(M, order='overlap'), M * X),
+    ('nonblocking_fastest', lambda: nonblocking.NonBlocking(M), M * X),
+    ('nonblocking_deadline', lambda: nonblocking.NonBlocking(M, trigger='deadline', deadline_s=1.0), M * X),
     ('ksync', lambda: ksync.KSync(3, M), M * X),
     ('kbatch_sync', lambda: kbatch_sync.KBatchSync(3, M), M * X),
     ('kasync_k_equals_p', lambda: kasync.KAsync(P, M), M * X),
@@ -44,12 +48,12 @@ NO_STRAGGLER_CASES = (
     ('adasync', lambda: adasync.AdaSync(ksync.KSync(1, M), k0=2, period_s=0.05), M * X),
     ('dasgd', lambda: rules.DelayedAverage(4, 1, M), M * X),
     ('lap_sgd', lambda: rules.NodeThreads(4, every(16), M), M * X),
-    ('wagma', lambda: rules.WaitAvoidingGroups(4, 4, M), M * X),
+    ('wagma', lambda: wagma.WaitAvoidingGroups(4, 4, M), M * X),
 )
 
 # Every rule with stragglers of every sort, for the resume and fast-path tests.
 ALL_RULES = NO_STRAGGLER_CASES + (
-    ('nonblocking_ring', lambda: rules.NonBlocking(3, topology='ring'), None),
+    ('nonblocking_ring', lambda: nonblocking.NonBlocking(3, topology='ring'), None),
     ('adasync_kasync', lambda: adasync.AdaSync(kasync.KAsync(1), k0=2, period_s=0.01), None),
     ('adasync_kbatch_async', lambda: adasync.AdaSync(kbatch_async.KBatchAsync(1), k0=2, period_s=0.01), None),
     ('dasgd_d0', lambda: rules.DelayedAverage(3, 0), None),
@@ -72,7 +76,7 @@ class NoStragglerTest(parameterized.TestCase):
     for key, value in block.schedule._asdict().items():
       self.assertEqual(value.shape, (64,) if key in uniform else (64, P), key)
     if not isinstance(clock.rule, (ksync.KSync, kbatch_sync.KBatchSync, kasync.KAsync, kbatch_async.KBatchAsync,
-                                   adasync.AdaSync, rules.NonBlocking)):
+                                   adasync.AdaSync, nonblocking.NonBlocking)):
       np.testing.assert_array_equal(block.schedule.microbatches_done, M)
     np.testing.assert_allclose(block.idle, 0.0, atol=1e-12)
     np.testing.assert_array_equal(block.mean_staleness[:1], 0.0)
@@ -91,7 +95,7 @@ class NoStragglerTest(parameterized.TestCase):
     np.testing.assert_array_equal(block.schedule.contributions.astype(bool).sum(axis=1), 2)
 
   def test_ring_gossip_with_network(self):
-    clock = helpers.clock(rules.RingGossip(M), workers=P, base_s=X, network=NET)
+    clock = helpers.clock(dpsgd.RingGossip(M), workers=P, base_s=X, network=NET)
     block = clock.next_block(10)
     np.testing.assert_allclose(block.duration, M * X + 2 * clock.network.p2p(clock.model_bytes), rtol=1e-12)
 
@@ -100,7 +104,7 @@ class RingGossipTest(absltest.TestCase):
 
   def test_waits_only_for_neighbours(self):
     # Worker 0 is 3x slower; worker 4 is two hops from both of its neighbours' neighbours... of worker 0.
-    clock = helpers.clock(rules.RingGossip(), workers=P, base_s=X, slow_workers=(0,), slow_factor=3.0)
+    clock = helpers.clock(dpsgd.RingGossip(), workers=P, base_s=X, slow_workers=(0,), slow_factor=3.0)
     clock.next_block(1)
     np.testing.assert_allclose(clock.times[[7, 0, 1]], 3 * X)
     np.testing.assert_allclose(clock.times[[3, 4, 5]], X)
@@ -112,7 +116,7 @@ class RingGossipTest(absltest.TestCase):
 class NonBlockingTest(absltest.TestCase):
 
   def test_fastest_trigger_partial_work_and_abandoned_microbatch(self):
-    clock = helpers.clock(rules.NonBlocking(3), workers=4, base_s=X, slow_workers=(0,), slow_factor=2.5)
+    clock = helpers.clock(nonblocking.NonBlocking(3), workers=4, base_s=X, slow_workers=(0,), slow_factor=2.5)
     block = clock.next_block(1)
     np.testing.assert_array_equal(block.schedule.microbatches_done[0], [1, 3, 3, 3])
     np.testing.assert_array_equal(block.schedule.abandoned[0], [True, False, False, False])
@@ -121,14 +125,14 @@ class NonBlockingTest(absltest.TestCase):
     np.testing.assert_array_equal(clock.units, [2, 3, 3, 3])
 
   def test_deadline_trigger(self):
-    rule = rules.NonBlocking(3, trigger='deadline', deadline_s=0.015)
+    rule = nonblocking.NonBlocking(3, trigger='deadline', deadline_s=0.015)
     clock = helpers.clock(rule, workers=4, base_s=X, slow_workers=(0,), slow_factor=2.0)
     block = clock.next_block(2)
     np.testing.assert_array_equal(block.schedule.microbatches_done[0], [0, 1, 1, 1])
     np.testing.assert_allclose(block.duration, 0.015)
 
   def test_deadline_never_ends_empty(self):
-    rule = rules.NonBlocking(2, trigger='deadline', deadline_s=1e-4)
+    rule = nonblocking.NonBlocking(2, trigger='deadline', deadline_s=1e-4)
     block = helpers.clock(rule, workers=4, base_s=X).next_block(3)
     np.testing.assert_array_equal(block.schedule.microbatches_done, 1)
     np.testing.assert_allclose(block.duration, X)
@@ -276,13 +280,13 @@ class DelayedAverageTest(parameterized.TestCase):
 class WagmaTest(parameterized.TestCase):
 
   def test_groups_from_the_spec(self):
-    np.testing.assert_array_equal(rules.group_ids(0, 8, 4), [0, 0, 0, 0, 4, 4, 4, 4])
-    np.testing.assert_array_equal(rules.group_ids(1, 8, 4), [0, 0, 2, 2, 0, 0, 2, 2])
-    self.assertEqual(rules.group_masks(1, 8, 4), [4, 1])
+    np.testing.assert_array_equal(wagma.group_ids(0, 8, 4), [0, 0, 0, 0, 4, 4, 4, 4])
+    np.testing.assert_array_equal(wagma.group_ids(1, 8, 4), [0, 0, 2, 2, 0, 0, 2, 2])
+    self.assertEqual(wagma.group_masks(1, 8, 4), [4, 1])
 
   @parameterized.named_parameters(('ideal', {}), ('alpha_beta', NET))
   def test_no_stragglers_never_stale(self, network):
-    rule = rules.WaitAvoidingGroups(group_size=4, period=5)
+    rule = wagma.WaitAvoidingGroups(group_size=4, period=5)
     clock = helpers.clock(rule, workers=16, base_s=X, network=network)
     block = clock.next_block(50)
     self.assertTrue(block.schedule.fresh.all())
@@ -290,13 +294,13 @@ class WagmaTest(parameterized.TestCase):
     np.testing.assert_array_equal(block.measurements['stale'], 0)
     np.testing.assert_array_equal(np.flatnonzero(block.schedule.global_average), [4, 9, 14, 19, 24,
                                                                                           29, 34, 39, 44, 49])
-    group = clock.network.latency() * 4 + clock.network.allreduce(clock.model_bytes, 4)
+    group = clock.network.allreduce(clock.model_bytes, 4)  # everyone arrives together: A_i = c_i, no hop
     expected = np.where(block.schedule.global_average, X + clock.network.allreduce(clock.model_bytes, 16),
                         X + group)
     np.testing.assert_allclose(block.duration, expected, rtol=1e-9)
 
   def test_delayed_workers_are_stale_and_nobody_waits_for_them(self):
-    rule = rules.WaitAvoidingGroups(group_size=4, period=8)
+    rule = wagma.WaitAvoidingGroups(group_size=4, period=8)
     clock = helpers.clock(rule, workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
     block = clock.next_block(64)
     stale = ~block.schedule.fresh
@@ -310,7 +314,7 @@ class WagmaTest(parameterized.TestCase):
     self.assertLess(block.sim_time[-1], 0.6 * barrier.next_block(64).sim_time[-1])
 
   def test_tau_one_is_global_average(self):
-    block = helpers.clock(rules.WaitAvoidingGroups(2, 1), workers=4, kind='exponential', rate=100.0).next_block(9)
+    block = helpers.clock(wagma.WaitAvoidingGroups(2, 1), workers=4, kind='exponential', rate=100.0).next_block(9)
     self.assertTrue(block.schedule.global_average.all())
     self.assertTrue(block.schedule.fresh.all())
 
@@ -344,7 +348,7 @@ class FailureTest(parameterized.TestCase):
       ('kasync', lambda: kasync.KAsync(2), 'contributions'),
       ('kbatch_sync', lambda: kbatch_sync.KBatchSync(4), 'contributions'),
       ('kbatch_async', lambda: kbatch_async.KBatchAsync(2), 'contributions'),
-      ('nonblocking', lambda: rules.NonBlocking(2), 'microbatches_done'),
+      ('nonblocking', lambda: nonblocking.NonBlocking(2), 'microbatches_done'),
       ('adasync', lambda: adasync.AdaSync(ksync.KSync(3), k0=3, period_s=0.01), 'contributions'),
   )
   def test_k_of_p_rules_proceed_without_the_failed_worker(self, make_rule, field):
@@ -398,11 +402,11 @@ class ResumeTest(parameterized.TestCase):
     path = self.create_tempfile('trace.npy').full_path
     np.save(path, np.random.default_rng(0).uniform(0.005, 0.02, size=(13, 4)))
     kwargs = dict(workers=4, kind='trace', trace_path=path, fail_worker=1, fail_at_s=0.05, return_at_s=0.08)
-    clock = helpers.clock(rules.NonBlocking(3), **kwargs)
+    clock = helpers.clock(nonblocking.NonBlocking(3), **kwargs)
     clock.next_block(5)
     saved = helpers.json_round_trip(clock.state_dict())
     want = clock.next_block(9)
-    restored = helpers.clock(rules.NonBlocking(3), **kwargs)
+    restored = helpers.clock(nonblocking.NonBlocking(3), **kwargs)
     restored.load_state_dict(saved)
     helpers.assert_blocks_equal(self, restored.next_block(9), want)
 

@@ -1,0 +1,167 @@
+"""D-PSGD: decentralized SGD with ring gossip; every worker talks only to its two ring neighbours.
+
+Update rule for worker i (ring neighbours i-1, i+1; mix(X)_i = mean of X_j over j in {i-1, i, i+1}, the
+distinct ones: X_i alone for P = 1, (X_0 + X_1)/2 for P = 2), U_i = the inner optimizer with its local state:
+    order='gossip_then_step' (default, choice):  W_i <- mix(W)_i, then a local step at the mixed model:
+                                                  W_i <- W_i + U_i(g_i(W_i))
+    order='overlap' (Lian et al. 2017):          W_i <- mix(W)_i + U_i(g_i(W_i))   (gradient at the unmixed
+                                                  W_i, so the exchange runs during the gradient computation)
+In the harness a worker's gradient is taken at its params before `update`, so `gossip_then_step` keeps the
+params AFTER the mix: `update` makes the local step and then mixes the stepped models,
+    W_i <- mix(W + U(g))_i,
+which is the same sequence (mix, step at the mixed model, mix, ...) shifted by half an iteration; it starts
+from identical models, where the first mix is the identity.
+Time per iteration (`RingGossip` below): gossip_then_step: start_i(t+1) = max_{j in N(i)} c_j + 2 p2p(M);
+overlap: start_i(t+1) = max(c_i, max_{j in N(i), j != i} start_j(t) + p2p(M)), with c_i = start_i + X_i.
+
+Reference: Lian, Zhang, Zhang, Hsieh, Zhang, Liu, "Can Decentralized Algorithms Outperform Centralized
+Algorithms? A Case Study for Decentralized Parallel Stochastic Gradient Descent", NeurIPS 2017.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, TYPE_CHECKING
+
+import jax
+import numpy as np
+import optax
+
+import config_errors as errors
+from algorithms import collectives
+from algorithms import spec
+from cluster import rules
+from cluster.rules import synchronous
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+ORDERS = ('gossip_then_step', 'overlap')
+
+
+def ring_mix(tree: Any, axis_name: collectives.AxisName) -> Any:
+  """mix(X)_i: the mean of X over worker i and its distinct ring neighbours (identity for one worker).
+
+  Args:
+    tree: per-worker pytree.
+    axis_name: the worker axes (None: one worker).
+
+  Returns:
+    (X_{i-1} + X_i + X_{i+1}) / 3 on worker i for P >= 3; (X_0 + X_1) / 2 for P = 2; X for P = 1.
+  """
+  p = collectives.num_workers(axis_name)
+  if p == 1:
+    return tree
+  left = collectives.ring_shift(tree, axis_name, 1)  # worker i - 1
+  if p == 2:
+    return jax.tree.map(lambda x, a: (x + a) / 2, tree, left)
+  right = collectives.ring_shift(tree, axis_name, -1)  # worker i + 1
+  return jax.tree.map(lambda a, x, b: (a + x + b) / 3, left, tree, right)
+
+
+class DPSGDState(NamedTuple):
+  inner: optax.OptState  # this worker's own inner optimizer state (never exchanged)
+
+
+def dpsgd(inner: optax.GradientTransformation, order: str = 'gossip_then_step',
+          axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
+  """A local step of `inner` and a gossip average with the ring neighbours, in the given `order`.
+
+  Args:
+    inner: the optimizer U, applied by each worker to its own gradient with its own state.
+    order: 'gossip_then_step' (params hold the mixed model; a step, then a mix) or 'overlap'
+      (mix(W)_i + U(g_i(W_i))). See the module docstring.
+    axis_name: the worker axes; None for one worker (then the mix is the identity and this is `inner`).
+
+  Returns:
+    A transformation whose `update(grads, state, params, **extra)` moves each worker's params to its new
+    params; extra arguments (`schedule`, `step`) are accepted and ignored.
+  """
+  if order not in ORDERS:
+    raise ValueError(f'order={order!r} must be one of {ORDERS}')
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return DPSGDState(inner=inner.init(params))
+
+  def update_fn(grads, state, params=None, **extra):
+    del extra
+    if params is None:
+      raise ValueError('dpsgd needs params: it averages models, not gradients.')
+    updates, inner_state = inner.update(grads, state.inner, params)
+    if order == 'gossip_then_step':
+      new_params = ring_mix(optax.apply_updates(params, updates), axis_name)
+    else:
+      new_params = optax.apply_updates(ring_mix(params, axis_name), updates)
+    updates = jax.tree.map(lambda new, old: new - old, new_params, params)
+    return updates, DPSGDState(inner=inner_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class RingGossip(synchronous.WaitsForEveryone):
+  """D-PSGD on a ring (`dpsgd`): a worker waits only for its ring neighbours, never for everyone.
+
+  Worker i starts iteration t at start_i (its previous end) and finishes its gradient at
+  c_i = start_i + sum_k X_{i,k}. N(i) = {i-1, i, i+1} (the distinct ones).
+    gossip_then_step: it exchanges its stepped model with i-1 and i+1 once all three have computed:
+        end_i = max_{j in N(i)} c_j + 2 p2p(M)    (two exchanges, counted back to back)
+        Idle: max_{j in N(i)} c_j - c_i.
+    overlap: every worker sends its model W_j(t) when it starts the iteration, so the neighbours' models
+      travel during the gradient computation:
+        end_i = max(c_i, max_{j in N(i), j != i} start_j + p2p(M))
+        Idle: end_i - c_i. Idealised: both neighbours' messages travel at once (full-duplex links, no
+        contention), as ALGORITHMS.md's rule states.
+  Bytes: each worker sends M to each distinct neighbour per iteration.
+  Reference: Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?", NeurIPS 2017.
+
+  Schedule: `EveryoneSchedule` (microbatches_done = m for every worker).
+  """
+  microbatches: int = 1
+  order: str = 'gossip_then_step'
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.order not in ORDERS:
+      raise ValueError(f'order={self.order!r} must be one of {ORDERS}')
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    del iteration
+    p = clock.workers
+    start = clock.times.copy()
+    finished = self.everyone_computes(clock, start)
+    exchanges = synchronous.ring_neighbours(p)
+    p2p = clock.network.p2p(clock.model_bytes)
+    if self.order == 'gossip_then_step':
+      ready = synchronous.neighbourhood_max(finished)
+      idle = ready - finished
+      clock.times[:] = ready + exchanges * p2p
+    else:
+      # Worker i hears from i-1 and i+1 (np.roll by +1 / -1); for P = 2 both are the other worker, for P = 1
+      # nobody sends anything.
+      arrival = np.maximum(np.roll(start, 1), np.roll(start, -1)) + p2p if p > 1 else start
+      end = np.maximum(finished, arrival)
+      idle = end - finished
+      clock.times[:] = end
+    return rules.Iteration(
+        schedule=self.everyone_done(p), idle=idle,
+        bytes_communicated=float(p * exchanges) * clock.model_bytes, staleness=np.zeros(p))
+
+
+def time_rule(config):
+  return RingGossip(microbatches=config.microbatches, order=config.algorithm.order)
+
+
+def validate(config):
+  a = config.algorithm
+  errors.require(a.order in ORDERS, 'algorithm.order', a.order, f'must be one of {", ".join(ORDERS)}')
+
+
+SPEC = spec.AlgorithmSpec(
+    name='dpsgd',
+    defaults={
+        'order': 'gossip_then_step',  # 'gossip_then_step' (mix, then a step at the mixed model) | 'overlap'
+    },
+    build=lambda config, inner, axis_name: dpsgd(inner, order=config.algorithm.order, axis_name=axis_name),
+    time_rule=time_rule, validate=validate)

@@ -1,0 +1,356 @@
+"""WAGMA-SGD: wait-avoiding group model averaging, with a blocking global average every tau iterations.
+
+Update rule for worker i at iteration t (P workers, groups of S, G = log2 P, g = log2 S, tau = `sync_every`):
+    W'_i <- W_i + U_i(g_i)                                (local step, local optimizer state)
+    if (t+1) mod tau == 0 or S == P:                      (blocking global average)
+        W_i <- (1/P) sum_j W'_j
+    else:                                                 (wait-avoiding group average)
+        c_j  = W'_j if fresh_j else buf_j                 (a late member contributes its send buffer)
+        Sg   = sum over j in group_t(i) of c_j
+        W_i <- Sg / S                if fresh_i
+               (Sg + W'_i) / (S + 1) if not fresh_i       (its own new model joins the stale sum)
+    buf_i <- W'_i                                         (every iteration: the send buffer holds the last W')
+group_t(i) = {i XOR (any XOR of the masks m_r)}, m_r = 1 << ((t g + r) mod G), r = 0..g-1: P = 8, S = 4:
+t = 0 -> {0,1,2,3},{4,5,6,7}; t = 1 -> {0,1,4,5},{2,3,6,7}. The mask set repeats with period
+n = G / gcd(G, g), so the group sum is one of n static recursive-doubling programs (g single-axis exchange
+rounds each, `collectives.xor_group_sum`), picked by the schedule's uniform `pattern` with `lax.switch`
+(one more branch holds the global all-reduce): only the iteration's own collectives run, also when workers
+are vmapped. `fixed_groups` keeps pattern 0 (the paper's ablation).
+
+Choices: S = P makes every iteration the blocking global average (= `local_sgd` with H = 1); the initial send
+buffer is W_0; optimizer state stays local.
+
+Time (`WaitAvoidingGroups` below): worker i's local step ends at c_i. The group collective of iteration t is
+activated by the first worker to reach it and the activation spreads over the hypercube: worker i learns of it
+at A_i = min_k (c_k + popcount(k XOR i) a), a = `activation_latency_s`; fresh iff c_i <= A_i; a group
+completes at max over its members of A_i + allreduce(S); a late member does not delay it. Consequence
+(`experiments.simulate`, P = 16, S = 4, tau = 10, ideal network, a = 10 us, median 10 ms per step; share of
+fresh contributions on group iterations): constant compute 1.0, 2 % lognormal noise 0.068, 20 % noise 0.063
+(with a = 0 exactly one worker in 16 is fresh; a = 100 us and 2 % noise: 0.19). With any continuous noise
+larger than `a` most contributions are one iteration stale, as in the real collective (the authors' code
+always averages (sum + own W') / (S + 1)). On digits (16 workers, target 95 %, 3 seeds;
+`benchmarks/wagma_comparison.py`) this staleness costs little: see its `noise` table. A worker more than one
+iteration behind (its previous step had not finished when the activation reached it: its buffer is older than
+one iteration; 20 % noise: about 3.4 of 16 workers per iteration) is still treated as one iteration stale by
+the math; the rule counts such workers (`behind`).
+
+Reference: Li, Ben-Nun, Di Girolamo, Alistarh, Hoefler, "Breaking (Global) Barriers in Parallel Stochastic
+Optimization with Wait-Avoiding Group Averaging", IEEE TPDS 2020 (arXiv 2005.00124).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple, Optional, TYPE_CHECKING
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import config_errors as errors
+from algorithms import collectives
+from algorithms import spec
+from cluster import network as network_lib
+from cluster import rules
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+# Default `activation_latency_s` (choice): one hop of the activation broadcast = a network latency (~1-5 us)
+# plus the progress thread noticing the message and forwarding it (a few us); not 0 on the ideal network.
+DEFAULT_ACTIVATION_LATENCY_S = 1e-5
+
+
+# ---- groups ----
+
+def _log2(n: int, name: str) -> int:
+  if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1 or n & (n - 1):
+    raise ValueError(f'{name}={n!r} must be a power of two')
+  return int(n).bit_length() - 1
+
+
+def default_group_size(workers: int) -> int:
+  """sqrt(P) rounded up to a power of two: 2^ceil(log2(P) / 2) (P = 8 -> 4, 16 -> 4, 64 -> 8)."""
+  return 1 << -(-_log2(workers, 'workers') // 2)
+
+
+def group_masks(iteration: int, workers: int, group_size: int) -> list[int]:
+  """m_r = 1 << ((t g + r) mod G), r = 0..g-1 (G = log2 P, g = log2 S): the group of i is i XOR any of them."""
+  big_g, g = _log2(workers, 'workers'), _log2(group_size, 'group_size')
+  if group_size > workers:
+    raise ValueError(f'group_size={group_size} must be <= workers={workers}')
+  if big_g == 0:
+    return []
+  return [1 << ((iteration * g + r) % big_g) for r in range(g)]
+
+
+def num_patterns(workers: int, group_size: int) -> int:
+  """n = G / gcd(G, g): iteration t uses the masks of iteration t mod n (1 for P = 1 or S = 1)."""
+  big_g, g = _log2(workers, 'workers'), _log2(group_size, 'group_size')
+  return 1 if big_g == 0 else big_g // math.gcd(big_g, g)
+
+
+def group_ids(iteration: int, workers: int, group_size: int) -> np.ndarray:
+  """int32 (P,): the smallest member of each worker's group at `iteration` (a canonical group label)."""
+  spread = 0
+  for mask in group_masks(iteration, workers, group_size):
+    spread |= mask
+  return (np.arange(workers) & ~spread).astype(np.int32)
+
+
+# ---- the math ----
+
+class WagmaState(NamedTuple):
+  count: jax.Array         # int32 (): iterations so far (the same on every worker)
+  inner: optax.OptState    # this worker's own inner optimizer state
+  send_buffer: optax.Params  # like params: this worker's last W' (W_0 at first), what it contributes when stale
+
+
+def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None, sync_every: int = 10,
+          fixed_groups: bool = False,
+          axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
+  """Local steps of `inner`, then a wait-avoiding group average (or the global average every tau-th step).
+
+  Args:
+    inner: the optimizer U, applied by each worker to its own gradient.
+    group_size: S, a power of two <= P; None: `default_group_size(P)` for the P of `axis_name`.
+    sync_every: tau >= 1; used only without a schedule (a library loop): then iteration t averages globally
+      iff (t+1) mod tau == 0, and every worker is fresh. The harness's schedule says it instead.
+    fixed_groups: always the groups of iteration 0 (ablation).
+    axis_name: the worker axes (P must be a power of two); None for one worker (averaging is the identity).
+
+  Returns:
+    A transformation whose `update(grads, state, params, *, schedule=None, step=None)` moves each worker's
+    params to its new averaged params. `schedule`: a `WagmaSchedule` with per-worker `fresh` and uniform
+    `pattern` and `global_average` (unbatched: the `lax.switch` over them is a real conditional when workers
+    are vmapped). `step`: the replicated iteration number, used only without a schedule (None: the state's
+    counter).
+  """
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return WagmaState(count=jnp.zeros((), jnp.int32), inner=inner.init(params), send_buffer=params)
+
+  def update_fn(grads, state, params=None, *, schedule=None, step: Optional[jax.Array] = None, **extra):
+    del extra
+    if params is None:
+      raise ValueError('wagma needs params: it averages models, not gradients.')
+    p = collectives.num_workers(axis_name)
+    s = default_group_size(p) if group_size is None else group_size
+    n = 1 if fixed_groups else num_patterns(p, s)
+    patterns = [group_masks(k, p, s) for k in range(n)]
+    updates, inner_state = inner.update(grads, state.inner, params)
+    stepped = optax.apply_updates(params, updates)
+
+    if schedule is None:
+      t = state.count if step is None else step
+      fresh = jnp.ones((), bool)
+      global_average = ((t + 1) % sync_every == 0) | (s == p)
+      pattern = t % n
+    else:
+      fresh, global_average, pattern = schedule.fresh, schedule.global_average, schedule.pattern
+      global_average = global_average | (s == p)
+    pattern = jnp.asarray(0 if fixed_groups else pattern, jnp.int32)
+
+    def group_average(masks):
+      def branch(operands):
+        new, contribution, is_fresh = operands
+        total = collectives.xor_group_sum(contribution, axis_name, masks)
+        return jax.tree.map(
+            lambda sum_, own: jnp.where(is_fresh, sum_ / s, (sum_ + own) / (s + 1)).astype(own.dtype), total, new)
+      return branch
+
+    def global_mean(operands):
+      return collectives.worker_mean(operands[0], axis_name)
+
+    contribution = jax.tree.map(lambda new, buf: jnp.where(fresh, new, buf), stepped, state.send_buffer)
+    index = jnp.where(global_average, n, pattern)
+    averaged = lax.switch(index, [group_average(m) for m in patterns] + [global_mean],
+                          (stepped, contribution, fresh))
+    updates = jax.tree.map(lambda new, old: new - old, averaged, params)
+    return updates, WagmaState(count=optax.safe_increment(state.count), inner=inner_state, send_buffer=stepped)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# ---- the time rule ----
+
+class WagmaSchedule(NamedTuple):
+  """Schedule of one WAGMA iteration."""
+  microbatches_done: np.ndarray  # int32 (P,), = m
+  fresh: np.ndarray              # bool (P,), worker i contributed W'_i (True for all on global-average
+  #                                iterations); fresh: W_i <- group sum / S, stale: (group sum + W'_i) / (S + 1)
+  group: np.ndarray              # int32 (P,), smallest worker id in worker i's group (informative)
+  behind: np.ndarray             # bool (P,), worker i was more than one iteration behind (treated as one)
+  pattern: np.ndarray            # int32 (), the iteration's mask pattern: masks of iteration `pattern`
+  #                                (t mod G / gcd(G, g); 0 with fixed groups); picks the `lax.switch` branch
+  global_average: np.ndarray     # bool (), this iteration ends with the blocking average over all P
+  UNIFORM = ('pattern', 'global_average')
+
+
+def activation_times(finished: np.ndarray, latency: float) -> np.ndarray:
+  """A_i = min_k (finished_k + popcount(k XOR i) latency): the activation's arrival over the hypercube.
+
+  Shortest paths on the hypercube with edge weight `latency` >= 0: relaxing each dimension once, in any
+  order, is exact (a shortest path may flip its bits in increasing order). O(P log P).
+  """
+  out = np.array(finished, np.float64)
+  index = np.arange(len(out))
+  bit = 1
+  while bit < len(out):
+    out = np.minimum(out, out[index ^ bit] + latency)
+    bit <<= 1
+  return out
+
+
+def group_max(values: np.ndarray, masks: list[int]) -> np.ndarray:
+  """max over worker i's group (i XOR any combination of `masks`) of `values`, on every member."""
+  out = np.array(values, np.float64)
+  index = np.arange(len(out))
+  for mask in masks:
+    out = np.maximum(out, out[index ^ mask])
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitAvoidingGroups(rules.TimeRule):
+  """WAGMA-SGD (`wagma`): group averaging that never waits for late members; global average every tau.
+
+  Worker i runs iteration t from start_i = end_i(t-1): its local step finishes at c_i = start_i + X_i.
+  - If (t+1) mod tau == 0 or S == P: blocking global average: end_i = max_j c_j + allreduce(P); all fresh.
+  - Else (wait-avoiding, the default) the group collective is activated by the first worker of the whole
+    system to reach it and the activation travels over the hypercube, `activation_latency_s` = a per hop:
+    worker i learns of it at A_i = min_k (c_k + popcount(k XOR i) a). Worker i is fresh iff c_i <= A_i (its
+    new W'_i is in the sum; else its progress thread contributes the send buffer, its previous W'). Its
+    group completes at D = max over members j of A_j + allreduce(S) (ring all-reduce within the group).
+    Fresh: end_i = D, idle D - allreduce(S) - c_i. Stale: end_i = max(c_i, D), idle end_i - c_i.
+  - `wait_avoiding=False` (ablation): every group waits for its slowest member: end_i = max over the group of
+    c_j + allreduce(S), everyone fresh.
+  With exactly constant compute every worker is fresh (A_i = c_i). With continuous noise larger than a most
+  workers are stale (only those no earlier arrival's activation reaches first).
+  Emulation limit: a worker whose previous local step had not finished by A_i (its buffer is two or more
+  iterations old) is still treated as one iteration stale by the math; the rule flags it (`behind`).
+
+  Schedule: `WagmaSchedule`. Per-worker staleness statistic: 0 fresh, 1 stale, 2 behind (meaning 2 or
+  more). Reports: `fresh_share` (share of fresh contributions, 1 on global-average iterations; mean over a
+  metrics window), `stale` and `behind` (counts of workers, summed over a window).
+  """
+  group_size: int      # S
+  period: int          # tau
+  microbatches: int = 1
+  activation_latency_s: float = DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
+  fixed_groups: bool = False   # always the groups of iteration 0
+  wait_avoiding: bool = True   # False: every group waits for its slowest member
+
+  schedule_type = WagmaSchedule
+  reports = {'fresh_share': 'mean', 'stale': 'sum', 'behind': 'sum'}
+
+  def __post_init__(self):
+    rules.check_positive_int(self.group_size, 'group_size')
+    rules.check_positive_int(self.period, 'period')
+    rules.check_positive_int(self.microbatches, 'microbatches')
+    _log2(self.group_size, 'group_size')
+    a = self.activation_latency_s
+    if not isinstance(a, (int, float, np.integer, np.floating)) or not math.isfinite(a) or a < 0:
+      raise ValueError(f'activation_latency_s={a!r} must be a number >= 0')
+
+  def pattern(self, iteration: int, workers: int) -> int:
+    return 0 if self.fixed_groups else iteration % num_patterns(workers, self.group_size)
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    p, s = clock.workers, self.group_size
+    _log2(p, 'workers')
+    if s > p:
+      raise ValueError(f'group_size={s} must be <= workers={p}')
+    pattern = self.pattern(iteration, p)
+    masks = group_masks(pattern, p, s)
+    state = clock.rule_state
+    previous = state.get('previous_finish')
+    previous = np.zeros(p) if previous is None else previous
+    finished = clock.work(np.arange(p), clock.times, self.microbatches)
+    state['previous_finish'] = finished
+    behind = np.zeros(p, bool)
+    if (iteration + 1) % self.period == 0 or s == p:
+      arrival = finished.max()
+      clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
+      fresh = np.ones(p, bool)
+      idle = arrival - finished
+      communicated = network_lib.ring_bytes(clock.model_bytes, p)
+      global_average = True
+    else:
+      group_time = clock.network.allreduce(clock.model_bytes, s)
+      if self.wait_avoiding:
+        activation = activation_times(finished, self.activation_latency_s)
+        fresh = finished <= activation
+        behind = ~fresh & (previous > activation)
+      else:
+        activation, fresh = finished, np.ones(p, bool)
+      joined = group_max(activation, masks)  # every member has joined (fresh or through its progress thread)
+      done = joined + group_time
+      end = np.where(fresh, done, np.maximum(finished, done))
+      idle = np.where(fresh, joined - finished, end - finished)
+      clock.times[:] = end
+      communicated = (p // s) * network_lib.ring_bytes(clock.model_bytes, s)
+      global_average = False
+    staleness = np.where(fresh, 0, np.where(behind, 2, 1)).astype(np.float64)
+    return rules.Iteration(
+        schedule=WagmaSchedule(microbatches_done=rules.full(p, self.microbatches, np.int32), fresh=fresh,
+                               group=group_ids(pattern, p, s), behind=behind, pattern=np.int32(pattern),
+                               global_average=np.bool_(global_average)),
+        idle=idle, bytes_communicated=communicated, staleness=staleness,
+        measurements={'fresh_share': float(fresh.mean()), 'stale': float((~fresh).sum()),
+                      'behind': float(behind.sum())})
+
+
+# ---- config glue ----
+
+def group_size_of(config) -> int:
+  """S from the config: `algorithm.group_size`, or sqrt(P) rounded up to a power of two when it is 0."""
+  s = config.algorithm.group_size
+  return default_group_size(config.workers) if s == 0 else s
+
+
+def time_rule(config):
+  a = config.algorithm
+  return WaitAvoidingGroups(
+      group_size=group_size_of(config), period=a.sync_every, microbatches=config.microbatches,
+      activation_latency_s=float(a.activation_latency_s), fixed_groups=a.fixed_groups,
+      wait_avoiding=a.wait_avoiding)
+
+
+def _power_of_two(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and not value & (value - 1)
+
+
+def validate(config):
+  a, p = config.algorithm, config.workers
+  errors.require(_power_of_two(p), 'workers', p, 'wagma needs a power of two (groups are XOR-mask cosets)')
+  s = a.group_size
+  errors.require(s == 0 or _power_of_two(s), 'algorithm.group_size', s,
+                 'must be a power of two (0: sqrt(workers) rounded up to a power of two)')
+  errors.require(s <= p, 'algorithm.group_size', s, f'must be <= workers={p}')
+  errors.require_int(a.sync_every, 'algorithm.sync_every', 1)
+  lat = a.activation_latency_s
+  errors.require(isinstance(lat, (int, float)) and not isinstance(lat, bool) and math.isfinite(lat) and lat >= 0,
+                 'algorithm.activation_latency_s', lat, 'must be a number >= 0 (seconds)')
+  for field in ('fixed_groups', 'wait_avoiding'):
+    errors.require(isinstance(a[field], bool), f'algorithm.{field}', a[field], 'must be a bool')
+
+
+SPEC = spec.AlgorithmSpec(
+    name='wagma',
+    defaults={
+        'group_size': 0,        # S, a power of two <= workers; 0: sqrt(workers) rounded up to a power of two
+        'sync_every': 10,       # tau: blocking global average every tau-th iteration (paper: 10 ImageNet, 8 WMT)
+        'activation_latency_s': DEFAULT_ACTIVATION_LATENCY_S,  # a: seconds per hop of the activation broadcast
+        'fixed_groups': False,  # ablation: always the groups of iteration 0
+        'wait_avoiding': True,  # ablation (False): every group waits for its slowest member, all fresh
+    },
+    # group_size 0 is resolved from the P of axis_name (= workers in the harness; 1 for axis_name=None).
+    build=lambda config, inner, axis_name: wagma(
+        inner, group_size=config.algorithm.group_size or None, sync_every=config.algorithm.sync_every,
+        fixed_groups=config.algorithm.fixed_groups, axis_name=axis_name),
+    time_rule=time_rule, validate=validate)
