@@ -187,12 +187,16 @@ class Clock:
       return self._block(n)
 
   def _stalled(self) -> StalledError:
-    down = list(self.failure.failed) if self.failure is not None else np.flatnonzero(~np.isfinite(self.times)).tolist()
+    if self.failure is not None:
+      down = list(self.failure.failed)
+      when = f'failed for good at {self.failure.fail_at_s:g} s of simulated time'
+    else:
+      down, when = np.flatnonzero(~np.isfinite(self.times)).tolist(), 'never finish'
     return StalledError(
-        f'iteration {self.iteration}: {type(self.rule).__name__} waits for worker(s) {down}, which failed and '
-        f'never return (stragglers.fail_worker / return_at_s); this rule needs them, so the run can never '
-        f'continue. Set stragglers.return_at_s or use a rule that proceeds without a worker (K-sync, '
-        f'K-async, K-batch-*, non-blocking).')
+        f'worker(s) {down} {when}, and {type(self.rule).__name__} waits for every worker at iteration '
+        f'{self.iteration} (simulated time {self.sim_time:.6g} s): the run cannot continue. Set '
+        f'stragglers.return_at_s, or use an algorithm that goes on without a worker (ksync / kasync with K < P, '
+        f'kbatch_sync, kbatch_async, async, adasync, nonblocking).')
 
   def _block(self, n: int) -> Block:
     iterations = []

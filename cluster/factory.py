@@ -48,8 +48,8 @@ def default_stragglers_config() -> ml_collections.ConfigDict:
   c.delayed_workers = 0
   c.delay_s = 0.0
   # Failure (any kind): worker `fail_worker` (-1: none; from Python also a tuple of ids) is down from
-  # fail_at_s until return_at_s (< 0: never returns). Rules that wait for every worker refuse a worker that
-  # never returns. Typed defaults (not None) so that `--config.stragglers.fail_worker=3` works.
+  # fail_at_s until return_at_s (< 0: never returns). A rule that waits for every worker stops the run when it
+  # needs a worker that never returns (one line, the simulated time). Typed defaults (not None) so that `--config.stragglers.fail_worker=3` works.
   c.fail_worker = -1
   c.fail_at_s = 0.0
   c.return_at_s = -1.0
@@ -222,20 +222,12 @@ def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
 def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_bytes: float) -> clock_lib.Clock:
   """The seeded clock for `config`, driving `rule` (from the algorithm's registry spec).
 
-  Raises:
-    errors.ConfigError: a worker fails for good and `rule` cannot progress without it.
+  A worker that fails for good is simulated as it happens: a rule that can go on without it does; one that
+  waits for it raises `clock.StalledError` at the first iteration that needs it, naming the worker, when it
+  failed and when the run got stuck (the training loop stops there with one line, never hangs).
   """
   p = config.workers
-  name = config.algorithm.name if 'algorithm' in config else 'this algorithm'
   delay, failure = make_faults(config.stragglers, p, config.seed)
-  if failure is not None and failure.permanent:
-    tolerated = rule.tolerated_failures(p)
-    errors.require(
-        failure.permanent <= tolerated, 'stragglers.return_at_s',
-        _get(config.stragglers, 'return_at_s', _STRAGGLER_DEFAULTS),
-        f'{type(rule).__name__} ({name}) can lose at most {tolerated} worker(s) for good and '
-        f'{failure.permanent} never return: it would wait forever; set return_at_s or use an algorithm that '
-        f'proceeds without a worker (ksync / kasync with K < P, kbatch_*, nonblocking)')
   return clock_lib.Clock(
       workers=p, rule=rule, compute=make_compute(config.stragglers, p),
       network=make_network(config.network), model_bytes=model_bytes, seed=config.seed,

@@ -11,7 +11,7 @@ mini-batch of m micro-batches, a non-blocking round, one node update of LAP-SGD)
   return_at_s is None; the config writes that as `stragglers.return_at_s = -1`). A micro-batch in progress at fail_at_s is lost and restarts from scratch at
   return_at_s; a micro-batch that would start while the worker is down starts at return_at_s. A worker that
   never returns finishes nothing more: its finish time is +inf. Rules that wait for every worker would hang;
-  `factory.make_clock` refuses that combination and the clock raises `clock.StalledError` if it happens.
+  the clock raises `clock.StalledError` at the first iteration that needs the lost worker instead.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
 resumes from its latest checkpoint. User errors (bad config, missing data, a workdir holding another run)
-print one line and exit with status 2; a diverged run exits with status 3. SIGTERM or Ctrl-C (SIGINT) finish
+print one line and exit with status 2; a diverged run exits with status 3, a simulated cluster that cannot go
+on (the algorithm waits for a worker that failed for good) with status 4. SIGTERM or Ctrl-C (SIGINT) finish
 the current block, checkpoint, and exit with status 75 (`preemption.EXIT_PREEMPTED`) and one line: rerunning
 the same command resumes; a second signal stops at once.
 
@@ -125,6 +126,9 @@ def main(argv):
   except train.TrainingDiverged as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(3)
+  except train.ClusterStalled as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(4)
   except preemption.Preempted as e:
     print(str(e), file=sys.stderr)
     sys.exit(preemption.EXIT_PREEMPTED)

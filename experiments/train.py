@@ -25,6 +25,7 @@ import numpy as np
 from algorithms import optimizers
 from algorithms import registry
 from cluster import calibration
+from cluster import clock as clock_lib
 from cluster import factory as cluster_factory
 from cluster import rules as rules_lib
 from data import registry as data_registry
@@ -46,6 +47,10 @@ log = logging.getLogger('waitless')
 
 class TrainingDiverged(RuntimeError):
   """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class ClusterStalled(RuntimeError):
+  """The simulated cluster cannot go on: the algorithm waits for a worker that failed for good."""
 
 
 class WorkdirConflict(ValueError):
@@ -387,17 +392,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   try:
     stop_requests.install()
     if step < config.num_steps:  # else: a finished run, resumed
-      block, inputs, positions = prepare_block(run, clock, positions, step)
+      try:
+        block, inputs, positions = prepare_block(run, clock, positions, step)
+      except clock_lib.StalledError as e:
+        raise ClusterStalled(f'{e} Stopped at step {step}.') from None
       state, measured = block_step(state, *inputs)
     while step < config.num_steps:
       end = step + len(block.duration)
       is_eval = end % config.eval_every == 0 or end == config.num_steps
       stop = stop_requests.agreed(step)  # then this block is the last: checkpoint after it, no lookahead
       is_checkpoint = end % config.checkpoint_every == 0 or end == config.num_steps or stop
-      following = following_dispatched = None
+      following = following_dispatched = stalled = None
       if lookahead and not is_checkpoint:
-        following = prepare_block(run, clock, positions, end)
-        if not is_eval:
+        try:
+          following = prepare_block(run, clock, positions, end)
+        except clock_lib.StalledError as e:
+          stalled = e  # raised once this block is logged
+        if following is not None and not is_eval:
           next_block, next_inputs, _ = following
           state, next_measured = block_step(state, *next_inputs)
           following_dispatched = (next_block, next_measured)
@@ -443,8 +454,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         block, measured = following_dispatched
         positions = following[2]
       else:
-        if following is None:
-          following = prepare_block(run, clock, positions, step)
+        try:
+          if stalled is not None:
+            raise stalled
+          if following is None:
+            following = prepare_block(run, clock, positions, step)
+        except clock_lib.StalledError as e:
+          raise ClusterStalled(f'{e} Stopped after step {step}; its metrics are in {workdir}.') from None
         block, inputs, positions = following
         state, measured = block_step(state, *inputs)
   finally:

@@ -327,11 +327,16 @@ class FailureTest(parameterized.TestCase):
     block = clock.next_block(8)
     np.testing.assert_allclose(block.sim_time, [0.01, 0.02, 0.03, 0.04, 0.05, 0.21, 0.22, 0.23])
 
-  def test_barrier_refuses_a_worker_that_never_returns(self):
-    with self.assertRaisesRegex(Exception, 'stragglers.return_at_s'):
-      helpers.clock(sync.Barrier(), workers=4, fail_worker=3, fail_at_s=0.05)
-    with self.assertRaisesRegex(Exception, 'stragglers.return_at_s'):
-      helpers.clock(ksync.KSync(4), workers=4, fail_worker=3, fail_at_s=0.05, return_at_s=-1.0)
+  def test_rules_that_need_every_worker_stop_at_the_failure_with_one_line(self):
+    for rule in (sync.Barrier(), ksync.KSync(4)):
+      clock = helpers.clock(rule, workers=4, base_s=X, fail_worker=3, fail_at_s=0.05)
+      clock.next_block(4)  # before the failure: runs
+      with self.assertRaises(clock_lib.StalledError) as raised:
+        clock.next_block(4)
+      message = str(raised.exception)
+      self.assertNotIn('\n', message)
+      self.assertRegex(message, r'^worker\(s\) \[3\] failed for good at 0.05 s of simulated time, and '
+                       f'{type(rule).__name__} waits for every worker at iteration [45]')
     self.assertEqual(helpers.clock(ksync.KSync(3), workers=4, fail_worker=3, fail_at_s=0.05).lost_workers, 1)
     self.assertIsNone(helpers.clock(sync.Barrier(), workers=4, fail_worker=-1).failure)
 
@@ -340,7 +345,7 @@ class FailureTest(parameterized.TestCase):
     clock = clock_lib.Clock(workers=4, rule=sync.Barrier(), compute=ok.compute, network=ok.network,
                             model_bytes=1.0, seed=0, failure=ok.failure)
     clock.next_block(4)
-    with self.assertRaisesRegex(clock_lib.StalledError, r'Barrier waits for worker\(s\) \[3\]'):
+    with self.assertRaisesRegex(clock_lib.StalledError, r'worker\(s\) \[3\] failed for good .* Barrier waits'):
       clock.next_block(4)
 
   @parameterized.named_parameters(
