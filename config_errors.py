@@ -4,6 +4,9 @@ A neutral module (no jax, no numpy): every package (algorithms, cluster, data, m
 config helpers may raise it.
 """
 
+import math
+import numbers
+
 
 class ConfigError(ValueError):
   """A config field has a value that is not allowed.
@@ -35,3 +38,9 @@ def require_int(value, field: str, minimum: int, maximum: int | None = None) -> 
   ok = ok and (maximum is None or value <= maximum)
   bound = f'>= {minimum}' if maximum is None else f'in {minimum}..{maximum}'
   require(ok, field, value, f'must be an integer {bound}')
+
+
+def require_number(value, field: str, allowed: str, ok=lambda v: True) -> None:
+  """`value` must be a finite real number (not a bool) with `ok(value)`; `allowed` says what is allowed."""
+  number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+  require(number and ok(value), field, value, allowed)

@@ -224,14 +224,12 @@ def validate(config):
                  f'must be one of {", ".join(WEIGHTINGS)}')
   errors.require(a.topology in TOPOLOGIES, 'algorithm.topology', a.topology,
                  f'must be one of {", ".join(TOPOLOGIES)}')
-  deadline_ok = isinstance(a.deadline_s, (int, float)) and not isinstance(a.deadline_s, bool)
   if a.trigger == 'deadline':
-    errors.require(deadline_ok and a.deadline_s > 0, 'algorithm.deadline_s', a.deadline_s,
-                   'must be > 0 seconds with trigger=deadline')
+    errors.require_number(a.deadline_s, 'algorithm.deadline_s', 'must be > 0 seconds with trigger=deadline',
+                          lambda v: v > 0)
   else:
-    errors.require(deadline_ok and a.deadline_s >= 0, 'algorithm.deadline_s', a.deadline_s,
-                   'must be >= 0 seconds (used only with trigger=deadline)')
-
+    errors.require_number(a.deadline_s, 'algorithm.deadline_s',
+                          'must be >= 0 seconds (used only with trigger=deadline)', lambda v: v >= 0)
 
 SPEC = spec.AlgorithmSpec(
     name='nonblocking',

@@ -7,7 +7,6 @@ field takes its default from `default_stragglers_config()` / `default_network_co
 
 from __future__ import annotations
 
-import math
 import ml_collections
 import numpy as np
 
@@ -77,10 +76,6 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
-def _require_number(value, field: str, allowed: str, ok) -> None:
-  errors.require(_is_number(value) and math.isfinite(value) and ok(value), field, value, allowed)
-
-
 def _is_int(value) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -109,23 +104,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
   get = lambda name: _get(s, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
   kind = get('kind')
   errors.require(kind in STRAGGLER_KINDS, 'stragglers.kind', kind, f'known: {", ".join(STRAGGLER_KINDS)}')
-  _require_number(get('base_s'), 'stragglers.base_s', 'must be a number > 0', lambda v: v > 0)
+  errors.require_number(get('base_s'), 'stragglers.base_s', 'must be a number > 0', lambda v: v > 0)
   errors.require(isinstance(get('calibrate'), bool), 'stragglers.calibrate', get('calibrate'), 'must be a bool')
-  if kind in ('exponential', 'shifted_exponential'):
-    _require_number(get('rate'), 'stragglers.rate', 'must be a number > 0 (1/seconds)', lambda v: v > 0)
-  if kind == 'shifted_exponential':
-    _require_number(get('shift_s'), 'stragglers.shift_s', 'must be a number >= 0', lambda v: v >= 0)
-  if kind == 'pareto':
-    _require_number(get('shape'), 'stragglers.shape', 'must be a number > 0', lambda v: v > 0)
-    _require_number(get('scale'), 'stragglers.scale', 'must be a number > 0 (seconds)', lambda v: v > 0)
-  if kind == 'lognormal':
-    _require_number(get('sigma'), 'stragglers.sigma', 'must be a number >= 0', lambda v: v >= 0)
+  # Every parameter is checked, also those the chosen kind does not read: a typo is caught either way.
+  errors.require_number(get('rate'), 'stragglers.rate', 'must be a number > 0 (1/seconds)', lambda v: v > 0)
+  errors.require_number(get('shift_s'), 'stragglers.shift_s', 'must be a number >= 0', lambda v: v >= 0)
+  errors.require_number(get('shape'), 'stragglers.shape', 'must be a number > 0', lambda v: v > 0)
+  errors.require_number(get('scale'), 'stragglers.scale', 'must be a number > 0 (seconds)', lambda v: v > 0)
+  errors.require_number(get('sigma'), 'stragglers.sigma', 'must be a number >= 0', lambda v: v >= 0)
   if kind == 'trace':
     compute_lib.load_trace(get('trace_path'), p)
+  else:
+    errors.require(get('trace_path') in ('', None), 'stragglers.trace_path', get('trace_path'),
+                   f"is read only with kind=trace (kind={kind!r}); leave it empty")
 
-  _require_number(get('slow_fraction'), 'stragglers.slow_fraction', 'must be a fraction in [0, 1]',
-                  lambda v: 0 <= v <= 1)
-  _require_number(get('slow_factor'), 'stragglers.slow_factor', 'must be a number > 0', lambda v: v > 0)
+  errors.require_number(get('slow_fraction'), 'stragglers.slow_fraction', 'must be a fraction in [0, 1]',
+                        lambda v: 0 <= v <= 1)
+  errors.require_number(get('slow_factor'), 'stragglers.slow_factor', 'must be a number > 0', lambda v: v > 0)
   slow = _require_workers(get('slow_workers'), 'stragglers.slow_workers', p)
   errors.require(not (slow and get('slow_fraction') > 0), 'stragglers.slow_workers', get('slow_workers'),
                  'set either slow_workers or slow_fraction, not both')
@@ -136,26 +131,27 @@ def validate(config: ml_collections.ConfigDict) -> None:
   delayed = get('delayed_workers')
   errors.require(_is_int(delayed) and 0 <= delayed <= p, 'stragglers.delayed_workers', delayed,
                  f'must be an integer in 0..{p} (workers)')
-  _require_number(get('delay_s'), 'stragglers.delay_s', 'must be a number >= 0', lambda v: v >= 0)
+  errors.require_number(get('delay_s'), 'stragglers.delay_s', 'must be a number >= 0', lambda v: v >= 0)
   if kind == 'random_delay':
     errors.require(delayed >= 1, 'stragglers.delayed_workers', delayed, 'kind=random_delay needs >= 1')
     errors.require(get('delay_s') > 0, 'stragglers.delay_s', get('delay_s'), 'kind=random_delay needs > 0')
 
   failed = _require_workers(get('fail_worker'), 'stragglers.fail_worker', p)
-  if failed:
-    _require_number(get('fail_at_s'), 'stragglers.fail_at_s', 'must be a number >= 0', lambda v: v >= 0)
-    back = get('return_at_s')
-    errors.require(back is None or (_is_number(back) and (back < 0 or back > get('fail_at_s'))),
-                   'stragglers.return_at_s', back, 'must be a time > fail_at_s, or -1 (never returns)')
+  errors.require_number(get('fail_at_s'), 'stragglers.fail_at_s', 'must be a number >= 0', lambda v: v >= 0)
+  back = get('return_at_s')
+  errors.require(back is None or (_is_number(back) and bool(np.isfinite(back))), 'stragglers.return_at_s', back,
+                 'must be a time > fail_at_s, or -1 (never returns)')
+  if failed and _return_time(back) is not None:
+    errors.require_number(back, 'stragglers.return_at_s', 'must be a time > fail_at_s, or -1 (never returns)',
+                          lambda v: v > get('fail_at_s'))
 
   n = config.network
   net_kind = _get(n, 'kind', _NETWORK_DEFAULTS)
   errors.require(net_kind in NETWORK_KINDS, 'network.kind', net_kind, f'known: {", ".join(NETWORK_KINDS)}')
-  if net_kind == 'alpha_beta':
-    _require_number(_get(n, 'latency_s', _NETWORK_DEFAULTS), 'network.latency_s', 'must be a number >= 0',
-                    lambda v: v >= 0)
-    _require_number(_get(n, 'bandwidth_gbps', _NETWORK_DEFAULTS), 'network.bandwidth_gbps',
-                    'must be a number > 0', lambda v: v > 0)
+  errors.require_number(_get(n, 'latency_s', _NETWORK_DEFAULTS), 'network.latency_s', 'must be a number >= 0',
+                        lambda v: v >= 0)
+  errors.require_number(_get(n, 'bandwidth_gbps', _NETWORK_DEFAULTS), 'network.bandwidth_gbps',
+                        'must be a number > 0', lambda v: v > 0)
 
 
 def slow_factors(stragglers: ml_collections.ConfigDict, workers: int) -> np.ndarray:
