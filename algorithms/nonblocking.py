@@ -231,6 +231,7 @@ def validate(config):
     errors.require_number(a.deadline_s, 'algorithm.deadline_s',
                           'must be >= 0 seconds (used only with trigger=deadline)', lambda v: v >= 0)
 
+
 SPEC = spec.AlgorithmSpec(
     name='nonblocking',
     defaults={
