@@ -119,6 +119,8 @@ class PeriodicAverage(synchronous.WaitsForEveryone):
   averages_at: Callable[[int], bool]
   microbatches: int = 1
 
+  vectorized = True
+
   def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
     p = clock.workers
     clock.times[:] = self.everyone_computes(clock, clock.times)
@@ -131,6 +133,34 @@ class PeriodicAverage(synchronous.WaitsForEveryone):
       communicated = network_lib.ring_bytes(clock.model_bytes, p)
     return rules.Iteration(
         schedule=self.everyone_done(p), idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+    """n calls of `iterate` with numpy, one round at a time: each worker's times through a round are a
+    running sum (`np.add.accumulate`, the same additions in the same order), then the all-reduce. Failures:
+    None (one `iterate` at a time)."""
+    jobs = synchronous.job_seconds(clock, n, self.microbatches)
+    if jobs is None:
+      return None
+    p = clock.workers
+    averages = np.fromiter((self.averages_at(iteration + k) for k in range(n)), bool, n)
+    allreduce = clock.network.allreduce(clock.model_bytes, p)
+    times, idle = jobs, np.zeros((n, p))  # times overwrite the job seconds, row by row
+    ends = np.flatnonzero(averages).tolist()
+    if not averages[-1]:
+      ends.append(n - 1)
+    begin, start = 0, clock.times.copy()
+    for end in ends:
+      times[begin] += start
+      np.add.accumulate(times[begin:end + 1], axis=0, out=times[begin:end + 1])
+      start = times[end]
+      if averages[end]:
+        arrival = start.max()
+        np.subtract(arrival, start, out=idle[end])
+        start[:] = arrival + allreduce
+      begin = end + 1
+    clock.times[:] = times[-1]
+    communicated = np.where(averages, network_lib.ring_bytes(clock.model_bytes, p), 0.0)
+    return self.everyone_steps(idle, communicated, times)
 
 
 def time_rule(config):

@@ -41,6 +41,7 @@ Optimization with Wait-Avoiding Group Averaging", IEEE TPDS 2020 (arXiv 2005.001
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple, Optional, TYPE_CHECKING
 
@@ -55,13 +56,14 @@ from algorithms import collectives
 from algorithms import spec
 from cluster import network as network_lib
 from cluster import rules
+from cluster.rules import activation as activation_lib
+from cluster.rules import synchronous as rules_synchronous
 
 if TYPE_CHECKING:
   from cluster.clock import Clock
 
-# Default `activation_latency_s` (choice): one hop of the activation broadcast = a network latency (~1-5 us)
-# plus the progress thread noticing the message and forwarding it (a few us); not 0 on the ideal network.
-DEFAULT_ACTIVATION_LATENCY_S = 1e-5
+# Default `activation_latency_s` (choice, shared with non-blocking SGD's trigger): see cluster/rules/activation.py.
+DEFAULT_ACTIVATION_LATENCY_S = activation_lib.DEFAULT_ACTIVATION_LATENCY_S
 
 
 # ---- groups ----
@@ -191,19 +193,8 @@ class WagmaSchedule(NamedTuple):
   UNIFORM = ('pattern', 'global_average')
 
 
-def activation_times(finished: np.ndarray, latency: float) -> np.ndarray:
-  """A_i = min_k (finished_k + popcount(k XOR i) latency): the activation's arrival over the hypercube.
-
-  Shortest paths on the hypercube with edge weight `latency` >= 0: relaxing each dimension once, in any
-  order, is exact (a shortest path may flip its bits in increasing order). O(P log P).
-  """
-  out = np.array(finished, np.float64)
-  index = np.arange(len(out))
-  bit = 1
-  while bit < len(out):
-    out = np.minimum(out, out[index ^ bit] + latency)
-    bit <<= 1
-  return out
+# A_i = min_k (c_k + popcount(k XOR i) a), the activation's arrival over the hypercube (shared with nonblocking).
+activation_times = activation_lib.activation_times
 
 
 def group_max(values: np.ndarray, masks: list[int]) -> np.ndarray:
@@ -213,6 +204,25 @@ def group_max(values: np.ndarray, masks: list[int]) -> np.ndarray:
   for mask in masks:
     out = np.maximum(out, out[index ^ mask])
   return out
+
+
+_hops = activation_lib.hypercube_hops  # int16 (P, P): popcount(i XOR k)
+
+
+@functools.lru_cache(maxsize=16)
+def _group_hops(workers: int, masks: tuple[int, ...]) -> np.ndarray:
+  """int16 (P, P): max over j in the group of i (i XOR any of `masks`) of popcount(j XOR k), at [k, i]."""
+  spread = 0
+  for mask in masks:
+    spread |= mask
+  outside = np.arange(workers) & ~spread
+  return _hops(workers)[np.ix_(outside, outside)] + np.int16(len(masks))
+
+
+def _pair_views(buffer: np.ndarray, bit: int):
+  """(view, the view with every worker i swapped for i XOR bit) of a float64 (P,) buffer, shape (P/2bit, 2, bit)."""
+  view = buffer.reshape(-1, 2, bit)
+  return view, view[:, ::-1, :]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +257,7 @@ class WaitAvoidingGroups(rules.TimeRule):
 
   schedule_type = WagmaSchedule
   reports = {'fresh_share': 'mean', 'stale': 'sum', 'behind': 'sum'}
+  vectorized = True
 
   def __post_init__(self):
     rules.check_positive_int(self.group_size, 'group_size')
@@ -303,6 +314,116 @@ class WaitAvoidingGroups(rules.TimeRule):
         idle=idle, bytes_communicated=communicated, staleness=staleness,
         measurements={'fresh_share': float(fresh.mean()), 'stale': float((~fresh).sum()),
                       'behind': float(behind.sum())})
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+    """n calls of `iterate`: the compute times drawn ahead, one iteration at a time on preallocated rows, and
+    everything that does not feed the next iteration (fresh, behind, idle, the schedule) after the loop.
+
+    The activation: with f(x) = x + a (rounded), relaxing the hypercube's dimensions one by one gives exactly
+    A_i = min_k f^popcount(i XOR k)(c_k) (f is monotone, so it commutes with min). A worker k with
+    c_k >= f^G(min c) never lowers it, so when only the first arrival k* is earlier than that (the usual case
+    with noise larger than G a), A_i = f^popcount(i XOR k*)(min c) and the group's last activation is
+    f^(popcount((i XOR k*) outside the group's bits) + g)(min c): a table lookup in place of the relaxation.
+    Failures: None (one `iterate` at a time).
+    """
+    p, s = clock.workers, self.group_size
+    big_g = _log2(p, 'workers')
+    if s > p:
+      raise ValueError(f'group_size={s} must be <= workers={p}')
+    jobs = rules_synchronous.job_seconds(clock, n, self.microbatches)
+    if jobs is None:
+      return None
+    steps = iteration + np.arange(n)
+    global_average = ((steps + 1) % self.period == 0) | (s == p)
+    patterns = steps % num_patterns(p, s) if not self.fixed_groups else np.zeros(n, np.int64)
+    allreduce = clock.network.allreduce(clock.model_bytes, p)
+    group_time = clock.network.allreduce(clock.model_bytes, s)
+    a, wait_avoiding = float(self.activation_latency_s), self.wait_avoiding
+    masks = {int(t): group_masks(int(t), p, s) for t in np.unique(patterns[~global_average])}
+    group_hops = {t: _group_hops(p, tuple(m)) for t, m in masks.items()} if wait_avoiding else {}
+    relax_buffer, group_buffer = np.empty(p), np.empty(p)
+    relax = []
+    bit = 1
+    while bit < p:
+      relax.append((*_pair_views(relax_buffer, bit), np.empty((p // (2 * bit), 2, bit))))
+      bit <<= 1
+    group_views = {t: [_pair_views(group_buffer, mask) for mask in m] for t, m in masks.items()}
+    finished, times = np.empty((n, p)), np.empty((n, p))
+    activation, joined = np.zeros((n, p)), np.zeros((n, p))  # filled on group iterations (quick ones below)
+    quick, quick_worker, quick_min = [], [], []  # group iterations with a single first arrival
+    start = clock.times
+    for k, (is_global, pattern) in enumerate(zip(global_average.tolist(), patterns.tolist())):
+      c, end = finished[k], times[k]
+      np.add(start, jobs[k], out=c)
+      if is_global:
+        end.fill(c.max() + allreduce)
+        start = end
+        continue
+      if wait_avoiding:
+        two = c.argpartition(1)[:2] if p > 1 else np.zeros(2, np.intp)  # the two first arrivals
+        first, (earliest, second) = int(two[0]), c[two].tolist()
+        ladder = [earliest]  # f^h(min c), h = 0..G
+        for _ in range(big_g):
+          ladder.append(ladder[-1] + a)
+        if second >= ladder[-1]:  # nobody but the first arrives before f^G(min c)
+          quick.append(k)
+          quick_worker.append(first)
+          quick_min.append(ladder[0])
+          done = np.array([x + group_time for x in ladder]).take(group_hops[pattern][first])
+          np.maximum(c, done, out=end)
+          start = end
+          continue
+        relax_buffer[:] = c
+        for view, swapped, tmp in relax:
+          np.add(swapped, a, out=tmp)
+          np.minimum(view, tmp, out=view)
+        activation[k] = relax_buffer
+        group_buffer[:] = relax_buffer
+      else:
+        group_buffer[:] = c
+      for view, swapped in group_views[pattern]:
+        np.maximum(view, swapped, out=view)
+      joined[k] = group_buffer
+      np.add(group_buffer, group_time, out=end)
+      np.maximum(c, end, out=end)
+      start = end
+    clock.times[:] = times[-1]
+    state = clock.rule_state
+    previous = state.get('previous_finish')
+    previous = np.vstack([np.zeros(p) if previous is None else previous, finished[:-1]])
+    state['previous_finish'] = finished[-1].copy()
+    if quick:
+      quick = np.asarray(quick)
+      ladder = np.empty((len(quick), big_g + 1))
+      ladder[:, 0] = quick_min
+      for h in range(1, big_g + 1):
+        ladder[:, h] = ladder[:, h - 1] + a
+      first = np.asarray(quick_worker)
+      rows = np.arange(len(quick))[:, None]
+      activation[quick] = ladder[rows, _hops(p)[first]]
+      for t in np.unique(patterns[quick]):
+        of_t = patterns[quick] == t
+        joined[quick[of_t]] = ladder[rows[of_t], group_hops[int(t)][first[of_t]]]
+    group = ~global_average[:, None]
+    if wait_avoiding:
+      fresh = ~group | (finished <= activation)
+      behind = group & ~fresh & (previous > activation)
+    else:
+      fresh, behind = np.ones((n, p), bool), np.zeros((n, p), bool)
+    idle = np.where(group, np.where(fresh, joined - finished, times - finished),
+                    finished.max(axis=1, keepdims=True) - finished)
+    stale, behind_count = (~fresh).sum(axis=1).astype(np.float64), behind.sum(axis=1).astype(np.float64)
+    ids = np.stack([group_ids(t, p, s) for t in range(int(patterns.max()) + 1)])
+    communicated = np.where(global_average, network_lib.ring_bytes(clock.model_bytes, p),
+                            (p // s) * network_lib.ring_bytes(clock.model_bytes, s))
+    return rules.Steps(
+        schedule=WagmaSchedule(microbatches_done=np.full((n, p), self.microbatches, np.int32), fresh=fresh,
+                               group=ids[patterns], behind=behind, pattern=patterns.astype(np.int32),
+                               global_average=global_average),
+        # Staleness 0 fresh, 1 stale, 2 behind: its mean is (stale + behind) / P, exactly.
+        idle=idle, bytes_communicated=communicated.astype(np.float64), mean_staleness=(stale + behind_count) / p,
+        end_time=times.max(axis=1), times=times,
+        measurements={'fresh_share': fresh.mean(axis=1), 'stale': stale, 'behind': behind_count})
 
 
 # ---- config glue ----

@@ -170,6 +170,7 @@ def section_scaling(out, sizes, repeats):
     for p in sizes:
       config = synthetic.get_config(_arg(name))
       config.workers, config.devices, config.batch_size = p, 1, 8
+      config.dataset.num_examples = max(config.dataset.num_examples, 16 * p)  # >= 1 batch per worker's shard
       if 'k' in config.algorithm:
         config.algorithm.k = max(1, p // 2)
       if 'k0' in config.algorithm:

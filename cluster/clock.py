@@ -15,7 +15,8 @@ What a rule may use (see `cluster/rules/`):
   clock.network           seconds of a collective; clock.model_bytes: size M of one model copy
   clock.work(...)         finish times of one job (several micro-batches) per worker, with stragglers,
                           transient delays and failures applied; clock.work_each(...) + clock.consume(...)
-                          when a rule needs every micro-batch's finish time (non-blocking SGD)
+                          when a rule needs every micro-batch's finish time (non-blocking SGD);
+                          clock.draw_jobs(n, ...) draws a whole block's times at once (vectorised rules)
   clock.rule_state        dict of numpy arrays / numbers / None kept between iterations (checkpointed)
   clock.lost_workers      how many workers fail and never come back
 """
@@ -148,6 +149,35 @@ class Clock:
       t = finish[:, k] = self.failure.run(workers, t, seconds[:, k])
     return finish
 
+  def draw_jobs(self, n: int, count: int, consume: bool = True) -> Optional[np.ndarray]:
+    """Seconds float64 (n, P, count) of micro-batch k of every worker's job in each of the next n iterations.
+
+    For rules in which every worker starts one job of `count` micro-batches per iteration: the same numbers
+    as n calls of `work_each(all workers, ., count)` (or `work`), from one draw of the generator (it hands out
+    the same stream for one (n, P, count) request as for n (P, count) ones), transient delays added to each
+    job's first micro-batch. `consume`: count the n jobs of `count` units per worker now; False: the rule
+    counts the units itself (non-blocking SGD starts fewer) and the jobs.
+
+    Returns:
+      The seconds, or None where they cannot be drawn ahead: failures (they depend on when work runs), or a
+      trace (it replays by unit position) when the units are not counted here.
+    """
+    if self.failure is not None or (not consume and compute_lib.reads_units(self.compute)):
+      return None
+    p = self.workers
+    workers = np.broadcast_to(np.arange(p)[None, :, None], (n, p, count))
+    if compute_lib.reads_units(self.compute):
+      units = self.units[None, :, None] + (np.arange(n)[:, None, None] * count + np.arange(count))
+    else:
+      units = np.zeros((1, 1, 1), np.int64)
+    seconds = np.array(self.compute.sample(self._rng, workers, np.broadcast_to(units, workers.shape)), np.float64)
+    if self.delay is not None:
+      seconds[:, :, 0] += self.delay.delays(workers[:, :, 0], self.jobs[None, :] + np.arange(n)[:, None])
+    if consume:
+      self.units += n * count
+      self.jobs += n
+    return seconds
+
   def consume(self, workers: np.ndarray, units) -> None:
     """Counts one job for each of `workers` (distinct) that started `units` micro-batches (int or (L,))."""
     workers = np.asarray(workers, np.int64)
@@ -235,10 +265,14 @@ class Clock:
     """Vectorised rules (the hot event-driven ones) fill whole blocks without per-iteration objects.
 
     Contract: `rule.iterate_block(clock, iteration, n)` is equivalent to n calls of `iterate` (same random
-    draws, same results; tested) and returns a `rules.base.Steps`; after each of its iterations every
-    worker's time equals the iteration's end (so worker-seconds = P x duration).
+    draws, same results; tested) and returns a `rules.base.Steps`, or None to have this block run one
+    `iterate` at a time. Without `Steps.times` every worker's time equals the iteration's end after each of
+    its iterations (so worker-seconds = P x duration).
     """
+    before = self.times.sum()
     steps = self.rule.iterate_block(self, self.iteration, n)
+    if steps is None:  # the rule cannot take this block ahead (e.g. failures): one iteration at a time
+      return self._block(n)
     self._check_measurements(steps.measurements)
     if not np.all(np.isfinite(steps.end_time)):
       raise self._stalled()
@@ -246,10 +280,13 @@ class Clock:
     durations = np.diff(sim_times, prepend=self.sim_time)
     self.sim_time = float(sim_times[-1])
     self.iteration += n
-    worker_seconds = durations * self.workers
+    if steps.times is None:  # every worker in step
+      worker_seconds, moved = durations * self.workers, durations
+    else:  # worker-seconds as `_block` sums them
+      worker_seconds = moved = np.diff(steps.times.sum(axis=1), prepend=before)
     return Block(
         schedule=steps.schedule, duration=durations, sim_time=sim_times,
-        idle_fraction=np.where(durations > 0, steps.idle.sum(axis=1) / np.maximum(worker_seconds, 1e-300), 0.0),
+        idle_fraction=np.where(moved > 0, steps.idle.sum(axis=1) / np.maximum(worker_seconds, 1e-300), 0.0),
         mean_staleness=steps.mean_staleness, bytes_communicated=steps.bytes_communicated,
         idle=steps.idle, measurements=dict(steps.measurements))
 

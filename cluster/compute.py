@@ -140,6 +140,14 @@ class SlowWorkers:
     return self.base.mean() * float(self.factors.mean())
 
 
+def reads_units(model: ComputeModel) -> bool:
+  """Whether `model.sample` depends on the units (a trace replays by position); the others ignore them."""
+  if isinstance(model, SlowWorkers):
+    return reads_units(model.base)
+  return isinstance(model, Trace) or not isinstance(model, (Constant, Exponential, ShiftedExponential, Pareto,
+                                                            Lognormal))
+
+
 def load_trace(path: str, workers: int, field: str = 'stragglers.trace_path') -> np.ndarray:
   """Reads a (units, P) table of seconds from `.npy` or CSV (an optional header row is skipped).
 

@@ -49,12 +49,16 @@ class RandomDelay:
       return np.zeros(workers.shape, np.float64)
     if self.count >= self.workers:
       return np.full(workers.shape, self.delay_s, np.float64)
+    jobs = np.broadcast_to(np.asarray(jobs, np.int64), workers.shape).reshape(-1)
+    # Every job index once (a block of iterations asks for many workers of few jobs): (J, P) keys, not (n, P).
+    unique, row = np.unique(jobs, return_inverse=True)
     seed = _splitmix64(np.asarray([self.seed % 2**64], np.uint64))
-    job_keys = _splitmix64(seed ^ _splitmix64(np.asarray(jobs, np.uint64).reshape(-1, 1)))
-    keys = _splitmix64(job_keys + np.arange(self.workers, dtype=np.uint64)[None, :])  # (n, P)
-    own = keys[np.arange(keys.shape[0]), workers.reshape(-1)]
-    rank = (keys < own[:, None]).sum(axis=1)  # position of the worker in job j's seeded order
-    return np.where(rank < self.count, self.delay_s, 0.0).reshape(workers.shape)
+    job_keys = _splitmix64(seed ^ _splitmix64(unique.astype(np.uint64).reshape(-1, 1)))
+    keys = _splitmix64(job_keys + np.arange(self.workers, dtype=np.uint64)[None, :])  # (J, P), distinct per row
+    # Job j delays the `count` workers of smallest key (the keys of a row are distinct: splitmix64 is a bijection).
+    delayed = np.zeros(keys.shape, bool)
+    np.put_along_axis(delayed, np.argsort(keys, axis=1)[:, :self.count], True, axis=1)
+    return np.where(delayed[row.reshape(-1), workers.reshape(-1)], self.delay_s, 0.0).reshape(workers.shape)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,12 +5,11 @@ advances the clocks by one iteration and returns the typed per-worker schedule t
 `cluster/rules/base.py` for the contract). Each algorithm module in `algorithms/` holds its own rule next to
 its math (sync: `Barrier`, local_sgd: `PeriodicAverage`, the parameter-server family: `KSync`, `KBatchSync`,
 `KAsync`, `KBatchAsync`, `AdaSync`, dpsgd: `RingGossip`, nonblocking: `NonBlocking`, wagma:
-`WaitAvoidingGroups`) and builds it from its config in `time_rule(config)`.
+`WaitAvoidingGroups`, dasgd: `DelayedAverage`, lap_sgd / lpp_sgd: `NodeThreads`) and builds it from its config
+in `time_rule(config)`.
 
-Here: the shared pieces (`WaitsForEveryone`, the ring helpers) and the rules whose algorithms are not
-registered yet; each moves into its algorithm's module when the math lands:
-  dasgd                                 DelayedAverage(period, delay, microbatches)
-  lap_sgd, lpp_sgd                      NodeThreads(threads, averages_at, microbatches, delay_steps)
+Here: the shared pieces (`WaitsForEveryone`, the ring helpers, the delayed-average clock of
+`cluster/rules/delayed_average.py`).
 """
 
 from cluster.rules.base import Iteration
@@ -18,12 +17,10 @@ from cluster.rules.base import Steps
 from cluster.rules.base import TimeRule
 from cluster.rules.base import check_positive_int
 from cluster.rules.base import full
-from cluster.rules.delayed_average import DelayedAverage
-from cluster.rules.delayed_average import NodeThreads
 from cluster.rules.synchronous import EveryoneSchedule
 from cluster.rules.synchronous import WaitsForEveryone
 
 __all__ = [
-    'DelayedAverage', 'EveryoneSchedule', 'Iteration', 'NodeThreads', 'Steps',
+    'EveryoneSchedule', 'Iteration', 'Steps',
     'TimeRule', 'WaitsForEveryone', 'check_positive_int', 'full',
 ]

@@ -91,6 +91,8 @@ class Steps:
     mean_staleness: float64 (n,).
     end_time: float64 (n,): every worker's time after each iteration.
     measurements: name -> float64 (n,), the declared `reports`.
+    times: float64 (n, P), each worker's time after each iteration, for rules whose workers do not move in
+      step (then end_time = times.max(axis=1)); None: every worker's time is end_time.
   """
   schedule: NamedTuple
   idle: np.ndarray
@@ -98,6 +100,7 @@ class Steps:
   mean_staleness: np.ndarray
   end_time: np.ndarray
   measurements: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  times: Optional[np.ndarray] = None
 
 
 class TimeRule(abc.ABC):
@@ -125,7 +128,8 @@ class TimeRule(abc.ABC):
     """Advances `clock.times` by one iteration and returns what happened."""
 
   def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Steps:
-    """n calls of `iterate` (same random draws, same results); only where `vectorized`."""
+    """n calls of `iterate` (same random draws, same results); only where `vectorized`; None: not this block
+    (the clock then calls `iterate` n times)."""
     raise NotImplementedError(f'{type(self).__name__} has no vectorised iterate_block')
 
   def tolerated_failures(self, workers: int) -> int:

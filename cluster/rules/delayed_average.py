@@ -1,4 +1,7 @@
-"""Time rules of delayed (non-blocking) model averaging: DaSGD, and LAP-SGD / LPP-SGD node threads.
+"""Time rules of delayed (non-blocking) model averaging: the shared clock.
+
+DaSGD's rule (`DelayedAverage`) lives in `algorithms/dasgd.py`, LAP-SGD / LPP-SGD's (`NodeThreads`) in
+`algorithms/lap_sgd.py`; both use `delayed_average_step` below.
 
 Both take a snapshot of every model at selected iterations, start an all-reduce of the snapshots, keep
 stepping, and apply the mean some iterations later. The all-reduce can start only when every worker has
@@ -18,12 +21,14 @@ Shared schedule fields (uniform: the same for every worker, shape () per iterati
     d = 0), take the snapshot first and apply its mean at once (a blocking average: local SGD).
   At most one average is in flight: a snapshot that comes before the previous mean was applied (period
   shorter than the delay) first applies that mean (waiting for it), so average_age may be < d then.
+
+`delayed_average_step` is one iteration (the reference); `delayed_average_block` is n of them at once for the
+rules' vectorised `iterate_block`: the events depend on the iteration numbers only, so they are found first,
+and between two events each worker's times are a running sum of its compute times.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Callable, NamedTuple, Optional, TYPE_CHECKING
 
 import numpy as np
@@ -44,17 +49,7 @@ class DelayedAverageSchedule(NamedTuple):
   UNIFORM = ('snapshot', 'apply_average', 'average_age')
 
 
-class NodeThreadsSchedule(NamedTuple):
-  """Schedule of LAP-SGD / LPP-SGD: DaSGD's fields plus the thread whose gradient this update applies."""
-  microbatches_done: np.ndarray  # int32 (P,), = m: the micro-batches of the one thread batch applied
-  snapshot: np.ndarray           # bool ()
-  apply_average: np.ndarray      # bool ()
-  average_age: np.ndarray        # int32 ()
-  thread: np.ndarray             # int32 (), t mod Q
-  UNIFORM = ('snapshot', 'apply_average', 'average_age', 'thread')
-
-
-def _delayed_average(clock: "Clock", iteration: int, finished: np.ndarray, snapshot: bool, delay: int):
+def delayed_average_step(clock: "Clock", iteration: int, finished: np.ndarray, snapshot: bool, delay: int):
   """Advances `clock.times` past this iteration's averaging events; returns (idle, uniform fields, bytes)."""
   p = clock.workers
   state = clock.rule_state
@@ -83,89 +78,100 @@ def _delayed_average(clock: "Clock", iteration: int, finished: np.ndarray, snaps
   return idle, uniform, communicated
 
 
-@dataclasses.dataclass(frozen=True)
-class DelayedAverage(base.TimeRule):
-  """DaSGD (`dasgd`): rounds of tau local steps; the round's average is applied d steps into the next round.
+Chain = Callable[[np.ndarray, int, int, np.ndarray], None]
 
-  Worker i steps without waiting (start_i(t+1) = end_i(t)). After step t with (t+1) mod tau == 0 it snapshots;
-  the mean is applied after step t + d (0 <= d <= tau), where worker i waits until R (see module docstring):
-    end_i(t + d) = max(c_i(t + d), R).
-  d = 0 is local SGD with H = tau (`PeriodicAverage`). Idle: the wait at the apply step (for d = 0: waiting
-  for the last worker, as in local SGD). Reference: Zhou et al., "DaSGD: Squeezing SGD Parallelization
-  Performance in Distributed Training Using Delayed Averaging".
 
-  Schedule: `DelayedAverageSchedule`.
+def _running_sum(times: np.ndarray, begin: int, end: int, start: np.ndarray) -> None:
+  """times[begin:end] <- start + running sum of the compute seconds they hold (the additions of `iterate`)."""
+  times[begin] += start
+  if end - begin > 1:
+    np.add.accumulate(times[begin:end], axis=0, out=times[begin:end])
+
+
+def _events(pending: Optional[int], snapshot: np.ndarray, delay: int):
+  """Where a block's averaging events fall (positions in the block), from the iteration numbers alone.
+
+  Args:
+    pending: position (< 0) of the snapshot in flight when the block starts, None: none.
+    snapshot: bool (n,).
+    delay: d.
+
+  Returns:
+    (apply_average bool (n,), average_age int32 (n,), sorted positions of every event (apply or snapshot),
+    position of the snapshot still in flight at the end or None).
   """
-  period: int        # tau
-  delay: int         # d
-  microbatches: int = 1
+  n = len(snapshot)
+  applies, ages = np.zeros(n, bool), np.zeros(n, np.int32)
+  stops = []
+  for s in np.flatnonzero(snapshot).tolist() + [n]:  # n: the end of the block
+    if pending is not None:
+      a = min(max(pending + delay, 0), s)  # the first iteration with `iteration - pending >= d or snapshot`
+      if a >= n:
+        break
+      applies[a], ages[a] = True, a - pending
+      stops.append(a)
+      pending = None
+    if s == n:
+      break
+    if delay == 0:
+      applies[s] = True
+    else:
+      pending = s
+    if not stops or stops[-1] != s:
+      stops.append(s)
+  return applies, ages, stops, pending
 
-  schedule_type = DelayedAverageSchedule
 
-  def __post_init__(self):
-    base.check_positive_int(self.period, 'period')
-    base.check_positive_int(self.delay, 'delay', minimum=0)
-    base.check_positive_int(self.microbatches, 'microbatches')
-    if self.delay > self.period:
-      raise ValueError(f'delay={self.delay} must be <= period={self.period}')
+def delayed_average_block(clock: "Clock", iteration: int, times: np.ndarray, snapshot: np.ndarray, delay: int,
+                           chain: Chain = _running_sum):
+  """n calls of `delayed_average_step` (with finished = previous times + compute seconds), for `iterate_block`.
 
-  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
-    p = clock.workers
-    finished = clock.work(np.arange(p), clock.times, self.microbatches)
-    idle, uniform, communicated = _delayed_average(
-        clock, iteration, finished, (iteration + 1) % self.period == 0, self.delay)
-    schedule = DelayedAverageSchedule(microbatches_done=base.full(p, self.microbatches, np.int32), **uniform)
-    return base.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
+  Args:
+    clock: the clock, at iteration `iteration`; its times and `rule_state` are advanced as n calls would.
+    iteration: the block's first iteration.
+    times: float64 (n, P): on entry each worker's compute seconds in each iteration (unless `chain` fills
+      them); on return each worker's time after each iteration.
+    snapshot: bool (n,): the snapshot iterations.
+    delay: d.
+    chain: chain(times, begin, end, start) sets times[begin:end] to the finish times of iterations
+      begin..end-1 for workers that were at `start` (P,) before `begin`, with no averaging event before `end`
+      - 1; default: a running sum of the compute seconds already in `times`.
 
-
-@dataclasses.dataclass(frozen=True)
-class NodeThreads(base.TimeRule):
-  """LAP-SGD / LPP-SGD (`lap_sgd`, `lpp_sgd`): Q threads per node, non-blocking averaging every H updates.
-
-  One worker = one node; one iteration = one node-level update on every node. Q threads share the node's
-  accelerator (choice): one node update costs X(b Q) / Q, the time of a batch Q times larger spread over Q
-  updates; with the per-micro-batch compute model that is (sum of Q*m micro-batch times) / Q, so its mean is
-  m x (mean micro-batch time) and its spread shrinks with Q. Threads take turns in round-robin order (equal
-  speeds): the update of iteration t comes from thread t mod Q, whose gradient was computed on the node model
-  as of update t - Q + 1.
-  Averaging: after update t with `averages_at(t)` the node snapshots and the all-reduce starts; the mean is
-  applied d updates later, d = `delay_steps`, or when None ceil(allreduce(P) / nominal update time), the
-  nominal update time being m x the compute model's mean (fixed for the run, computed once).
-  Averaging costs nothing on the critical path unless it takes longer than d updates (then the node waits
-  at the apply step, see module docstring). With Q = 1 and d = 0 this is local SGD (`PeriodicAverage`).
-  Reference: Chatterjee, Kungurtsev, Alistarh, "Local SGD Meets Asynchrony".
-
-  Schedule: `NodeThreadsSchedule`.
+  Returns:
+    (idle float64 (n, P), uniform fields as (n,) arrays, bytes float64 (n,)).
   """
-  threads: int                       # Q
-  averages_at: Callable[[int], bool]
-  microbatches: int = 1
-  delay_steps: Optional[int] = None  # d; None: from the network model
-
-  schedule_type = NodeThreadsSchedule
-
-  def __post_init__(self):
-    base.check_positive_int(self.threads, 'threads')
-    base.check_positive_int(self.microbatches, 'microbatches')
-    if self.delay_steps is not None:
-      base.check_positive_int(self.delay_steps, 'delay_steps', minimum=0)
-
-  def delay(self, clock: "Clock") -> int:
-    """d: updates between a snapshot and applying its mean."""
-    if self.delay_steps is not None:
-      return self.delay_steps
-    if 'delay_steps' not in clock.rule_state:
-      allreduce = clock.network.allreduce(clock.model_bytes, clock.workers)
-      update = self.microbatches * clock.compute.mean()
-      clock.rule_state['delay_steps'] = int(math.ceil(allreduce / update)) if 0 < update < math.inf else 0
-    return int(clock.rule_state['delay_steps'])
-
-  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
-    p, q = clock.workers, self.threads
-    delay = self.delay(clock)
-    finished = clock.work(np.arange(p), clock.times, q * self.microbatches, time_scale=1.0 / q)
-    idle, uniform, communicated = _delayed_average(
-        clock, iteration, finished, bool(self.averages_at(iteration)), delay)
-    schedule = NodeThreadsSchedule(microbatches_done=base.full(p, self.microbatches, np.int32),
-                                   thread=np.int32(iteration % q), **uniform)
-    return base.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
+  n, p = times.shape
+  state = clock.rule_state
+  pending = int(state.get('pending_iteration', -1))
+  ready = state.get('pending_ready_s') if pending >= 0 else None
+  applies, ages, stops, left = _events(pending - iteration if pending >= 0 else None, snapshot, delay)
+  allreduce = clock.network.allreduce(clock.model_bytes, p)
+  idle = np.zeros((n, p))
+  start, begin = clock.times, 0
+  for e in stops:
+    chain(times, begin, e + 1, start)
+    row = start = times[e]
+    if ages[e] > 0:  # the mean of an earlier snapshot: wait until it is ready
+      end = np.maximum(row, float(ready))
+      np.subtract(end, row, out=idle[e])
+      row[:] = end
+    if snapshot[e]:
+      arrival = row.max()
+      ready = arrival + allreduce
+      if delay == 0:  # blocking: wait for the last worker, then the all-reduce
+        if ages[e] > 0:
+          idle[e] += arrival - row
+        else:
+          np.subtract(arrival, row, out=idle[e])
+        row[:] = ready
+      else:
+        state['pending_ready_s'] = ready
+    begin = e + 1
+  if begin < n:
+    chain(times, begin, n, start)
+  if stops and (delay > 0 or pending >= 0):
+    state['pending_iteration'] = -1 if left is None else iteration + left
+  clock.times[:] = times[-1]
+  uniform = {'snapshot': snapshot.astype(bool), 'apply_average': applies, 'average_age': ages}
+  communicated = np.where(snapshot, network_lib.ring_bytes(clock.model_bytes, p), 0.0)
+  return idle, uniform, communicated

@@ -41,6 +41,23 @@ class WaitsForEveryone(base.TimeRule):
     """The schedule: every worker finished its m micro-batches."""
     return EveryoneSchedule(microbatches_done=base.full(workers, self.microbatches, np.int32))
 
+  def everyone_steps(self, idle: np.ndarray, bytes_communicated: np.ndarray, times: np.ndarray) -> base.Steps:
+    """`Steps` of n iterations (idle and per-worker times after each iteration (n, P), bytes (n,))."""
+    n, p = times.shape
+    return base.Steps(
+        schedule=EveryoneSchedule(microbatches_done=np.full((n, p), self.microbatches, np.int32)), idle=idle,
+        bytes_communicated=np.asarray(bytes_communicated, np.float64), mean_staleness=np.zeros(n),
+        end_time=times.max(axis=1), times=times)
+
+
+def job_seconds(clock: 'Clock', n: int, m: int):
+  """float64 (n, P): every worker's job of m micro-batches in each of n iterations (`Clock.work`'s sum, in
+  `np.cumsum` order), drawn ahead and counted as consumed; None where it cannot be drawn ahead (failures)."""
+  seconds = clock.draw_jobs(n, m)
+  if seconds is None:
+    return None
+  return np.ascontiguousarray(seconds[:, :, 0] if m == 1 else np.cumsum(seconds, axis=2)[:, :, -1])
+
 
 def ring_neighbours(p: int) -> int:
   """Distinct ring neighbours of a worker: 2, or fewer on a ring of 1 or 2 workers."""

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -22,6 +23,8 @@ import optax
 
 import config_errors as errors
 from algorithms import nonblocking
+from algorithms import wagma
+from cluster.rules import activation as activation_lib
 from experiments import metrics_io
 from experiments import train
 from experiments import validation
@@ -182,43 +185,128 @@ class NonBlockingMathTest(parameterized.TestCase):
       np.testing.assert_allclose(got['w'], want['w'], rtol=1e-5)
 
 
-class NonBlockingRuleTest(absltest.TestCase):
+def _fastest_first(rule, workers, first, **kwargs):
+  """A clock on which worker `first` runs at X per micro-batch and every other worker 2x slower."""
+  others = tuple(i for i in range(workers) if i != first)
+  return helpers.clock(rule, workers=workers, base_s=X, slow_workers=others, slow_factor=2.0, **kwargs)
+
+
+class NonBlockingRuleTest(parameterized.TestCase):
 
   def test_reports_microbatches_and_abandoned_share(self):
+    a = nonblocking.NonBlocking(3).activation_latency_s
     clock = helpers.clock(nonblocking.NonBlocking(3), workers=4, base_s=X, slow_workers=(0,), slow_factor=2.5)
     block = clock.next_block(1)
     np.testing.assert_array_equal(block.schedule.microbatches_done[0], [1, 3, 3, 3])
     self.assertEqual(block.measurements['microbatches_mean'][0], 2.5)
     self.assertEqual(block.measurements['microbatches_min'][0], 1.0)
-    # Worker 0 spent 3X and lost the last 0.5X (its second micro-batch, begun at 2.5X); all spent 12X.
-    np.testing.assert_allclose(block.measurements['abandoned_share'][0], 0.5 / 12)
+    # Worker 0 learns of the trigger (3X) one hop later; it spent 3X + a and lost 0.5X + a (its second
+    # micro-batch, begun at 2.5X); all spent 12X + a.
+    np.testing.assert_allclose(block.measurements['abandoned_share'][0], (0.5 * X + a) / (12 * X + a), rtol=1e-12)
 
-  def test_activation_costs_log2_p_latencies(self):
-    net = {'kind': 'alpha_beta', 'latency_s': 1e-3, 'bandwidth_gbps': 1.0}
-    for p in (4, 8, 6):
-      clock = helpers.clock(nonblocking.NonBlocking(2), workers=p, base_s=X, network=net)
-      block = clock.next_block(3)
-      hops = int(np.ceil(np.log2(p)))
-      np.testing.assert_allclose(block.duration, 2 * X + hops * 1e-3 + clock.network.allreduce(clock.model_bytes, p),
-                                 rtol=1e-12)
+  def test_default_activation_latency_is_wagmas_and_not_free(self):
+    self.assertEqual(nonblocking.NonBlocking().activation_latency_s, wagma.DEFAULT_ACTIVATION_LATENCY_S)
+    self.assertGreater(nonblocking.NonBlocking().activation_latency_s, 0)
+    config = harness.synthetic_config('nonblocking')
+    validation.validate(config)
+    self.assertEqual(nonblocking.time_rule(config).activation_latency_s, wagma.DEFAULT_ACTIVATION_LATENCY_S)
+    config = harness.synthetic_config('nonblocking,activation_latency_s=0.002')
+    validation.validate(config)
+    self.assertEqual(nonblocking.time_rule(config).activation_latency_s, 0.002)
 
-  def test_activation_lets_slower_workers_finish_more(self):
-    # Worker 1 finishes its 2nd micro-batch 0.5 ms after the trigger: within the 2 ms activation, it counts.
-    net = {'kind': 'alpha_beta', 'latency_s': 1e-3, 'bandwidth_gbps': 1.0}
-    slow = helpers.clock(nonblocking.NonBlocking(2), workers=4, base_s=X, slow_workers=(1,), slow_factor=1.025,
-                         network=net).next_block(1)
-    np.testing.assert_array_equal(slow.schedule.microbatches_done[0], [2, 2, 2, 2])
-    free = helpers.clock(nonblocking.NonBlocking(2), workers=4, base_s=X, slow_workers=(1,),
-                         slow_factor=1.025).next_block(1)
-    np.testing.assert_array_equal(free.schedule.microbatches_done[0], [2, 1, 2, 2])
+  @parameterized.named_parameters(
+      ('p4', 4, 0, 2), ('p8', 8, 5, 3), ('p16', 16, 9, 4),
+      # P not a power of two: the farthest worker from 0 among 0..5 is 2 hops away, from 2 (010 -> 101) 3.
+      ('p6_from_0', 6, 0, 2), ('p6_from_2', 6, 2, 3), ('p1', 1, 0, 0))
+  def test_ideal_network_trigger_costs_the_farthest_workers_hops(self, workers, first, hops):
+    # Ideal network (free all-reduce): the round ends when the news of the first finisher's "I am done" has
+    # reached the farthest worker, ceil(log2 P) hops of a for a power of two.
+    a = 1e-3
+    clock = _fastest_first(nonblocking.NonBlocking(2, activation_latency_s=a), workers, first)
+    block = clock.next_block(3)
+    self.assertEqual(clock.network.allreduce(clock.model_bytes, workers), 0.0)
+    np.testing.assert_allclose(block.duration, 2 * X + hops * a, rtol=1e-12)
+    if workers & (workers - 1) == 0:
+      self.assertEqual(hops, int(np.ceil(np.log2(workers))))
+    # The finisher waits for the farthest worker to join; the farthest worker does not wait.
+    np.testing.assert_allclose(block.idle[:, first], hops * a, rtol=1e-12)
+    distance = np.array([bin(i ^ first).count('1') for i in range(workers)])
+    np.testing.assert_allclose(block.idle[:, distance == hops], 0.0, atol=1e-15)
+    # Everybody else finished one micro-batch (at 2X) before the news arrived: 1 each.
+    want = [[2 if i == first else 1 for i in range(workers)]] * 3
+    np.testing.assert_array_equal(block.schedule.microbatches_done, want)
+
+  def test_worker_nearer_the_finisher_contributes_by_its_earlier_activation(self):
+    # Worker 0 finishes its 4 micro-batches at 4X = 0.04; the others' end at 0.011 k. The news reaches the
+    # 1-hop workers 1, 2, 4 at 0.043 (before their 4th: 3 each); workers 3, 5, 6 (2 hops, 0.046) and 7 (3
+    # hops, 0.049) finish all 4 at 0.044 first and stop there. The communication starts at max_i A_i = 0.044.
+    # (The old uniform activation, 4X + 3 a for everyone, would have let all of them finish 4.)
+    a = 3e-3
+    clock = helpers.clock(nonblocking.NonBlocking(4, activation_latency_s=a), workers=8, base_s=X,
+                          slow_workers=tuple(range(1, 8)), slow_factor=1.1)
+    block = clock.next_block(1)
+    np.testing.assert_array_equal(block.schedule.microbatches_done[0], [4, 3, 3, 4, 3, 4, 4, 4])
+    np.testing.assert_allclose(block.duration, 4 * 1.1 * X, rtol=1e-12)
+    # Idle: the finisher from 0.04, the 1-hop workers from 0.043 (after abandoning their 4th), the others none.
+    np.testing.assert_allclose(block.idle[0], [0.4 * X, 0.1 * X, 0.1 * X, 0, 0.1 * X, 0, 0, 0], atol=1e-15)
+    # Workers 1, 2, 4 abandoned their 4th micro-batch: started (the trace moves on), not consumed.
+    np.testing.assert_array_equal(clock.units, [4] * 8)
+    np.testing.assert_array_equal(block.schedule.abandoned[0], [False, True, True, False, True, False, False, False])
+    free = helpers.clock(nonblocking.NonBlocking(4, activation_latency_s=0.0), workers=8, base_s=X,
+                         slow_workers=tuple(range(1, 8)), slow_factor=1.1).next_block(1)
+    np.testing.assert_array_equal(free.schedule.microbatches_done[0], [4, 3, 3, 3, 3, 3, 3, 3])
+    np.testing.assert_allclose(free.duration, 4 * X, rtol=1e-12)
 
   def test_deadline_at_the_budget_needs_no_message(self):
     net = {'kind': 'alpha_beta', 'latency_s': 1e-3, 'bandwidth_gbps': 1.0}
-    clock = helpers.clock(nonblocking.NonBlocking(3, trigger='deadline', deadline_s=0.015), workers=4, base_s=X,
-                          slow_workers=(0,), slow_factor=2.0, network=net)
+    rule = nonblocking.NonBlocking(3, trigger='deadline', deadline_s=0.015, activation_latency_s=1e-3)
+    clock = helpers.clock(rule, workers=4, base_s=X, slow_workers=(0,), slow_factor=2.0, network=net)
     block = clock.next_block(1)
     np.testing.assert_array_equal(block.schedule.microbatches_done[0], [0, 1, 1, 1])
     np.testing.assert_allclose(block.duration, 0.015 + clock.network.allreduce(clock.model_bytes, 4))
+
+  def test_deadline_everyone_done_early_needs_no_message(self):
+    # Everyone finishes all 3 before the budget: the all-reduce starts when the last (worker 0, 6X) joins.
+    rule = nonblocking.NonBlocking(3, trigger='deadline', deadline_s=1.0, activation_latency_s=1e-3)
+    block = helpers.clock(rule, workers=4, base_s=X, slow_workers=(0,), slow_factor=2.0).next_block(2)
+    np.testing.assert_array_equal(block.schedule.microbatches_done, 3)
+    np.testing.assert_allclose(block.duration, 6 * X, rtol=1e-12)
+    np.testing.assert_allclose(block.idle, [[0, 3 * X, 3 * X, 3 * X]] * 2, rtol=1e-12)
+
+  def test_deadline_with_nothing_done_waits_for_the_first_ones_news(self):
+    # Nobody has a micro-batch by the budget: worker 0 finishes one at X and its news takes popcount(i) hops.
+    a = 1e-3
+    rule = nonblocking.NonBlocking(2, trigger='deadline', deadline_s=1e-4, activation_latency_s=a)
+    block = _fastest_first(rule, 8, 0).next_block(2)
+    np.testing.assert_array_equal(block.schedule.microbatches_done, [[1, 0, 0, 0, 0, 0, 0, 0]] * 2)
+    np.testing.assert_allclose(block.duration, X + 3 * a, rtol=1e-12)
+
+  @parameterized.named_parameters(
+      # One first arrival per round (the eccentricity lookup) or near-ties (the round's relaxation), P = 6, 12.
+      ('exponential_p6', 6, {'kind': 'exponential', 'rate': 100.0}, {}, False),
+      ('near_ties_p12', 12, {'kind': 'lognormal', 'sigma': 1e-4}, {}, True),
+      # About half the rounds end at the budget, half on the first micro-batch's news.
+      ('deadline_p12', 12, {'kind': 'exponential', 'rate': 100.0}, {'trigger': 'deadline', 'deadline_s': 5e-4},
+       False),
+      ('ring_near_ties_p6', 6, {'kind': 'lognormal', 'sigma': 1e-4}, {'topology': 'ring'}, True))
+  def test_vectorised_rounds_equal_iterate_for_any_p(self, workers, stragglers, options, relaxes):
+    make = lambda: helpers.clock(nonblocking.NonBlocking(4, **options), workers=workers, model_bytes=4e6, seed=3,
+                                 network={'kind': 'alpha_beta'}, base_s=X, **stragglers)
+    loop, fast = make(), make()
+    blocks = (50, 1, 29)
+    for n in blocks:
+      want = loop._block(n)  # pylint: disable=protected-access
+      with mock.patch.object(activation_lib, 'activation_times', wraps=activation_lib.activation_times) as relax:
+        got = fast.next_block(n)
+      helpers.assert_blocks_equal(self, want, got)
+      # Once after the loop for the whole block, plus once per round that needs the relaxation (exponential
+      # times: rarely a second arrival within 3 hops of the first).
+      self.assertBetween(relax.call_count - 1, n // 2 if relaxes else 0, n if relaxes else max(n // 20, 1))
+    np.testing.assert_array_equal(loop.times, fast.times)
+    np.testing.assert_array_equal(loop.units, fast.units)
+    if 'deadline_s' in options:
+      late = fast.next_block(100).duration > options['deadline_s'] + fast.network.allreduce(4e6, workers)
+      self.assertBetween(int(late.sum()), 20, 80)  # rounds that waited for the first micro-batch's news
 
 
 class ConfigTest(parameterized.TestCase):
@@ -234,6 +322,8 @@ class ConfigTest(parameterized.TestCase):
       ('topology', 'nonblocking,topology=torus', r"^algorithm.topology='torus' is not allowed: must be one of "
        r'allreduce, ring$'),
       ('weighting', 'nonblocking,weighting=sample', r"^algorithm.weighting='sample' is not allowed"),
+      ('activation_latency_negative', 'nonblocking,activation_latency_s=-1e-06',
+       r'^algorithm.activation_latency_s=-1e-06 is not allowed: must be a number >= 0 \(seconds\)$'),
       ('order', 'dpsgd,order=step_then_gossip', r"^algorithm.order='step_then_gossip' is not allowed: must be one "
        r'of gossip_then_step, overlap$'),
   )
@@ -241,6 +331,14 @@ class ConfigTest(parameterized.TestCase):
     with self.assertRaisesRegex(errors.ConfigError, message) as caught:
       validation.validate(harness.synthetic_config(arg))
     self.assertNotIn('\n', str(caught.exception))
+
+  def test_rejects_nan_activation_latency(self):
+    config = harness.synthetic_config('nonblocking', **{'algorithm.activation_latency_s': float('nan')})
+    with self.assertRaisesRegex(errors.ConfigError, r'^algorithm.activation_latency_s=nan is not allowed: must be a '
+                                r'number >= 0 \(seconds\)$'):
+      validation.validate(config)
+    with self.assertRaisesRegex(ValueError, 'activation_latency_s'):
+      nonblocking.NonBlocking(2, activation_latency_s=float('nan'))
 
   def test_defaults_are_valid(self):
     for arg in ('nonblocking', 'nonblocking,trigger=deadline,deadline_s=0.05', 'nonblocking,topology=ring',

@@ -1,0 +1,63 @@
+"""The activation broadcast of a wait-avoiding collective (WAGMA's group average, non-blocking SGD's trigger).
+
+The first worker(s) to reach the collective start it and the others learn of it over the hypercube, one
+activation latency a per hop (a network latency plus a progress thread noticing the message and forwarding
+it): worker i learns of it at
+    A_i = min_k (c_k + popcount(k XOR i) a),      c_k: when worker k raised it (+inf: never).
+For P not a power of two the same formula holds on workers 0..P-1 (a shortest path from k to i may clear
+k's extra bits first, then set i's, through workers numbered at most max(i, k)).
+Idealised: a worker forwards to all its hypercube neighbours at once (a binomial-tree broadcast sends one
+message per round: worker i would be reached after the rank of the highest differing bit, not popcount).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+# Default activation latency a (choice): one hop of the activation broadcast = a network latency (~1-5 us)
+# plus the progress thread noticing the message and forwarding it (a few us); not 0 on the ideal network.
+DEFAULT_ACTIVATION_LATENCY_S = 1e-5
+
+
+def is_latency(value) -> bool:
+  """A valid activation latency: a finite number >= 0 (not a bool)."""
+  return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+          and math.isfinite(value) and value >= 0)
+
+
+def activation_times(finished: np.ndarray, latency: float) -> np.ndarray:
+  """A_i = min_k (finished_k + popcount(k XOR i) latency) along the last axis (P workers, any P).
+
+  Shortest paths on the hypercube with edge weight `latency` >= 0: relaxing each dimension once, in any
+  order, is exact (a shortest path may flip its bits in increasing order). For P not a power of two the
+  relaxation runs on the next power of two with the missing workers at +inf (they relay, never start: the
+  distances between real workers are popcounts either way). Every step adds `latency` to an arrival and
+  takes a minimum, so A_i = min_k f^popcount(k XOR i)(finished_k) exactly with f(x) = x + latency rounded.
+  O(P log P).
+  """
+  out = np.array(finished, np.float64)
+  p = out.shape[-1]
+  size = 1 << max(p - 1, 0).bit_length()
+  if size != p:
+    out = np.concatenate([out, np.full(out.shape[:-1] + (size - p,), np.inf)], axis=-1)
+  index = np.arange(size)
+  bit = 1
+  while bit < size:
+    out = np.minimum(out, out[..., index ^ bit] + latency)
+    bit <<= 1
+  return out[..., :p]
+
+
+@functools.lru_cache(maxsize=4)
+def hypercube_hops(workers: int) -> np.ndarray:
+  """int16 (P, P): popcount(i XOR k), the hypercube distance."""
+  index = np.arange(workers)
+  x = index[:, None] ^ index[None, :]
+  hops = np.zeros(x.shape, np.int16)
+  while x.any():
+    hops += (x & 1).astype(np.int16)
+    x = x >> 1
+  return hops
