@@ -1,0 +1,191 @@
+"""DaSGD: local SGD with delayed averaging.
+
+Update rule for worker i (tau = `local_steps`, d = `delay`, 0 <= d <= tau):
+    W_i <- W_i + U_i(g_i)                                   (local step, local optimizer state)
+    after step t with (t+1) mod tau == 0:  s_i <- W_i, start the all-reduce of the snapshots
+    after step t + d:  `local_progress` (default, choice):  W_i <- mean(s) + (W_i - s_i)
+                       `mix` (the authors' code):           W_i <- p W_i + (1 - p) mean(s),  p = `mix`
+d = 0 is a blocking average: with `local_progress` exactly local SGD with H = tau. Only weights are averaged;
+the optimizer state (momentum) stays local. The mechanism (snapshot, all-reduce, apply through carried state)
+is `algorithms.delayed_averaging`, shared with LAP-SGD.
+
+Overlap: the period is fixed, so the spec declares `round_length = tau`. A block of whole rounds runs each
+round unrolled with static positions: the all-reduce of the snapshot carried from the previous round is
+issued at position 0 with no conditional around it and consumed after the local step at position d - 1, so
+XLA can run it under d local steps. Other blocks (and library loops) take the per-iteration path, whose
+conditionals read the schedule's uniform fields; both give the same trajectory.
+
+Time (`DelayedAverage` below): worker i steps without waiting; at the apply step it waits until
+R = max_j(time j took the snapshot) + allreduce(P), or not at all when that is earlier: communication is
+fully hidden when allreduce(P) <= d x step time, else allreduce(P) - d x step time of it is exposed per round.
+
+Reference: Zhou et al., "DaSGD: Squeezing SGD Parallelization Performance in Distributed Training Using
+Delayed Averaging", 2020 (arXiv:2006.00441). Author's defaults: tau = 4, d = 1, p = 0.25.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Optional, TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import config_errors as errors
+from algorithms import collectives
+from algorithms import delayed_averaging
+from algorithms import spec
+from cluster.rules import base
+from cluster.rules.delayed_average import DelayedAverageSchedule
+from cluster.rules import synchronous
+from cluster.rules.delayed_average import delayed_average_step
+from cluster.rules.delayed_average import delayed_average_block
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+
+# ---- the math ----
+
+class DaSGDState(NamedTuple):
+  count: jax.Array         # int32 (): local steps taken so far (the same on every worker)
+  inner: optax.OptState    # this worker's own inner optimizer state
+  buffer: optax.Params     # like params: the snapshot s_i in flight (see `delayed_averaging`), zeros at first
+
+
+def dasgd(inner: optax.GradientTransformation, local_steps: int = 4, delay: int = 1,
+          correction: str = delayed_averaging.LOCAL_PROGRESS, mix: float = 0.25,
+          axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
+  """Local steps of `inner`; the average of each round's snapshot is applied `delay` steps into the next.
+
+  Args:
+    inner: the optimizer U, applied by each worker to its own gradient.
+    local_steps: tau >= 1, steps per round.
+    delay: d in 0..tau, steps between a snapshot and applying its mean.
+    correction: `local_progress` or `mix` (see the module docstring).
+    mix: p in [0, 1] of the `mix` correction.
+    axis_name: the worker axes; None for one worker (then the mean is the snapshot itself).
+
+  Returns:
+    A transformation whose `update(grads, state, params, *, schedule=None, step=None, round_position=None)`
+    moves each worker's params. `schedule`: a `DelayedAverageSchedule` (uniform `snapshot`, `apply_average`,
+    `average_age`); None (a library loop): the events of the fixed period from the step. `step`: the
+    replicated iteration number (None: the state's counter). `round_position`: static step mod tau, for a
+    caller that runs whole rounds.
+  """
+  if correction not in delayed_averaging.CORRECTIONS:
+    raise ValueError(f'correction must be one of {delayed_averaging.CORRECTIONS}, got {correction!r}')
+  if not (isinstance(local_steps, int) and local_steps >= 1 and isinstance(delay, int)
+          and 0 <= delay <= local_steps):
+    raise ValueError(f'need local_steps >= 1 and 0 <= delay <= local_steps, got {local_steps}, {delay}')
+  inner = optax.with_extra_args_support(inner)
+  options = dict(axis_name=axis_name, correction=correction, mix=mix)
+
+  def init_fn(params):
+    return DaSGDState(count=jnp.zeros((), jnp.int32), inner=inner.init(params),
+                      buffer=delayed_averaging.init(params))
+
+  def update_fn(grads, state, params=None, *, schedule=None, step: Optional[jax.Array] = None,
+                round_position: Optional[int] = None, **extra):
+    del extra
+    if params is None:
+      raise ValueError('dasgd needs params: it averages models, not gradients.')
+    updates, inner_state = inner.update(grads, state.inner, params)
+    stepped = optax.apply_updates(params, updates)
+    t = state.count if step is None else step
+    if round_position is not None:
+      new_params, buffer = delayed_averaging.round_step(
+          stepped, state.buffer, round_position, local_steps, delay, in_flight=t >= local_steps, **options)
+    else:
+      events = (delayed_averaging.schedule_at(t, local_steps, delay) if schedule is None
+                else delayed_averaging.events(schedule))
+      new_params, buffer = delayed_averaging.step(stepped, state.buffer, *events, **options)
+    updates = jax.tree.map(lambda new, old: new - old, new_params, params)
+    return updates, DaSGDState(count=optax.safe_increment(state.count), inner=inner_state, buffer=buffer)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# ---- the time rule ----
+
+@dataclasses.dataclass(frozen=True)
+class DelayedAverage(base.TimeRule):
+  """Rounds of tau local steps; the round's average is applied d steps into the next round.
+
+  Worker i steps without waiting (start_i(t+1) = end_i(t)). After step t with (t+1) mod tau == 0 it snapshots;
+  the mean is applied after step t + d (0 <= d <= tau), where worker i waits until R (see
+  `cluster.rules.delayed_average`):  end_i(t + d) = max(c_i(t + d), R).
+  d = 0 is local SGD with H = tau (`local_sgd.PeriodicAverage`). Idle: the wait at the apply step (for d = 0:
+  waiting for the last worker, as in local SGD).
+
+  Schedule: `DelayedAverageSchedule`.
+  """
+  period: int        # tau
+  delay: int         # d
+  microbatches: int = 1
+
+  schedule_type = DelayedAverageSchedule
+  vectorized = True
+
+  def __post_init__(self):
+    base.check_positive_int(self.period, 'period')
+    base.check_positive_int(self.delay, 'delay', minimum=0)
+    base.check_positive_int(self.microbatches, 'microbatches')
+    if self.delay > self.period:
+      raise ValueError(f'delay={self.delay} must be <= period={self.period}')
+
+  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
+    p = clock.workers
+    finished = clock.work(np.arange(p), clock.times, self.microbatches)
+    idle, uniform, communicated = delayed_average_step(
+        clock, iteration, finished, (iteration + 1) % self.period == 0, self.delay)
+    schedule = DelayedAverageSchedule(microbatches_done=base.full(p, self.microbatches, np.int32), **uniform)
+    return base.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
+
+  def iterate_block(self, clock: "Clock", iteration: int, n: int) -> Optional[base.Steps]:
+    """n calls of `iterate`: the block's compute times drawn at once, each worker's times a running sum
+    between the averaging events (`delayed_average_block`). Failures: None (one `iterate` at a time)."""
+    times = synchronous.job_seconds(clock, n, self.microbatches)
+    if times is None:
+      return None
+    snapshot = np.arange(iteration + 1, iteration + n + 1) % self.period == 0
+    idle, uniform, communicated = delayed_average_block(clock, iteration, times, snapshot, self.delay)
+    schedule = DelayedAverageSchedule(
+        microbatches_done=np.full(times.shape, self.microbatches, np.int32), **uniform)
+    return base.Steps(schedule=schedule, idle=idle, bytes_communicated=communicated, mean_staleness=np.zeros(n),
+                      end_time=times.max(axis=1), times=times)
+
+
+# ---- config glue ----
+
+def time_rule(config):
+  a = config.algorithm
+  return DelayedAverage(period=a.local_steps, delay=a.delay, microbatches=config.microbatches)
+
+
+def validate(config):
+  a = config.algorithm
+  errors.require_int(a.local_steps, 'algorithm.local_steps', 1)
+  errors.require(isinstance(a.delay, int) and not isinstance(a.delay, bool) and 0 <= a.delay <= a.local_steps,
+                 'algorithm.delay', a.delay,
+                 f'must be an integer in 0..algorithm.local_steps (= {a.local_steps})')
+  errors.require(a.correction in delayed_averaging.CORRECTIONS, 'algorithm.correction', a.correction,
+                 f'must be one of {", ".join(delayed_averaging.CORRECTIONS)}')
+  errors.require(isinstance(a.mix, (int, float)) and not isinstance(a.mix, bool) and 0.0 <= a.mix <= 1.0,
+                 'algorithm.mix', a.mix, 'must be a number in [0, 1]')
+
+
+def round_length(config):
+  """tau: the snapshot (end of a round) and the apply (d steps into the next) repeat every tau steps."""
+  return config.algorithm.local_steps
+
+
+SPEC = spec.AlgorithmSpec(
+    name='dasgd',
+    defaults={'local_steps': 4, 'delay': 1, 'correction': delayed_averaging.LOCAL_PROGRESS, 'mix': 0.25},
+    build=lambda config, inner, axis_name: dasgd(
+        inner, local_steps=config.algorithm.local_steps, delay=config.algorithm.delay,
+        correction=config.algorithm.correction, mix=float(config.algorithm.mix), axis_name=axis_name),
+    time_rule=time_rule, validate=validate, round_length=round_length)
