@@ -16,6 +16,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, TYPE_CHECKING
 
+import numpy as np
+
 import config_errors as errors
 from algorithms import kasync
 from algorithms import kbatch_async
@@ -81,18 +83,61 @@ class AdaSync(rules.TimeRule):
       state['initial_loss'] = loss
     state['latest_loss'] = loss
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
-    state = self._state(clock)
+  def _adjust(self, clock: 'Clock', state: dict[str, Any], now: float) -> None:
+    """The check at the start of an iteration that starts at simulated time `now`."""
     # A relative tolerance: simulated times are sums of floats, and 10 x 0.01 s must reach a 0.1 s boundary.
     slack = 1e-9 * self.period_s
-    if clock.sim_time >= state['next_adjust_s'] - slack:
-      periods = math.floor((clock.sim_time - state['next_adjust_s'] + slack) / self.period_s) + 1
+    if now >= state['next_adjust_s'] - slack:
+      periods = math.floor((now - state['next_adjust_s'] + slack) / self.period_s) + 1
       state['next_adjust_s'] += periods * self.period_s
-      f0, f = state['initial_loss'], state['latest_loss']
-      if f0 is not None and f is not None and f0 > 0 and f > 0:
-        k = int(round(self.k0 * math.sqrt(f0 / f)))
-        state['k'] = min(clock.workers - clock.lost_workers, max(1, k))
+      state['k'] = self._next_k(clock, state)
+
+  def _next_k(self, clock: 'Clock', state: dict[str, Any]) -> int:
+    """K at the next adjustment: the same at every adjustment until the next loss is reported."""
+    f0, f = state['initial_loss'], state['latest_loss']
+    if f0 is not None and f is not None and f0 > 0 and f > 0:
+      k = int(round(self.k0 * math.sqrt(f0 / f)))
+      return min(clock.workers - clock.lost_workers, max(1, k))
+    return state['k']
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    state = self._state(clock)
+    self._adjust(clock, state, clock.sim_time)
     return self.base.iterate(clock, iteration)
+
+  vectorized = True
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+    """n calls of `iterate` through the base rule's `iterate_block`.
+
+    Losses arrive between blocks, so within a block K changes at most once: at the first adjustment, to
+    `_next_k`. If that differs from K, the block is simulated, cut at the first iteration that starts at or
+    after the adjustment time, the clock rewound and the prefix simulated again (the same draws), then the
+    rest with the new K. Later adjustments in the block only advance the next adjustment time.
+    """
+    state = self._state(clock)
+    slack = 1e-9 * self.period_s
+    parts, now = [], clock.sim_time
+    while n > 0:
+      self._adjust(clock, state, now)
+      snap = ps.snapshot(clock) if self._next_k(clock, state) != state['k'] else None
+      steps = self.base.iterate_block(clock, iteration, n)
+      ends = np.maximum.accumulate(np.maximum(steps.end_time, now)).tolist()
+      cut = len(ends)
+      for j in range(1, len(ends)):
+        if ends[j - 1] >= state['next_adjust_s'] - slack:
+          if snap is not None:
+            cut = j
+            break
+          self._adjust(clock, state, ends[j - 1])  # K stays
+      if cut < len(ends):
+        ps.restore(clock, snap)
+        steps = self.base.iterate_block(clock, iteration, cut)
+      parts.append(steps)
+      if not np.all(np.isfinite(steps.end_time)):
+        break  # stalled: the clock raises
+      now, n = ends[cut - 1], n - cut
+    return ps.concat_steps(parts)
 
 
 def time_rule(config) -> AdaSync:
@@ -110,7 +155,9 @@ def validate(config) -> None:
                  'loss every adapt_every_s; without it there is no loss signal (use a fixed-K variant instead)')
   # The loop reports the training loss to the clock after each block of <= steps_per_call iterations; the
   # first report is F(W_0), so K can only change from the third block on.
-  errors.require(config.num_steps > 2 * config.steps_per_call, 'num_steps', config.num_steps,
+  # With num_epochs (num_steps None) this is checked on the resolved config (experiments/train.py:build).
+  errors.require(config.num_steps is None or config.num_steps > 2 * config.steps_per_call, 'num_steps',
+                 config.num_steps,
                  f'adasync needs > 2 x steps_per_call={config.steps_per_call} iterations: the training loss '
                  'reaches the clock once per block, and K adapts only after two reports (no loss signal otherwise)')
   ps.validate_adaptive_lr(a)

@@ -12,6 +12,7 @@ Reference: Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 20
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import Any, TYPE_CHECKING
 
 import numpy as np
@@ -75,29 +76,56 @@ class KAsync(ps.KRule):
         mean_staleness=float(stale.mean()), measurements={'k': k, 'max_staleness': float(stale.max())})
 
   def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
-    """n calls of `iterate`, writing straight into the block's arrays (the simulator's hot path)."""
+    """n calls of `iterate`: the same events on plain floats with a heap (ties: lowest worker id, as the
+    stable argsort) and the compute times drawn ahead (`ps.Draws`); trace, delays, failures: `iterate`."""
     del iteration
+    if not ps.Draws.supported(clock):
+      return ps.loop_block(self, clock, n)
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
     state = ps.init_learners(clock, m)
     up = clock.network.p2p(clock.model_bytes)
+    draws = ps.Draws(clock, m, chunk=n * k)  # exactly the n K jobs started
+    draws.more()
+    rows, scaled, u = draws.rows, draws.factors is not None, 0
+    heap = [(f, i) for i, f in enumerate(state['finish'].tolist())]
+    heapq.heapify(heap)
+    view, version = state['view'].tolist(), int(state['version'])
+    who, stale, arrival, end = [], [], [], []
+    pop, push = heapq.heappop, heapq.heappush
+    for _ in range(n):
+      chosen = [pop(heap) for _ in range(k)]
+      update = chosen[-1][0] + up  # the largest arrival: finish times come out sorted
+      begin = update + up
+      for f, i in chosen:
+        who.append(i)
+        stale.append(version - view[i])
+        arrival.append(f + up)
+        view[i] = version + 1
+        push(heap, (begin + (draws.seconds(rows[u], i) if scaled else rows[u]), i))
+        u += 1
+      version += 1
+      end.append(update)
+    draws.used = u
+    draws.close()
+    finish = np.empty(p)
+    for f, i in heap:
+      finish[i] = f
+    state['finish'], state['view'], state['version'] = finish, np.asarray(view, np.int64), version
+    who = np.asarray(who, np.int64).reshape(n, k)
+    stale = np.asarray(stale, np.int64).reshape(n, k)
+    end = np.asarray(end)
+    ps.count_jobs(clock, np.bincount(who.reshape(-1), minlength=p), m)
+    clock.times[:] = end[-1]
     contributed = np.zeros((n, p), bool)
+    np.put_along_axis(contributed, who, True, axis=1)
     staleness = np.zeros((n, p), np.int32)
+    np.put_along_axis(staleness, who, stale.astype(np.int32), axis=1)
     idle = np.zeros((n, p))
-    end, mean_staleness, max_staleness = np.zeros(n), np.zeros(n), np.zeros(n)
-    for t in range(n):
-      chosen, stale, arrival, end[t] = self._update(clock, state, k, up)
-      contributed[t, chosen] = True
-      staleness[t, chosen] = stale
-      idle[t, chosen] = end[t] - arrival
-      mean_staleness[t] = stale.sum() / k
-      max_staleness[t] = stale.max()
-    contributions = contributed.astype(np.int32)
+    np.put_along_axis(idle, who, end[:, None] - np.asarray(arrival).reshape(n, k), axis=1)
     return rules.Steps(
-        schedule=ps.ServerSchedule(
-            microbatches_done=contributions * np.int32(m), contributions=contributions, staleness=staleness,
-            refresh_view=contributed, fetch_current=np.zeros((n, p), bool), k=np.full(n, k, np.int32)),
-        idle=idle, bytes_communicated=np.full(n, 2.0 * k * clock.model_bytes), mean_staleness=mean_staleness,
-        end_time=end, measurements={'k': np.full(n, float(k)), 'max_staleness': max_staleness})
+        schedule=ps.schedule(p, np.full(n, k), m, contributed, staleness=staleness, refresh_view=contributed),
+        idle=idle, bytes_communicated=np.full(n, 2.0 * k * clock.model_bytes), mean_staleness=stale.sum(axis=1) / k,
+        end_time=end, measurements={'k': np.full(n, float(k)), 'max_staleness': stale.max(axis=1).astype(np.float64)})
 
 
 def validate(config) -> None:

@@ -3,10 +3,19 @@
 Update rule (update t): all learners start from W_t; a learner that finishes a mini-batch pushes it and starts
 another at W_t; with B_t the first K mini-batch gradients,
     W_{t+1} = W_t + U((1/K) sum_{b in B_t} g_b(W_t)).
-This is Rennala SGD (Tyurin & Richtarik 2023) with batch K. Time per update with X ~ Exp(mu), ideal network:
-K / (P mu). A learner's c_i gradients are computed on consecutive mini-batches of its stream.
+Time per update with X ~ Exp(mu), ideal network: K / (P mu). A learner's c_i gradients are computed on
+consecutive mini-batches of its stream.
 
-Reference: Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018.
+Rennala SGD (Tyurin & Richtarik, NeurIPS 2023) with batch B is this update with K = B: B gradients computed at
+the current point from any workers, then one step. The time rules differ in one place: Rennala lets a worker
+that is mid-computation at an update finish its gradient at the old point, discards it on arrival and sends
+the worker to the new point; K-batch-sync cancels that work at the update and every learner restarts at once
+(Rennala with calculation stops: the same updates, never later). Rennala event by event is `kbatch_async`
+with k=B, max_delay=1 (tests/algorithms/test_ps_simulator.py: RennalaTest).
+
+References: Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018; Tyurin, Richtarik,
+"Optimal Time Complexities of Parallel Stochastic Optimization Methods Under a Fixed Computation Model",
+NeurIPS 2023.
 """
 
 from __future__ import annotations
@@ -59,6 +68,72 @@ class KBatchSync(ps.KRule):
         schedule=ps.schedule(p, k, m, counts), idle=np.zeros(p),
         bytes_communicated=float(k + p) * clock.model_bytes, staleness=np.zeros(p),
         measurements={'k': k, 'max_staleness': 0.0})
+
+  vectorized = True
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+    """n calls of `iterate`, the K events of every update replayed for the whole block at once with numpy.
+
+    Update t draws P first jobs, then one job per event, whoever runs it: with an i.i.d. model the draws are
+    taken ahead. Which learner finishes when depends on the absolute times fl(S_t + ...), so S_t must be
+    exact: predict the events with S = 0, scan the exact S_t along the predicted chain of the K-th event,
+    replay the block at those S_t and keep it up to the first update whose events differ (a rounding tie;
+    that update was replayed at its exact S_t), then repeat from there. Trace, delays, failures: `iterate`.
+    """
+    del iteration
+    if not ps.Draws.supported(clock):
+      return ps.loop_block(self, clock, n)
+    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    up2 = 2 * clock.network.p2p(clock.model_bytes)
+    draws = ps.Draws(clock, m, 0)
+    z = draws.bulk(n * (p + k)).reshape(n, p + k, m)
+    first = ps.job_seconds(z[:, :p], draws.factors)  # (n, P)
+
+    def replay(start, lo):
+      """(events (n', K) learner ids, event job seconds (n', K), K-th finish (n',)) from update lo."""
+      finish = start[:, None] + first[lo:]
+      rows = np.arange(len(start))
+      events, seconds, last = np.empty((len(start), k), np.int64), np.empty((len(start), k)), None
+      for j in range(k):
+        i = np.argmin(finish, axis=1)  # ties: lowest learner id, as np.argmin in `iterate`
+        last = finish[rows, i]
+        f = None if draws.factors is None else np.asarray(draws.factors)[i]
+        seconds[:, j] = ps.job_seconds(z[lo:, p + j], f)
+        events[:, j] = i
+        finish[rows, i] = last + seconds[:, j]
+      return events, seconds, last
+
+    events, seconds, _ = replay(np.zeros(n), 0)
+    last, lo, s = np.empty(n), 0, float(clock.times.max())
+    while lo < n:
+      # Exact S_t along the predicted events: the K-th event's learner's chain of jobs.
+      kth = events[lo:, -1]
+      own = events[lo:, :-1] == kth[:, None]
+      base = first[np.arange(lo, n), kth].tolist()
+      chains = {t: seconds[lo + t, :-1][own[t]].tolist() for t in np.flatnonzero(own.any(axis=1)).tolist()}
+      start = np.empty(n - lo)
+      for t in range(n - lo):
+        start[t] = s
+        v = s + base[t]
+        for x in chains.get(t, ()):
+          v = v + x
+        s = v + up2
+      got, got_seconds, got_last = replay(start, lo)
+      bad = np.flatnonzero(np.any(got != events[lo:], axis=1))
+      events[lo:], seconds[lo:], last[lo:] = got, got_seconds, got_last
+      if not bad.size:
+        break
+      lo += int(bad[0]) + 1
+      s = float(last[lo - 1]) + up2
+    counts = np.zeros((n, p), np.int32)
+    np.add.at(counts, (np.repeat(np.arange(n), k), events.reshape(-1)), 1)
+    ps.count_jobs(clock, n + counts.sum(axis=0), m)
+    end = last + up2
+    clock.times[:] = end[-1]
+    return rules.Steps(
+        schedule=ps.schedule(p, np.full(n, k), m, counts), idle=np.zeros((n, p)),
+        bytes_communicated=np.full(n, float(k + p) * clock.model_bytes), mean_staleness=np.zeros(n),
+        end_time=end, measurements={'k': np.full(n, float(k)), 'max_staleness': np.zeros(n)})
 
 
 SPEC = ps.make_spec('kbatch_sync', {'k': 4},

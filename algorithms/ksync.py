@@ -55,6 +55,48 @@ class KSync(ps.KRule):
         bytes_communicated=float(k + p) * clock.model_bytes, staleness=np.zeros(p),
         measurements={'k': k, 'max_staleness': 0.0})
 
+  vectorized = True
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+    """n calls of `iterate` with numpy over the block (any compute model, delays; failures: `iterate`).
+
+    Every learner starts update t at S_t, so the draws are known ahead. Rounding is monotone, so the K-th
+    smallest arrival fl(fl(S_t + J_i) + up) is that of the K-th smallest job time J_(K): the start times
+    S_{t+1} = fl(fl(fl(S_t + J_(K)) + up) + up) are a cheap scan, and the rest is whole-block numpy.
+    """
+    del iteration
+    if clock.failure is not None:
+      return ps.loop_block(self, clock, n)
+    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    up = clock.network.p2p(clock.model_bytes)
+    workers = np.broadcast_to(np.arange(p)[None, :, None], (n, p, m))
+    units = clock.units[None, :, None] + m * np.arange(n)[:, None, None] + np.arange(m)[None, None, :]
+    rng = clock._rng  # pylint: disable=protected-access  # the clock's generator: the same draws as `iterate`
+    seconds = np.array(clock.compute.sample(rng, workers, units), np.float64).reshape(n, p, m)
+    if clock.delay is not None:
+      seconds[:, :, 0] += clock.delay.delays(workers[:, :, 0], clock.jobs[None, :] + np.arange(n)[:, None])
+    job = np.cumsum(seconds, axis=2)[:, :, -1]
+    kth = np.partition(job, k - 1, axis=1)[:, k - 1].tolist()
+    start, update, s = [], [], float(clock.times.max())
+    for x in kth:
+      start.append(s)
+      u = (s + x) + up
+      update.append(u)
+      s = u + up
+    update = np.asarray(update)
+    arrival = (np.asarray(start)[:, None] + job) + up
+    # The first K by (arrival, worker id), as the stable argsort: all below the K-th arrival, then the lowest ids
+    # among those equal to it.
+    below, tied = arrival < update[:, None], arrival == update[:, None]
+    contributed = below | (tied & (np.cumsum(tied, axis=1) <= k - below.sum(axis=1, keepdims=True)))
+    ps.count_jobs(clock, np.full(p, n), m)
+    clock.times[:] = update[-1] + up
+    return rules.Steps(
+        schedule=ps.schedule(p, np.full(n, k), m, contributed),
+        idle=np.where(contributed, update[:, None] - arrival, 0.0),
+        bytes_communicated=np.full(n, float(k + p) * clock.model_bytes), mean_staleness=np.zeros(n),
+        end_time=update + up, measurements={'k': np.full(n, float(k)), 'max_staleness': np.zeros(n)})
+
 
 SPEC = ps.make_spec('ksync', {'k': 4}, lambda config: KSync(k=config.algorithm.k, microbatches=config.microbatches),
                     ps.validate_k, ps.one_job, several_jobs=False)

@@ -23,7 +23,10 @@ what it pushed, so a learner still computing recomputes the same gradient on the
 next iteration, and cancelled work (K-sync, K-batch-sync) consumes no samples.
 
 A K-batch learner can push several mini-batch gradients in one update: its first is computed on its view, the
-later ones on W_t (it fetched W_t after its first push). The spec's `gradient_params` hook tells the step where to
+later ones on W_t (it fetched W_t after its first push). Ringmaster (`max_delay` on `async` / `kbatch_async`):
+a learner whose gradient was discarded (`discarded`) fetched W_t first, so all of its gradients in that update
+are computed on W_t, and without a push its view becomes W_t; the discarded gradient is never applied and its
+micro-batches are not consumed (`microbatches_done` counts pushed gradients only). The spec's `gradient_params` hook tells the step where to
 differentiate each micro-batch (`gradient_params` below): micro-batches of the first job at the view, later
 ones at the server copy W_t.
 
@@ -48,6 +51,7 @@ import optax
 import config_errors as errors
 from algorithms import collectives
 from algorithms import spec
+from cluster import compute as compute_lib
 from cluster import rules
 
 if TYPE_CHECKING:
@@ -66,6 +70,9 @@ class ServerSchedule(NamedTuple):
   fetch_current: np.ndarray      # bool (P,), afterwards learner i's view is W_t, the model before this update
   #                                (K-batch-async: its last push was not the K-th). Neither flag: view unchanged.
   k: np.ndarray                  # int32 (), the K of this update (W - eta/K * sum of the K gradients)
+  discarded: np.ndarray          # bool (P,), learner i's in-flight gradient was discarded (its delay reached
+  #                                `max_delay`, Ringmaster) and it fetched W_t: any gradient it pushes in this
+  #                                update was computed at W_t; with no push, its view becomes W_t (fetch_current)
   UNIFORM = ('k',)
 
 
@@ -83,6 +90,7 @@ def gradient_params(params, opt_state: ParameterServerState, schedule: ServerSch
   """
   jobs = jnp.maximum(schedule.contributions, 1)
   later = microbatch * jobs >= schedule.microbatches_done  # microbatch >= m = done / contributions
+  later = later | schedule.discarded  # restarted on W_t after a discarded gradient (Ringmaster)
   return jax.tree.map(lambda view, w: jnp.where(later, w, view), params, opt_state.server)
 
 
@@ -152,7 +160,10 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     done = (jnp.ones((), dtype) if schedule is None else schedule.microbatches_done.astype(dtype))
     weight = done
     if adaptive:
-      weight = weight * staleness_factor(server, params, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
+      view = params  # where the learner's first gradient was computed: W_t after a discard (Ringmaster)
+      if schedule is not None:
+        view = jax.tree.map(lambda w, v: jnp.where(schedule.discarded, w, v), server, params)
+      weight = weight * staleness_factor(server, view, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
     total, count = collectives.worker_sum((jax.tree.map(lambda g: weight * g, grads), done), axis_name)
     g = jax.tree.map(lambda s: s / jnp.maximum(count, 1).astype(s.dtype), total)
     updates, inner_state = inner.update(g, state.inner, server)
@@ -177,15 +188,17 @@ def server_model(params, opt_state):
 # ---- shared by the variants' time rules ----
 
 def schedule(p: int, k: int, m: int, contributions: np.ndarray, staleness=None, refresh_view=None,
-             fetch_current=None) -> ServerSchedule:
-  """A ServerSchedule; defaults: no staleness, every learner fetches the new model (the synchronous rules)."""
+             fetch_current=None, discarded=None) -> ServerSchedule:
+  """A ServerSchedule (one update, or n stacked when `k` is an (n,) array); defaults: no staleness, nothing
+  discarded, every learner fetches the new model (the synchronous rules)."""
   contributions = np.asarray(contributions, np.int32)
+  shape = contributions.shape
   return ServerSchedule(
       microbatches_done=contributions * np.int32(m), contributions=contributions,
-      staleness=np.zeros(p, np.int32) if staleness is None else np.asarray(staleness, np.int32),
-      refresh_view=np.ones(p, bool) if refresh_view is None else np.asarray(refresh_view, bool),
-      fetch_current=np.zeros(p, bool) if fetch_current is None else np.asarray(fetch_current, bool),
-      k=np.int32(k))
+      staleness=np.zeros(shape, np.int32) if staleness is None else np.asarray(staleness, np.int32),
+      refresh_view=np.ones(shape, bool) if refresh_view is None else np.asarray(refresh_view, bool),
+      fetch_current=np.zeros(shape, bool) if fetch_current is None else np.asarray(fetch_current, bool),
+      k=np.asarray(k, np.int32), discarded=np.zeros(shape, bool) if discarded is None else np.asarray(discarded, bool))
 
 
 def current_k(rule, clock: 'Clock') -> int:
@@ -221,6 +234,137 @@ def init_learners(clock: 'Clock', m: int) -> dict[str, Any]:
     state['view'] = np.zeros(clock.workers, np.int64)  # server version each in-flight job computes on
     state['version'] = 0                                # server updates so far
   return state
+
+
+# ---- the vectorised simulator path (`iterate_block`) shared by the variants ----
+#
+# Each variant keeps its event loop in `iterate` (one update at a time; AdaSync drives it, and it is the float
+# reference of `iterate_block` in tests/algorithms/test_ps_simulator.py). `iterate_block` gives the same
+# schedules, times and random draws for a block of n updates: the compute times are drawn in bulk from the
+# clock's generator (a generator hands out the same stream whether asked for one number at a time or many) and
+# the events are replayed on plain floats (a heap) or, where the order of events within an update does not
+# depend on the previous update, on whole blocks with numpy. Where the draws cannot be taken ahead (a trace,
+# transient delays, failures: they depend on each worker's job count or on time), `loop_block` runs `iterate`.
+
+_IID_MODELS = (compute_lib.Constant, compute_lib.Exponential, compute_lib.ShiftedExponential, compute_lib.Pareto,
+               compute_lib.Lognormal)
+
+
+class Draws:
+  """Micro-batch compute times drawn ahead from the clock's generator, handed out one job at a time.
+
+  Only for models whose draws do not depend on the worker or its position (an i.i.d. distribution, optionally
+  times a fixed per-worker factor) and without transient delays or failures: `Draws.supported(clock)`. A job
+  of worker w takes the sum (`np.cumsum` order) of its m micro-batch times z * factor[w], as `Clock.work`.
+  Event loops read `rows` in order (`more()` when they run out; `seconds(row, w)` when `factors` is set,
+  else a row is already a job's seconds) and set `used`; `close()` puts back what was drawn and not used, so
+  the generator ends exactly where the event loop's would.
+  """
+
+  def __init__(self, clock: 'Clock', m: int, chunk: int = 0):
+    compute = clock.compute
+    self.factors = None
+    if isinstance(compute, compute_lib.SlowWorkers):
+      compute, self.factors = compute.base, np.asarray(compute.factors, np.float64).tolist()
+    self._model, self._m, self._chunk = compute, m, max(int(chunk), 16)
+    self._rng = clock._rng  # pylint: disable=protected-access  # the clock's only source of randomness
+    self._saved = self._rng.bit_generator.state
+    self.rows: list = []
+    self.used = 0
+
+  @staticmethod
+  def supported(clock: 'Clock') -> bool:
+    compute = clock.compute
+    if isinstance(compute, compute_lib.SlowWorkers):
+      compute = compute.base
+    return type(compute) in _IID_MODELS and clock.delay is None and clock.failure is None
+
+  def bulk(self, jobs: int) -> np.ndarray:
+    """float64 (jobs, m) of base times z, drawn now (for rules that use every draw: no `close`)."""
+    shape = (jobs, self._m)
+    zeros = np.zeros(shape, np.int64)
+    return np.asarray(self._model.sample(self._rng, zeros, zeros), np.float64).reshape(shape)
+
+  def more(self) -> None:
+    z = self.bulk(self._chunk)
+    if self.factors is None:  # no per-worker factor: whole jobs now
+      self.rows.extend(job_seconds(z, None).tolist())
+    else:
+      self.rows.extend(z[:, 0].tolist() if self._m == 1 else z.tolist())
+
+  def seconds(self, row, worker: int) -> float:
+    """Seconds of a job of `worker` from its row (with `factors`)."""
+    f = self.factors[worker]
+    if self._m == 1:
+      return row * f
+    total = row[0] * f
+    for x in row[1:]:
+      total = total + x * f
+    return total
+
+  def close(self) -> None:
+    """Rewinds the generator and redraws exactly the jobs used (the same stream, nothing more)."""
+    if self.used < len(self.rows):
+      self._rng.bit_generator.state = self._saved
+      if self.used:
+        self.bulk(self.used)
+
+
+def job_seconds(z: np.ndarray, factors) -> np.ndarray:
+  """Seconds of jobs from base draws z (..., m) and the factors of their workers (broadcast to z[..., 0])."""
+  if factors is not None:
+    z = z * np.asarray(factors, np.float64)[..., None]
+  return np.cumsum(z, axis=-1)[..., -1]
+
+
+def count_jobs(clock: 'Clock', jobs: np.ndarray, m: int) -> None:
+  """Advances the clock's unit and job counters by `jobs` (P,) jobs of m micro-batches per worker."""
+  jobs = np.asarray(jobs, np.int64)
+  clock.units += jobs * m
+  clock.jobs += jobs
+
+
+def snapshot(clock: 'Clock') -> dict[str, Any]:
+  """What a block changes in the clock (times, counters, generator, rule state), to `restore` it."""
+  return {'times': clock.times.copy(), 'units': clock.units.copy(), 'jobs': clock.jobs.copy(),
+          'rng': clock._rng.bit_generator.state,  # pylint: disable=protected-access
+          'rule_state': {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in clock.rule_state.items()}}
+
+
+def restore(clock: 'Clock', snap: dict[str, Any]) -> None:
+  clock.times, clock.units, clock.jobs = snap['times'].copy(), snap['units'].copy(), snap['jobs'].copy()
+  clock._rng.bit_generator.state = snap['rng']  # pylint: disable=protected-access
+  clock.rule_state.clear()  # in place: callers hold the dict
+  clock.rule_state.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in snap['rule_state'].items()})
+
+
+def concat_steps(parts: list[rules.Steps]) -> rules.Steps:
+  if len(parts) == 1:
+    return parts[0]
+  cat = lambda values: np.concatenate(values, axis=0)  # pylint: disable=unnecessary-lambda-assignment
+  return rules.Steps(
+      schedule=type(parts[0].schedule)(*(cat(v) for v in zip(*(p.schedule for p in parts)))),
+      idle=cat([p.idle for p in parts]), bytes_communicated=cat([p.bytes_communicated for p in parts]),
+      mean_staleness=cat([p.mean_staleness for p in parts]), end_time=cat([p.end_time for p in parts]),
+      measurements={key: cat([p.measurements[key] for p in parts]) for key in parts[0].measurements})
+
+
+def loop_block(rule, clock: 'Clock', n: int) -> rules.Steps:
+  """n calls of `rule.iterate` as a `Steps` (the fallback of `iterate_block`); stops at a stalled update."""
+  its, ends = [], []
+  for _ in range(n):
+    it = rule.iterate(clock, clock.iteration + len(its))
+    its.append(it)
+    ends.append(float(clock.times.max()))
+    if not np.isfinite(ends[-1]):
+      break
+  return rules.Steps(
+      schedule=rules.base.stack([it.schedule for it in its]), idle=np.stack([it.idle for it in its]),
+      bytes_communicated=np.array([it.bytes_communicated for it in its], np.float64),
+      mean_staleness=np.array([it.staleness.mean() if it.mean_staleness is None else it.mean_staleness
+                               for it in its], np.float64),
+      end_time=np.array(ends), measurements={key: np.array([it.measurements[key] for it in its], np.float64)
+                                             for key in rule.reports})
 
 
 # ---- config -> transformation, validation, spec ----

@@ -96,6 +96,9 @@ def replay(test, traj, config, variant, block):
       pushes = s.contributions
       test.assertEqual(pushes.sum(), k)
     np.testing.assert_array_equal(s.microbatches_done, pushes * m)
+    for i in np.flatnonzero(s.discarded):  # Ringmaster: a discarded learner restarts on the current W_t
+      test.assertEqual(variant, 'kbatch_async')
+      server.fetch(i)
     etas = {}
     for i in np.flatnonzero(pushes):
       view = server.views[i]
@@ -148,15 +151,23 @@ class ParameterServerTest(parameterized.TestCase):
       ('kasync_adaptive_lr', 'kasync,k=1,adaptive_lr_c=1e-4,eta_max=0.08', 'kasync', {}),
       ('kbatch_async', 'kbatch_async,k=3', 'kbatch_async', {'microbatches': 2}),
       ('async', 'async', 'kbatch_async', {}),
-      ('async_adaptive_lr', 'async,adaptive_lr_c=1e-4', 'kbatch_async', {}))
+      ('async_adaptive_lr', 'async,adaptive_lr_c=1e-4', 'kbatch_async', {}),
+      ('ringmaster', 'ringmaster,max_delay=2', 'kbatch_async', {}),
+      ('ringmaster_adaptive_lr_microbatches', 'async,max_delay=2,adaptive_lr_c=1e-4', 'kbatch_async',
+       {'microbatches': 2}),
+      ('kbatch_async_max_delay', 'kbatch_async,k=3,max_delay=2', 'kbatch_async', {'optimizer.momentum': 0.9}),
+      ('rennala_without_stops', 'kbatch_async,k=3,max_delay=1', 'kbatch_async', {}))
   def test_matches_sequential_parameter_server(self, arg, variant, overrides):
     with jax.enable_x64(True):
       config = _f64(arg, **overrides)
       traj = harness.run_iterations(config, 14, block=2)
     replay(self, traj, config, variant, block=2)
-    if variant in ('kasync', 'kbatch_async'):
+    if config.algorithm.get('max_delay', 0):
+      self.assertTrue(any(s.discarded.any() for s in traj.schedules), 'nothing discarded')
+      self.assertLess(_staleness(traj), config.algorithm.max_delay)
+    if variant in ('kasync', 'kbatch_async') and config.algorithm.get('max_delay', 0) != 1:
       self.assertGreater(_staleness(traj), 0, 'no stale gradient: the test would not exercise views')
-    if variant == 'kbatch_async' and config.algorithm.get('k', 1) > 1:
+    if variant == 'kbatch_async' and config.algorithm.get('k', 1) > 1 and config.algorithm.max_delay != 1:
       several = [(s.contributions > 1) & (s.staleness > 0) for s in traj.schedules]
       self.assertTrue(np.any(several), 'no stale learner pushed twice in one update')
 
@@ -185,6 +196,23 @@ class ParameterServerTest(parameterized.TestCase):
     for a, b in zip(kbatch.params, plain.params):
       jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
     self.assertGreater(_staleness(plain), 0)
+
+  def test_ringmaster_without_a_threshold_is_async(self):
+    with jax.enable_x64(True):
+      ringmaster = harness.run_iterations(_f64('ringmaster,max_delay=1000'), 10, block=5)
+      plain = harness.run_iterations(_f64('async'), 10, block=5)
+    for a, b in zip(ringmaster.params, plain.params):
+      jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
+    self.assertGreater(_staleness(plain), 1)
+
+  def test_ringmaster_learner_discarded_then_pushing_in_the_same_update(self):
+    # The case the `discarded` flag exists for: its gradient is computed at W_t, not at its old view.
+    with jax.enable_x64(True):
+      config = _f64('kbatch_async,k=3,max_delay=1', workers=8, devices=4, microbatches=2)
+      traj = harness.run_iterations(config, 12, block=3)
+    both = [np.any(s.discarded & (s.contributions > 0)) for s in traj.schedules]
+    self.assertTrue(np.any(both), 'no learner was discarded and pushed in one update')
+    replay(self, traj, config, 'kbatch_async', block=3)
 
   def test_workers_on_fewer_devices_give_the_same_trajectory(self):
     with jax.enable_x64(True):
@@ -253,6 +281,9 @@ class ValidationTest(parameterized.TestCase):
       ('adasync_base', 'adasync,base=sync', "algorithm.base='sync' .*ksync"),
       ('adasync_adaptive_lr_sync_base', 'adasync,adaptive_lr_c=0.1', 'algorithm.adaptive_lr_c=0.1 .*stale'),
       ('adaptive_lr_negative', 'async,adaptive_lr_c=-1.0', 'algorithm.adaptive_lr_c=-1.0'),
+      ('max_delay_negative', 'ringmaster,max_delay=-1', 'algorithm.max_delay=-1 .*integer >= 0'),
+      ('max_delay_float', 'kbatch_async,max_delay=1.5', "max_delay='1.5' .*must be of type int"),
+      ('max_delay_on_kasync', 'kasync,max_delay=2', 'unknown key'),
       ('unknown_field', 'ksync,adaptive_lr_c=1.0', 'unknown key'))
   def test_rejects(self, arg, message):
     with self.assertRaisesRegex(errors.ConfigError, message):
@@ -266,7 +297,7 @@ class ValidationTest(parameterized.TestCase):
       validation.validate(config)
 
   def test_defaults_are_valid(self):
-    for name in ('ksync', 'kbatch_sync', 'kasync', 'kbatch_async', 'async', 'adasync'):
+    for name in ('ksync', 'kbatch_sync', 'kasync', 'kbatch_async', 'async', 'ringmaster', 'adasync'):
       validation.validate(harness.synthetic_config(name))
       validation.validate(common.apply_arg(harness.synthetic_config(), f'{name}'))
 
