@@ -48,6 +48,10 @@ def check_writable(workdir: str, checkpoint_bytes: float = 0.0) -> None:
                           f'about {needed / 1e6:.1f} MB: free some space or use another --workdir')
 
 
+# One program copies the whole state (per-leaf `jnp.copy` compiles one program per leaf shape).
+_copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
 class Checkpointer:
 
   def __init__(self, directory: str, max_to_keep: int = 2):
@@ -61,7 +65,7 @@ class Checkpointer:
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     # The training step donates its state: the next call may reuse these buffers while the asynchronous save
     # is still reading them (on CPU the "host copy" can alias the device buffer). Save a private copy.
-    state = jax.tree.map(jnp.copy, state)
+    state = _copy_tree(state)
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 

@@ -2,6 +2,13 @@
 
 Only process 0 writes. On resume the log is cut back to the restored step, so the file of a resumed run has
 exactly the rows of an uninterrupted one.
+
+The event files are written here, without TensorFlow: tensorboard's own `EventFileWriter` imports TensorFlow on
+first use (4-12 s of a short run), and tensorboardX imports torch, comet_ml and PIL whenever they are
+installed. An event file is a sequence of TFRecords, each
+`uint64 length | uint32 masked_crc32c(length) | Event proto | uint32 masked_crc32c(proto)` (little-endian),
+the first Event declaring `file_version='brain.Event:2'`; the Event and Summary messages are tensorboard's
+(`tensorboard.compat.proto`, plain protobuf). Rows are written and flushed as they come.
 """
 
 from __future__ import annotations
@@ -9,14 +16,84 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import struct
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_DIR = 'tensorboard'
+
+
+def _crc32c_table() -> tuple[int, ...]:
+  table = []
+  for byte in range(256):
+    crc = byte
+    for _ in range(8):
+      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)  # Castagnoli polynomial, reflected
+    table.append(crc)
+  return tuple(table)
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+  crc = 0xFFFFFFFF
+  for byte in data:
+    crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+  """TFRecord's checksum: crc32c rotated right by 15 bits plus a constant."""
+  crc = crc32c(data)
+  return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _record(data: bytes) -> bytes:
+  header = struct.pack('<Q', len(data))
+  return header + struct.pack('<I', masked_crc32c(header)) + data + struct.pack('<I', masked_crc32c(data))
+
+
+def read_records(path: str) -> Iterator[bytes]:
+  """The payloads of a TFRecord file, checksums verified; stops at a record cut short by a kill."""
+  with open(path, 'rb') as f:
+    while True:
+      header = f.read(12)
+      if len(header) < 12:
+        return
+      (length,), (header_crc,) = struct.unpack('<Q', header[:8]), struct.unpack('<I', header[8:])
+      if header_crc != masked_crc32c(header[:8]):
+        raise ValueError(f'{path}: corrupt record header')
+      data, footer = f.read(length), f.read(4)
+      if len(data) < length or len(footer) < 4:
+        return
+      if struct.unpack('<I', footer)[0] != masked_crc32c(data):
+        raise ValueError(f'{path}: corrupt record')
+      yield data
+
+
+class EventFileWriter:
+  """Appends TensorBoard `Event`s to a new `events.out.tfevents.*` file in `logdir` (what TensorBoard reads)."""
+
+  def __init__(self, logdir: str):
+    os.makedirs(logdir, exist_ok=True)
+    seconds, nanoseconds = divmod(time.time_ns(), 10**9)  # names sort by creation time: TensorBoard's read order
+    self.path = os.path.join(logdir, f'events.out.tfevents.{seconds:010d}.{socket.gethostname()}.'
+                                     f'{nanoseconds:09d}.{os.getpid()}')
+    self._file = open(self.path, 'wb')
+    self.add_event(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+
+  def add_event(self, event: event_pb2.Event) -> None:
+    self._file.write(_record(event.SerializeToString()))
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
 
 
 def read_rows(workdir: str) -> list[dict[str, Any]]:
@@ -56,7 +133,10 @@ class MetricsWriter:
         f.write(json.dumps(row) + '\n')
     os.replace(path + '.tmp', path)
     self._file = open(path, 'a')
-    self._events = EventFileWriter(os.path.join(workdir, 'tensorboard'))
+    self._events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR))
+    if keep_through_step is not None:  # TensorBoard drops the earlier files' events from this step on
+      self._events.add_event(event_pb2.Event(wall_time=time.time(), step=keep_through_step + 1,
+                                             session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
   def write(self, row: dict[str, Any]) -> None:
     if not self._enabled:

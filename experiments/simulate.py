@@ -30,7 +30,11 @@ from algorithms import registry
 from cluster import clock as clock_lib
 from cluster import factory as cluster_factory
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (path:ARG).')
+if 'config' in flags.FLAGS:  # experiments.main imported first in the same process, as in the tests
+  _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
+else:
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (path:ARG).',
+                                            lock_config=True)
 _ITERATIONS = flags.DEFINE_integer('iterations', None, 'Iterations to simulate (default: config.num_steps).')
 _MODEL_BYTES = flags.DEFINE_float('model_bytes', None,
                                   'Bytes of one model copy; default: counted from the config\'s model.')
