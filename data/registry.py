@@ -6,11 +6,13 @@ import config_errors as errors
 from data import cifar
 from data import digits
 from data import imagenet
+from data import mnist1d
 from data import synthetic
 from data import wmt
 
 BUILDERS = {
     'digits': digits.make_dataset,
+    'mnist1d': mnist1d.make_dataset,
     'synthetic': synthetic.make_dataset,
     'cifar10': cifar.make_dataset,
     'cifar100': cifar.make_dataset,

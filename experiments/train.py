@@ -36,6 +36,7 @@ from experiments import step as step_lib
 from experiments import tasks
 from experiments import validation
 from experiments import workers as workers_lib
+from experiments.configs import common as config_common
 from models import registry as model_registry
 
 # Fields that may differ when a run is resumed: they do not change the trajectory.
@@ -115,11 +116,22 @@ class Run:
 
 
 def build(config: ml_collections.ConfigDict) -> Run:
-  """Validates the config and builds the pieces of a run."""
+  """Validates the config and builds the pieces of a run.
+
+  A config with `num_epochs` is resolved here, once: `run.config` is a copy with
+  num_steps = ceil(num_epochs x train_size / (workers x batch_size)) (`common.steps_for_epochs`; the global
+  batch is workers x per-worker batch) and num_epochs None. Otherwise `run.config` is `config` itself.
+  """
   validation.validate(config)
-  spec = registry.get(config.algorithm.name)
   layout = workers_lib.WorkerLayout.create(config.workers, config.devices)
   dataset = data_registry.make_dataset(config)
+  if config.get('num_epochs') is not None:
+    epochs = config.num_epochs
+    config = config_common.resolve_num_steps(config, dataset.train_size)
+    validation.validate(config)  # checks that depend on the number of steps
+    log.info('num_epochs=%g: %d steps (%d training examples, global batch %d x %d)', epochs, config.num_steps,
+             dataset.train_size, config.workers, config.batch_size)
+  spec = registry.get(config.algorithm.name)
   model = model_registry.make_model(config.model, dataset.num_classes)
   inner = optimizers.make_optimizer(config.optimizer, config.num_steps)
   tx = spec.build(config, inner, layout.axis_name)
@@ -260,14 +272,16 @@ def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workd
 def make_evaluator(run: Run):
   """Returns evaluate(state) -> {'eval_loss', 'eval_accuracy', 'param_norm', and the task's extra metrics} of
   the algorithm's consensus model."""
-  consensus = jax.jit(lambda state: (
-      run.spec.consensus(state.params, state.opt_state),
-      jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype), state.model_state)),
-      out_shardings=run.layout.replicated())
+  def consensus_and_norm(state):
+    params = run.spec.consensus(state.params, state.opt_state)
+    model_state = jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype), state.model_state)
+    return params, model_state, step_lib.tree_l2(params)  # the norm here: no op-by-op compiles on the host
+
+  consensus = jax.jit(consensus_and_norm, out_shardings=run.layout.replicated())
   sums = jax.jit(lambda params, model_state, batch: run.task.eval_sums(run.model, params, model_state, batch))
 
   def evaluate(state):
-    params, model_state = consensus(state)
+    params, model_state, param_norm = consensus(state)
     total = {'loss_sum': 0.0, 'correct': 0.0, 'count': 0.0}
     for batch in run.dataset.eval_batches(run.config.eval_batch_size):
       batch = jax.device_put(batch, run.layout.replicated())
@@ -275,7 +289,7 @@ def make_evaluator(run: Run):
         total[k] += float(v)
     count = max(total['count'], 1.0)
     metrics = {'eval_loss': total['loss_sum'] / count, 'eval_accuracy': total['correct'] / count,
-               'param_norm': float(step_lib.tree_l2(to_host(params)))}
+               'param_norm': float(to_host(param_norm))}
     if run.task.extra_eval is not None:
       place = lambda x: jax.device_put(x, run.layout.replicated())
       metrics.update(run.task.extra_eval(run.model, params, run.dataset, run.config, place))
@@ -348,6 +362,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     with open(path + '.tmp', 'w') as f:  # atomic: other processes may be reading it in _check_workdir
       f.write(config.to_json_best_effort(indent=2))
     os.replace(path + '.tmp', path)
+  config = run.config  # num_steps resolved (config.json keeps the duration as given)
 
   state = init_state(run)
   num_params, model_bytes = param_count_and_bytes(state.params)

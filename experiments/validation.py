@@ -11,6 +11,7 @@ from algorithms import optimizers
 from algorithms import registry
 from cluster import factory as cluster_factory
 from data import registry as data_registry
+from experiments.configs import common
 from models import registry as model_registry
 
 _POSITIVE_INT = ('an integer >= 1', lambda v: _is_int(v) and v >= 1)
@@ -64,9 +65,10 @@ def _check_section(section: ml_collections.ConfigDict, prefix: str, rules) -> No
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises errors.ConfigError naming the first bad field, its value and what is allowed."""
   spec = registry.get(config.algorithm.name)
-  for field in ('workers', 'devices', 'batch_size', 'microbatches', 'num_steps', 'eval_every', 'log_every',
+  for field in ('workers', 'devices', 'batch_size', 'microbatches', 'eval_every', 'log_every',
                 'checkpoint_every', 'steps_per_call', 'eval_batch_size'):
     errors.require_int(config[field], field, 1)
+  common.validate_duration(config)  # exactly one of num_steps / num_epochs
   errors.require_int(config.seed, 'seed', 0)
   errors.require_number(config.target_accuracy, 'target_accuracy', 'must be a number in (0, 1]',
                         lambda v: 0 < v <= 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 import config_errors as errors
+from models import cnn1d
 from models import mlp
 from models import resnet
 from models import transformer
@@ -26,6 +27,7 @@ def _mlp(config, num_outputs):
 
 BUILDERS = {
     'mlp': _mlp,
+    'cnn1d': cnn1d.build,
     'resnet20': resnet.build,
     'resnet56': resnet.build,
     'resnet18': resnet.build,

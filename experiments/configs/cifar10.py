@@ -8,35 +8,39 @@ or leave it None for $TFDS_DATA_DIR / ~/tensorflow_datasets). Every registered a
   # one GPU: all 8 workers on it
   python -m experiments.main --config=experiments/configs/cifar10.py:sync,devices=1 --workdir=...
 
-Defaults: 8 workers x 32 images (global 256), 200 epochs = 39,062 iterations, SGD, Nesterov momentum 0.9,
+Defaults: 8 workers x 32 images (global 256), `num_epochs` = 200 (39,063 iterations), SGD, Nesterov 0.9,
 weight decay 5e-4, learning rate 0.1 (global batch 256, Goyal et al. scaling) with 5 warm-up epochs then cosine;
 pad-4 random crop + flip; every micro-batch takes 10 ms of simulated time (no stragglers, ideal network).
-Iterations for E epochs: E * 50,000 / (workers * batch_size): set `num_steps` (and `optimizer.warmup_steps`,
-`eval_every`) again when changing workers or batch_size.
+The run converts epochs to iterations, ceil(E * 50,000 / (workers * batch_size)) (experiments/configs/common.py);
+`optimizer.warmup_steps`, `eval_every` and `checkpoint_every` are iterations: set them again when changing
+workers or batch_size. `num_steps=N` in the config argument runs N iterations instead.
 
 Headline runs of the papers (see shared/ALGORITHMS.md; field names of each algorithm are in its registry
 defaults):
 - LAP-SGD (Chatterjee, Kungurtsev, Alistarh), author's scripts: ResNet-20, 2 nodes, Q = 4 threads, batch 256
   per thread, LR 0.1 -> 0.4 over 5 warm-up epochs then cosine, H = 16, post-local after 150 of 300 epochs,
   Nesterov 0.9, wd 5e-4. One iteration = one node update (2 x 256 samples): 300 epochs = 29,297 iterations.
-    python -m experiments.main --config=experiments/configs/cifar10.py:lap_sgd,workers=2,devices=2,\
-      threads=4,local_steps=16,pre_post=150,batch_size=256,num_steps=29297,optimizer.learning_rate=0.4,\
-      optimizer.warmup_steps=488,eval_every=977 --workdir=/tmp/c10_lap
+    python -m experiments.main --config=experiments/configs/cifar10.py:lap_sgd,threads=4,local_steps=16 \
+      --config.workers=2 --config.devices=2 --config.batch_size=256 --config.num_epochs=300 \
+      --config.algorithm.pre_post_steps=14648 --config.optimizer.learning_rate=0.4 \
+      --config.optimizer.warmup_steps=488 --config.eval_every=977 --workdir=/tmp/c10_lap
 - Non-blocking SGD (He & Dube): 8 workers, ResNet, heterogeneous cluster, m micro-batches per worker batch;
   up to 2x less time than sync / D-PSGD to the same training loss.
-    python -m experiments.main --config=experiments/configs/cifar10.py:nonblocking,microbatches=4,\
-      stragglers.kind=slow_workers,stragglers.slow_fraction=0.25,stragglers.slow_factor=4.0 --workdir=...
+    python -m experiments.main --config=experiments/configs/cifar10.py:nonblocking,microbatches=4 \
+      --config.stragglers.kind=slow_workers --config.stragglers.slow_fraction=0.25 \
+      --config.stragglers.slow_factor=4.0 --workdir=...
 - AdaSync (Dutta et al., journal version arXiv 2003.10579): CIFAR-10, 8 workers, lr 0.12, batch 32,
   exponential compute times: its own variant `cifar10_adasync.py`.
     python -m experiments.main --config=experiments/configs/cifar10_adasync.py --workdir=/tmp/c10_adasync
 - DaSGD (author's defaults): 32 workers, local batch 32, tau = 4, d = 1, p = 0.25, AdamW, one-cycle LR
   (here: warmup + cosine).
-    python -m experiments.main --config=experiments/configs/cifar10.py:dasgd,workers=32,devices=8,\
-      correction=mix,optimizer.name=adamw,optimizer.learning_rate=0.001,num_steps=9765 --workdir=...
+    python -m experiments.main --config=experiments/configs/cifar10.py:dasgd,correction=mix \
+      --config.workers=32 --config.devices=8 --config.optimizer.name=adamw \
+      --config.optimizer.learning_rate=0.001 --workdir=...  # 200 epochs = 9,766 iterations
 
 Testing (CPU, seconds; tfds mock data, no download):
-  python -m experiments.main --config=experiments/configs/cifar10.py:sync,model.name=resnet_test,workers=2,\
-    devices=2,num_steps=20,eval_every=20 --mock_data --workdir=/tmp/c10_test
+  python -m experiments.main --config=experiments/configs/cifar10.py:sync,model.name=resnet_test,num_steps=20 \
+    --config.workers=2 --config.devices=2 --config.eval_every=20 --mock_data --workdir=/tmp/c10_test
 """
 
 from __future__ import annotations
@@ -46,11 +50,6 @@ import ml_collections
 from experiments.configs import common
 
 TRAIN_SIZE = 50_000
-
-
-def steps_for_epochs(epochs: float, train_size: int, workers: int, batch_size: int) -> int:
-  """Iterations that visit `epochs` x `train_size` samples with `workers` x `batch_size` per iteration."""
-  return max(1, int(epochs * train_size / (workers * batch_size)))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -67,9 +66,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.workers = 8
   config.devices = 8
   config.batch_size = 32
-  epochs = 200
-  steps_per_epoch = steps_for_epochs(1, TRAIN_SIZE, config.workers, config.batch_size)
-  config.num_steps = steps_for_epochs(epochs, TRAIN_SIZE, config.workers, config.batch_size)
+  common.use_epochs(config, 200)
+  steps_per_epoch = common.steps_for_epochs(1, TRAIN_SIZE, config.workers, config.batch_size)
   config.eval_every = steps_per_epoch
   config.log_every = 50
   config.checkpoint_every = 10 * steps_per_epoch

@@ -19,8 +19,8 @@ paper's t0 is not in the abstract; one K-sync update takes 1.25 ms at K = 1 and 
 updates, each of K x 32 images (fewer epochs than `cifar10.py`'s 256-image iterations while K < 8).
 
 Testing (CPU, about a minute; tfds mock data):
-  python -m experiments.main --config=experiments/configs/cifar10_adasync.py:adasync,model.name=resnet_test,\
-    num_steps=30,eval_every=30 --mock_data --workdir=/tmp/c10_adasync_test
+  python -m experiments.main --config=experiments/configs/cifar10_adasync.py:adasync,num_steps=30 \
+    --config.model.name=resnet_test --config.eval_every=30 --mock_data --workdir=/tmp/c10_adasync_test
 """
 
 from __future__ import annotations

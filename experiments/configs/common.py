@@ -3,13 +3,20 @@
 `get_config(arg)` in each workload file calls `base_config()`, overrides its workload's fields, then
 `apply_arg(config, arg)`. In the argument, a bare key is looked up in `algorithm` first, then at the top level;
 a dotted key (`optimizer.learning_rate=0.05`) is a path. Values are parsed as Python literals where possible.
+
+Duration: a config sets exactly one of `num_steps` (iterations) and `num_epochs` (passes over the training
+split); the other is None. `num_epochs` is resolved once, by `experiments/train.py:build` when the training
+split's size is known, to `steps_for_epochs(num_epochs, train_size, workers, batch_size)`. In the config
+argument, giving one of the two unsets the other (`cifar10.py:sync,num_steps=20` runs 20 iterations).
 """
 
 from __future__ import annotations
 
 import ast
+import math
 
 import ml_collections
+from ml_collections import config_dict
 
 import config_errors as errors
 from algorithms import registry
@@ -23,7 +30,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.devices = 8                # D: devices the workers are spread over (CPU: forced host devices)
   c.batch_size = 16            # per worker, per iteration
   c.microbatches = 1           # m: micro-batches per worker batch (batch_size % m == 0)
-  c.num_steps = 300            # iterations of the algorithm
+  c.num_steps = 300            # iterations of the algorithm; or None with num_epochs set (exactly one)
+  c.num_epochs = config_dict.placeholder(float)  # passes over the training split (see steps_for_epochs)
   c.seed = 0                   # model init, data order and cluster clock
   c.eval_every = 50            # steps between evaluations (and at the end)
   c.log_every = 10             # steps between metrics rows (train_loss = mean over the window)
@@ -52,6 +60,47 @@ def base_config() -> ml_collections.ConfigDict:
   c.stragglers = cluster_factory.default_stragglers_config()  # compute-time model (cluster/)
   c.network = cluster_factory.default_network_config()        # network model (cluster/)
   return c
+
+
+DURATION_FIELDS = ('num_steps', 'num_epochs')
+
+
+def steps_for_epochs(epochs: float, train_size: int, workers: int, batch_size: int) -> int:
+  """Iterations that visit at least `epochs` x `train_size` examples: ceil(E N / (P B)), at least 1.
+
+  One iteration takes the global batch P x B: `workers` x `batch_size` (per worker, all its micro-batches).
+  An algorithm whose iteration takes another number of examples (K-of-P variants: K x B; LAP-SGD: a node's
+  threads) counts nominal epochs of P x B examples per iteration.
+  """
+  return max(1, math.ceil(epochs * train_size / (workers * batch_size) - 1e-9))
+
+
+def use_epochs(config: ml_collections.ConfigDict, epochs: float) -> ml_collections.ConfigDict:
+  """Sets the duration in epochs (`num_steps` None, still overridable by `--config.num_steps`)."""
+  config.num_epochs = float(epochs)
+  config.num_steps = config_dict.placeholder(int)
+  return config
+
+
+def validate_duration(config: ml_collections.ConfigDict) -> None:
+  """Exactly one of `num_steps` (an integer >= 1) and `num_epochs` (a number > 0) is set."""
+  steps, epochs = config.get('num_steps'), config.get('num_epochs')
+  errors.require((steps is None) != (epochs is None), 'num_steps, num_epochs', (steps, epochs),
+                 'set exactly one of them, the other None (in the config argument, giving one unsets the other)')
+  if steps is not None:
+    errors.require_int(steps, 'num_steps', 1)
+  else:
+    errors.require_number(epochs, 'num_epochs', 'must be a number of epochs > 0', lambda v: v > 0)
+
+
+def resolve_num_steps(config: ml_collections.ConfigDict, train_size: int) -> ml_collections.ConfigDict:
+  """`config` itself when it sets `num_steps`; else a copy with num_steps = steps_for_epochs(...), num_epochs None."""
+  if config.get('num_epochs') is None:
+    return config
+  resolved = config.copy_and_resolve_references()
+  resolved.num_steps = steps_for_epochs(config.num_epochs, train_size, config.workers, config.batch_size)
+  resolved.num_epochs = None
+  return resolved
 
 
 def tfds_dataset(name: str, eval_split: str) -> ml_collections.ConfigDict:
@@ -133,4 +182,8 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
       raise errors.ConfigError('config argument', part, 'expected key=value')
     key, raw = part.split('=', 1)
     _set(config, key.strip(), raw.strip())
+    if key.strip() in DURATION_FIELDS and config.get(key.strip()) is not None:
+      other, = set(DURATION_FIELDS) - {key.strip()}
+      if other in config:  # the duration given here replaces the workload's (still overridable by a flag)
+        config[other] = config_dict.placeholder(int if other == 'num_steps' else float)
   return config

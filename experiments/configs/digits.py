@@ -4,6 +4,7 @@ Runs anywhere in a few minutes, no download. The config argument names the algor
 
   python -m experiments.main --config=experiments/configs/digits.py:sync --workdir=/tmp/digits_sync
   python -m experiments.main --config=experiments/configs/digits.py:local_sgd,local_steps=4 --workdir=...
+  python -m experiments.main --config=experiments/configs/digits.py:dasgd,local_steps=4,delay=1 --workdir=...
 
 Defaults: SGD, momentum 0.9, constant learning rate 0.05, batch 16 per worker, 300 iterations, every
 micro-batch takes 10 ms of simulated time on every worker (no stragglers, ideal network).

@@ -7,12 +7,13 @@ ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in DIR/downloads/manual/, th
   python -m experiments.main --config=experiments/configs/imagenet.py:sync --workdir=/tmp/in_sync
   python -m experiments.main --config=experiments/configs/imagenet.py:local_sgd,local_steps=4 --workdir=...
 
-Defaults: 64 workers (on 64 devices: one worker per accelerator) x 128 images (global 8192), 90 epochs =
-14,040 iterations, SGD + momentum 0.9, wd 1e-4 (choice: Goyal et al. 2017 large-batch recipe), LR
+Defaults: 64 workers (on 64 devices: one worker per accelerator) x 128 images (global 8192), `num_epochs` =
+90 (14,076 iterations), SGD + momentum 0.9, wd 1e-4 (choice: Goyal et al. 2017 large-batch recipe), LR
 0.1 x 8192 / 256 = 3.2 with 5 warm-up epochs then cosine, inception crop + flip to 224, eval
 resize 256 + center crop 224, bfloat16 compute; each step two random workers are delayed by 320 ms on top of
 a constant 0.3 s per micro-batch (the paper's straggler injection).
-Iterations for E epochs: E * 1,281,167 / (workers * batch_size).
+The run converts epochs to iterations, ceil(E * 1,281,167 / (workers * batch_size)); warm-up, evaluation and
+checkpoint periods are iterations (set them again when changing workers or batch_size).
 
 Headline run (shared/ALGORITHMS.md): WAGMA-SGD (Li et al.), ResNet-50 / ImageNet, 64 workers, 2 random workers
 delayed 320 ms each step, group size S = 8 (sqrt 64), global average every tau = 10 iterations: 1.63x faster
@@ -23,8 +24,9 @@ to solution than all-reduce SGD at 75.3% vs 75.9% top-1.
     python -m experiments.main --config=experiments/configs/imagenet.py:local_sgd,local_steps=10 --workdir=...
 
 Testing (CPU, seconds; tfds mock data, no download):
-  python -m experiments.main --config=experiments/configs/imagenet.py:sync,model.name=resnet50_test,\
-    model.dtype=float32,dataset.image_size=32,workers=2,devices=2,batch_size=4,num_steps=20,eval_every=20 \
+  python -m experiments.main --config=experiments/configs/imagenet.py:sync,num_steps=20 \
+    --config.model.name=resnet50_test --config.model.dtype=float32 --config.dataset.image_size=32 \
+    --config.workers=2 --config.devices=2 --config.batch_size=4 --config.eval_every=20 \
     --mock_data --workdir=/tmp/in_test
 """
 
@@ -52,8 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.workers = 64
   config.devices = 64
   config.batch_size = 128
-  steps_per_epoch = max(1, TRAIN_SIZE // (config.workers * config.batch_size))
-  config.num_steps = 90 * steps_per_epoch
+  common.use_epochs(config, 90)
+  steps_per_epoch = common.steps_for_epochs(1, TRAIN_SIZE, config.workers, config.batch_size)
   config.eval_every = steps_per_epoch
   config.log_every = 20
   config.checkpoint_every = 5 * steps_per_epoch

@@ -25,9 +25,10 @@ Headline run (shared/ALGORITHMS.md): WAGMA-SGD (Li et al.), Transformer on WMT17
     python -m experiments.main --config=experiments/configs/wmt.py:local_sgd,local_steps=8 --workdir=...
 
 Testing (CPU, seconds; tfds mock data of random strings, no download):
-  python -m experiments.main --config=experiments/configs/wmt.py:sync,model.name=transformer_test,\
-    model.dtype=float32,model.max_len=32,dataset.vocab_size=64,dataset.max_len=32,dataset.eval_max_len=32,\
-    dataset.tokenizer_dir=/tmp/wmt_test_tok,workers=2,devices=2,batch_size=4,num_steps=20,eval_every=20 \
+  python -m experiments.main --config=experiments/configs/wmt.py:sync,num_steps=20,dataset.tokenizer_dir=/tmp/wmt_tok \
+    --config.model.name=transformer_test --config.model.dtype=float32 --config.model.max_len=32 \
+    --config.dataset.vocab_size=64 --config.dataset.max_len=32 --config.dataset.eval_max_len=32 \
+    --config.workers=2 --config.devices=2 --config.batch_size=4 --config.eval_every=20 \
     --mock_data --workdir=/tmp/wmt_test
 """
 

@@ -33,6 +33,7 @@ def _config(workload: str, algorithm: str, tokenizer_dir: str, extra: str = ''):
   arg = ','.join(p for p in (algorithm, TESTING[workload], extra) if p)
   config = CONFIGS[workload].get_config(arg)
   config.workers, config.devices, config.num_steps = 2, 2, 2
+  config.num_epochs = None  # num_steps instead of the workload's epochs
   config.batch_size, config.microbatches = 4, 1
   config.eval_every = config.checkpoint_every = 2
   config.log_every = config.steps_per_call = 1

@@ -1,0 +1,72 @@
+"""The MNIST-1D workload config: every algorithm accepted, the straggler presets, short end-to-end runs."""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import pytest
+
+import config_errors as errors
+from algorithms import registry
+from experiments import train
+from experiments import validation
+from experiments.configs import mnist1d
+
+
+def _tiny(arg: str, steps: int = 4):
+  config = mnist1d.get_config(arg)
+  config.num_steps = steps
+  config.eval_every = config.checkpoint_every = config.steps_per_call = 2
+  config.log_every = 1
+  return config
+
+
+class Mnist1dConfigTest(parameterized.TestCase):
+
+  @parameterized.parameters(*registry.names())
+  def test_every_registered_algorithm_is_accepted(self, name):
+    for preset in mnist1d.STRAGGLER_PRESETS:
+      config = mnist1d.get_config(f'{name},stragglers={preset}')
+      validation.validate(config)
+      self.assertEqual(config.algorithm.name, name)
+    self.assertEqual(config.model.name, 'cnn1d')
+
+  def test_heterogeneous_preset_is_the_documented_flags(self):
+    config = mnist1d.get_config('sync,stragglers=heterogeneous')
+    by_flags = mnist1d.get_config('sync,stragglers.slow_fraction=0.25,stragglers.slow_factor=2.0,'
+                                  'stragglers.delayed_workers=1,stragglers.delay_s=0.03')
+    self.assertEqual(config.to_dict(), by_flags.to_dict())
+    self.assertEqual(config.stragglers.slow_fraction, 0.25)
+    self.assertEqual(mnist1d.get_config('sync,stragglers=homogeneous').to_dict(),
+                     mnist1d.get_config('sync').to_dict())
+    # Later entries override the preset, wherever the preset is written.
+    self.assertEqual(mnist1d.get_config('sync,stragglers.delay_s=0.05,stragglers=heterogeneous').stragglers.delay_s,
+                     0.05)
+    self.assertEqual(mnist1d.get_config('local_sgd,local_steps=3,stragglers=heterogeneous').algorithm.local_steps, 3)
+
+  def test_unknown_preset_names_the_field(self):
+    with self.assertRaisesRegex(errors.ConfigError, 'stragglers.*heterogeneous'):
+      mnist1d.get_config('sync,stragglers=slow')
+
+
+class Mnist1dEndToEndTest(parameterized.TestCase):
+
+  @parameterized.parameters(('sync', 'cnn1d'), ('local_sgd,local_steps=2', 'mlp'))
+  def test_a_few_steps(self, arg, model):
+    config = _tiny(f'{arg},model.name={model},stragglers=heterogeneous')
+    summary = train.train_and_evaluate(config, self.create_tempdir().full_path)
+    self.assertEqual(summary['steps'], 4)
+    self.assertTrue(math.isfinite(summary['final_train_loss']))
+    self.assertBetween(summary['final_eval_accuracy'], 0.0, 1.0)
+    # Slow workers and delays: an iteration of 10 ms micro-batches takes longer than 10 ms.
+    self.assertGreater(summary['sim_time'], 4 * 0.01)
+
+  @pytest.mark.slow
+  def test_sync_default_learns(self):
+    summary = train.train_and_evaluate(mnist1d.get_config('sync'), self.create_tempdir().full_path)
+    self.assertGreaterEqual(summary['final_eval_accuracy'], 0.85)  # measured 0.90 (docstring)
+    self.assertAlmostEqual(summary['sim_time'], 300 * 0.01, places=9)
+
+
+if __name__ == '__main__':
+  absltest.main()

@@ -1,0 +1,127 @@
+"""Every command the docs give resolves to a valid config (README, REPRODUCING.md, the config docstrings).
+
+Each `experiments/configs/NAME.py[:ARG]` is loaded the way `experiments.main` loads it (ml_collections'
+config_flags, with the `--config.KEY=VALUE` overrides on the same command line) and passed to
+`validation.validate`, the check `train.build` runs before anything compiles; nothing is compiled or trained.
+Text is read as a shell reads it: a backslash at the end of a line joins the next line as it stands, so a
+continuation indented inside a config argument splits it, and the command gets a stray positional argument
+(which `experiments.main` would ignore); that fails too. Entries of `experiments.compare --algorithms=...` are
+checked with the command's config argument. Algorithms that are not registered fail: nothing is expected to
+fail.
+"""
+
+import ast
+import glob
+import os
+import re
+import shlex
+
+from absl import flags
+from absl.testing import absltest
+from absl.testing import parameterized
+from ml_collections import config_flags
+
+from experiments import compare
+from experiments import validation
+from experiments.configs import common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIG_RE = re.compile(r'(?:--config=)?(experiments/configs/\w+\.py)(?::([^\s`\'"]*))?')
+_OVERRIDE_RE = re.compile(r'--config\.([\w.]+)=([^\s`\'"]+)')
+_ALGORITHMS_RE = re.compile(r'--algorithms=([\'"]?)([^\s`\'"]+)\1')
+_MODULE_RE = re.compile(r'python -m (experiments\.\w+)')
+
+
+def _doc_texts():
+  """(name, text, its first line's number) of each document; config docstrings as written (backslashes kept)."""
+  for name in ('README.md', 'REPRODUCING.md'):
+    path = os.path.join(ROOT, name)
+    if os.path.exists(path):
+      with open(path) as f:
+        yield name, f.read(), 1
+  for path in sorted(glob.glob(os.path.join(ROOT, 'experiments', 'configs', '*.py'))):
+    with open(path) as f:
+      source = f.read()
+    body = ast.parse(source).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+      yield os.path.relpath(path, ROOT), ast.get_source_segment(source, body[0]), body[0].lineno
+
+
+def _logical_lines(text: str, first: int):
+  """(line number, line) with the shell's continuation: a line ending in a backslash joins the next as it is."""
+  number, parts = None, []
+  for i, line in enumerate(text.split('\n'), first):
+    number = i if not parts else number
+    if line.endswith('\\'):
+      parts.append(line[:-1])
+      continue
+    yield number, ''.join(parts) + line
+    parts = []
+
+
+def _commands():
+  """Every config the docs name: (where, config file, ARG or None, overrides, compare entries, stray words)."""
+  found = []
+  for doc, text, first in _doc_texts():
+    for number, line in _logical_lines(text, first):
+      matches = list(_CONFIG_RE.finditer(line))
+      for i, match in enumerate(matches):
+        tail = line[match.end():matches[i + 1].start() if i + 1 < len(matches) else len(line)]
+        overrides = tuple(_OVERRIDE_RE.findall(tail))
+        algorithms = _ALGORITHMS_RE.search(tail)
+        stray = ()
+        module = _MODULE_RE.search(line[:match.start()])
+        if module and match.group(0).startswith('--config='):
+          words = shlex.split(line[module.end():].split('`')[0], comments=True)
+          stray = tuple(w for w in words if not w.startswith('-'))
+        where = f'{doc}:{number}: {match.group(0)}'
+        found.append((where, match.group(1), match.group(2), overrides,
+                      algorithms.group(2) if algorithms else None, stray))
+  return found
+
+
+def _load(path: str, arg: str | None, overrides=()):
+  """The config `experiments.main --config=PATH[:ARG] --config.K=V...` would run (config_flags' parser)."""
+  spec = os.path.join(ROOT, path) + (f':{arg}' if arg is not None else '')
+  argv = ['main', f'--config={spec}', *(f'--config.{k}={v}' for k, v in overrides)]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, flag_values=values, lock_config=True, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+COMMANDS = _commands()
+
+
+class DocsCommandsTest(parameterized.TestCase):
+
+  def test_the_docs_name_configs(self):
+    docs = {where.split(':')[0] for where, *_ in COMMANDS}
+    self.assertIn('README.md', docs)
+    self.assertIn('experiments/configs/digits.py', docs)
+    self.assertGreater(len(COMMANDS), 20)
+
+  @parameterized.named_parameters(
+      (f'{i}_{re.sub(r"[^0-9A-Za-z]+", "_", c[0])[:90]}', *c) for i, c in enumerate(COMMANDS))
+  def test_command_resolves_to_a_valid_config(self, where, path, arg, overrides, algorithms, stray):
+    self.assertEqual(stray, (), f'{where}: words outside the config argument (an indented line continuation?)')
+    config = _load(path, arg, overrides)
+    validation.validate(config)
+    if algorithms:
+      pairs = [p for p in common.split_arg(arg) if '=' in p]
+      for entry in compare.parse_entries(algorithms):
+        with self.subTest(entry=entry):
+          validation.validate(_load(path, ','.join([entry, *pairs]), overrides))
+
+  def test_a_broken_command_fails(self):
+    with self.assertRaisesRegex(Exception, 'no_such_algorithm'):
+      _load('experiments/configs/digits.py', 'no_such_algorithm')
+    with self.assertRaises(Exception):
+      validation.validate(_load('experiments/configs/digits.py', 'sync,workers=3'))
+    joined = 'python -m experiments.main --config=experiments/configs/digits.py:sync,\\\n    seed=1 --workdir=w'
+    line = joined.replace('\\\n', '')
+    self.assertEqual(shlex.split(line)[4], 'seed=1')  # what _commands reports as a stray word
+
+
+if __name__ == '__main__':
+  absltest.main()
