@@ -42,25 +42,12 @@ _BLOCK = flags.DEFINE_integer('block', 1000, 'Iterations drawn per clock call.')
 
 
 def model_bytes(config: ml_collections.ConfigDict) -> float:
-  """Bytes of the config's model parameters, from shapes only (`jax.eval_shape`: nothing is compiled)."""
-  # pylint: disable=g-import-not-at-top  (only needed when --model_bytes is not given)
-  import jax
-  from data import registry as data_registry
-  from experiments import tasks
-  from models import registry as model_registry
-
+  """Bytes of the config's model parameters, from shapes only (`tasks.model_bytes`: nothing is compiled)."""
+  from experiments import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
   try:
-    dataset = data_registry.make_dataset(config)  # for one example and the number of classes
+    return tasks.model_bytes(config)
   except errors.ConfigError as e:
     raise errors.ConfigError(e.field, e.value, f'{e.allowed}; or pass --model_bytes to skip the data') from e
-  model = model_registry.make_model(config.model, dataset.num_classes)
-  example = jax.tree.map(lambda x: np.asarray(x)[None], dataset.example)
-  task = tasks.get(dataset.task)
-  # As the training loop initialises the model (`train.init_state`): the task says what the model takes.
-  inputs = task.model_inputs(example) if hasattr(task, 'model_inputs') else example['image']
-  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), inputs, train=False))
-  params = variables['params'] if 'params' in variables else variables
-  return float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))
 
 
 def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None,
@@ -73,6 +60,10 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   spec = registry.get(config.algorithm.name)
   cluster_factory.validate(config)
   spec.validate(config)
+  if iterations is None and config.get('num_epochs') is not None:  # a duration in epochs: the split's size
+    from data import registry as data_registry  # pylint: disable=g-import-not-at-top
+    from experiments.configs import common  # pylint: disable=g-import-not-at-top
+    config = common.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
   errors.require(isinstance(iterations, int) and iterations >= 1, 'iterations', iterations, 'must be >= 1')
   errors.require(block >= 1, 'block', block, 'must be >= 1')

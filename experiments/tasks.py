@@ -84,3 +84,22 @@ def get(name: str) -> Task:
   if name not in TASKS:
     raise errors.ConfigError('task', name, f'known: {", ".join(sorted(TASKS))}')
   return TASKS[name]
+
+
+def model_bytes(config) -> float:
+  """Bytes of one copy of the config's model parameters, from shapes only (`jax.eval_shape`: nothing compiles).
+
+  The model is initialised as the training loop does (`train.init_state`): one example of the config's dataset,
+  through its task's `model_inputs`.
+  """
+  # pylint: disable=g-import-not-at-top  (the data and model registries only when asked)
+  import numpy as np
+  from data import registry as data_registry
+  from models import registry as model_registry
+  dataset = data_registry.make_dataset(config)  # for one example and the number of classes
+  model = model_registry.make_model(config.model, dataset.num_classes)
+  example = jax.tree.map(lambda x: np.asarray(x)[None], dataset.example)
+  inputs = get(dataset.task).model_inputs(example)
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), inputs, train=False))
+  params = variables['params'] if 'params' in variables else variables
+  return float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))

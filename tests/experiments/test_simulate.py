@@ -10,6 +10,7 @@ from absl.testing import parameterized
 
 import config_errors as errors
 from algorithms import registry
+from data import registry as data_registry
 from experiments import simulate
 from experiments.configs import digits
 
@@ -42,6 +43,12 @@ class SimulateTest(parameterized.TestCase):
     self.assertAlmostEqual(result['mean_iteration_time'], 0.02)
     self.assertAlmostEqual(result['idle_fraction'], 7 / 16)
     self.assertEqual(result['idle_fraction_per_worker'][0], 0.0)
+
+  def test_a_duration_in_epochs_simulates_its_iterations(self):
+    config = digits.get_config('sync,num_epochs=1')
+    size = data_registry.make_dataset(config).train_size
+    result = simulate.simulate(config)
+    self.assertEqual(result['iterations'], -(-size // (config.workers * config.batch_size)))
 
   def test_model_bytes_from_shapes(self):
     # digits MLP 64 -> 128 -> 10, float32.

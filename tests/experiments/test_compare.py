@@ -1,0 +1,392 @@
+"""experiments.compare: entries, sweeps, one trace for all, figures read from each run, resumable reports."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import pytest
+
+import config_errors as errors
+from algorithms import registry
+from cluster import factory as cluster_factory
+from data import registry as data_registry
+from experiments import compare
+from experiments.configs import digits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HETEROGENEOUS = ('stragglers.slow_fraction=0.25', 'stragglers.slow_factor=3.0', 'stragglers.delayed_workers=1',
+                 'stragglers.delay_s=0.02')
+
+
+def _write_run(workdir, evals, summary=True, rows=None):
+  """A fake finished run: eval rows (step, sim_time, accuracy, loss) and the summary train.py would write."""
+  os.makedirs(workdir, exist_ok=True)
+  rows = rows or [{'step': s, 'sim_time': t, 'wall_time': 0.0, 'train_loss': l, 'idle_fraction': 0.5,
+                   'staleness': 0.0, 'bytes_communicated': 10.0, 'eval_accuracy': a, 'eval_loss': l}
+                  for s, t, a, l in evals]
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(''.join(json.dumps(r) + '\n' for r in rows))
+  if summary:
+    hit = next((r['sim_time'] for r in rows if r.get('eval_accuracy', 0) >= 0.9), None)
+    last = [r for r in rows if 'eval_accuracy' in r][-1]
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump({'steps': rows[-1]['step'], 'sim_time': rows[-1]['sim_time'], 'wall_time': 1.0,
+                 'final_eval_accuracy': last['eval_accuracy'], 'final_eval_loss': last['eval_loss'],
+                 'time_to_target': hit}, f)
+
+
+def _without_wall(report):
+  report = json.loads(json.dumps(report))
+  for r in report['runs']:
+    r.pop('wall_time')
+  for group in report['algorithms'] + report['sweep']:
+    group['figures'].pop('wall_time')
+  report.pop('png', None)
+  return report
+
+
+class ParseTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('commas', 'sync,local_sgd,ksync,k=6', ['sync', 'local_sgd', 'ksync,k=6']),
+      ('semicolons', 'sync;ksync,k=6;local_sgd,local_steps=4', ['sync', 'ksync,k=6', 'local_sgd,local_steps=4']),
+      ('mixed', 'ksync,k=6,optimizer.learning_rate=0.1;sync', ['ksync,k=6,optimizer.learning_rate=0.1', 'sync']),
+      ('brackets', 'sync,wagma,stragglers.slow_workers=(0,1)', ['sync', 'wagma,stragglers.slow_workers=(0,1)']),
+      ('same_algorithm_twice', 'ksync,k=2,ksync,k=6', ['ksync,k=2', 'ksync,k=6']))
+  def test_entries(self, text, expected):
+    self.assertEqual(compare.parse_entries(text), expected)
+
+  def test_all_is_every_registered_algorithm(self):
+    self.assertEqual(compare.parse_entries('all'), list(registry.names()))
+
+  @parameterized.named_parameters(
+      ('unknown', 'sync,bogus', 'algorithm.name=.bogus. is not allowed: known algorithms'),
+      ('starts_with_a_pair', 'k=6,sync', 'must start with an algorithm name'),
+      ('pair_after_semicolon', 'sync;k=6', 'an entry must start with an algorithm name'),
+      ('twice', 'sync,ksync,sync', 'entries appear twice: sync'),
+      ('empty', ' ', 'name at least one algorithm'))
+  def test_bad_entries_name_the_flag(self, text, message):
+    with self.assertRaisesRegex(errors.ConfigError, message):
+      compare.parse_entries(text)
+
+  def test_sweeps_are_a_grid(self):
+    self.assertEqual(compare.parse_sweeps([]), [()])
+    self.assertEqual(compare.parse_sweeps(['optimizer.learning_rate=0.02,0.1', 'k=(1,2),3']), [
+        (('optimizer.learning_rate', '0.02'), ('k', '(1,2)')), (('optimizer.learning_rate', '0.02'), ('k', '3')),
+        (('optimizer.learning_rate', '0.1'), ('k', '(1,2)')), (('optimizer.learning_rate', '0.1'), ('k', '3'))])
+    for bad in ('optimizer.learning_rate', '=0.1', 'x='):
+      with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
+        compare.parse_sweeps([bad])
+
+  def test_slugs_are_directory_names(self):
+    self.assertEqual(compare.slug('ksync,k=6'), 'ksync_k=6')
+    self.assertEqual(compare.slug('wagma,stragglers.slow_workers=(0,1)'), 'wagma_stragglers.slow_workers=_0_1')
+
+
+class PlanTest(absltest.TestCase):
+
+  def test_workdirs_seeds_and_precedence(self):
+    root = '/cmp'
+    runs, skipped = compare.plan(
+        digits.get_config, ['sync', 'ksync,k=6,optimizer.learning_rate=0.3'],
+        compare.parse_sweeps(['optimizer.momentum=0.0,0.5']), 2, root, common_pairs=['num_steps=20'],
+        overrides={'optimizer.learning_rate': 0.2, 'optimizer.momentum': 0.9, 'algorithm.k': 2, 'seed': 5})
+    self.assertEqual(skipped, {})
+    self.assertLen(runs, 8)
+    self.assertEqual(runs[0].workdir, '/cmp/sync/optimizer.momentum=0.0/seed5')
+    self.assertEqual(runs[-1].workdir, '/cmp/ksync_k=6_optimizer.learning_rate=0.3/optimizer.momentum=0.5/seed6')
+    self.assertEqual([r.seed for r in runs], [5, 6] * 4)
+    self.assertEqual([r.config.seed for r in runs], [5, 6] * 4)
+    by_name = {(r.entry, r.sweep, r.seed): r.config for r in runs}
+    sync = by_name[('sync', (('optimizer.momentum', '0.0'),), 5)]
+    ksync = by_name[('ksync,k=6,optimizer.learning_rate=0.3', (('optimizer.momentum', '0.5'),), 6)]
+    self.assertEqual(sync.num_steps, 20)                    # the config argument's pairs: every run
+    self.assertEqual(sync.optimizer.learning_rate, 0.2)     # --config.*: every run ...
+    self.assertEqual(ksync.optimizer.learning_rate, 0.3)    # ... unless the entry names the field
+    self.assertEqual(ksync.algorithm.k, 6)
+    self.assertEqual(sync.optimizer.momentum, 0.0)          # the sweep wins over --config.*
+    self.assertEqual(ksync.optimizer.momentum, 0.5)
+    self.assertEqual(sync.algorithm.name, 'sync')
+    self.assertNotIn('k', sync.algorithm)                   # an algorithm field only where the algorithm has it
+
+  def test_a_duration_in_epochs_is_resolved_to_steps_or_replaced_by_the_budget(self):
+    size = data_registry.make_dataset(digits.get_config('sync')).train_size
+    runs, _ = compare.plan(digits.get_config, ['sync', 'local_sgd'], [()], 1, '/cmp', common_pairs=['num_epochs=2'])
+    for run in runs:  # 2 epochs of 8 workers x 16 examples
+      self.assertEqual((run.config.num_steps, run.config.num_epochs), (-(-2 * size // 128), None))
+    runs, _ = compare.plan(digits.get_config, ['sync'], [()], 1, '/cmp', common_pairs=['num_epochs=2'],
+                           sim_time=0.5, evals=5)
+    self.assertEqual((runs[0].config.num_steps, runs[0].config.num_epochs), (50, None))  # 10 ms per iteration
+
+  def test_invalid_entry_raises_before_anything_runs_or_is_skipped_under_all(self):
+    with self.assertRaisesRegex(errors.ConfigError, r'ksync,k=99: algorithm.k=99 is not allowed'):
+      compare.plan(digits.get_config, ['sync', 'ksync,k=99'], [()], 1, '/cmp')
+    runs, skipped = compare.plan(digits.get_config, ['sync', 'ksync,k=99'], [()], 2, '/cmp', skip_invalid=True)
+    self.assertEqual([r.entry for r in runs], ['sync', 'sync'])
+    self.assertIn('algorithm.k=99', skipped['ksync,k=99'])
+    with self.assertRaisesRegex(errors.ConfigError, '--seeds'):
+      compare.plan(digits.get_config, ['sync'], [()], 0, '/cmp')
+
+  def test_same_seed_same_trace_and_data_order_for_every_algorithm(self):
+    entries = ['sync', 'ksync,k=6', 'local_sgd', 'async', 'wagma']
+    runs, _ = compare.plan(digits.get_config, entries, compare.parse_sweeps(['optimizer.learning_rate=0.02,0.1']),
+                           2, '/cmp', common_pairs=HETEROGENEOUS)
+    p = runs[0].config.workers
+    workers = np.repeat(np.arange(p), 50)
+    units = np.tile(np.arange(50), p)
+
+    def trace(config):
+      compute = cluster_factory.make_compute(config.stragglers, p)
+      delay, failure = cluster_factory.make_faults(config.stragglers, p, config.seed)
+      self.assertIsNone(failure)
+      return (compute.sample(np.random.default_rng(0), workers, units), delay.delays(workers, units))
+
+    def data(config):
+      stream = data_registry.make_dataset(config).train
+      return stream.read(np.arange(p), np.tile(np.arange(0, 40, 8)[:, None], (1, p)), 1)['image']
+
+    by_seed = {}
+    for run in runs:
+      by_seed.setdefault(run.seed, []).append((trace(run.config), data(run.config)))
+    for seed, seen in by_seed.items():
+      (compute0, delay0), data0 = seen[0]
+      self.assertGreater(delay0.sum(), 0, 'the random delays must be on')
+      self.assertEqual(len(set(compute0)), 2, 'slow and normal workers')
+      for (compute_i, delay_i), data_i in seen[1:]:
+        np.testing.assert_array_equal(compute_i, compute0)
+        np.testing.assert_array_equal(delay_i, delay0)
+        np.testing.assert_array_equal(data_i, data0)
+    (_, delay_a), data_a = by_seed[0][0]
+    (_, delay_b), data_b = by_seed[1][0]
+    self.assertFalse(np.array_equal(delay_a, delay_b), 'another seed draws other delays')
+    self.assertFalse(np.array_equal(data_a, data_b), 'and another data order')
+
+
+class BudgetTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(('sync', 'sync', 30), ('ksync', 'ksync,k=5', 100), ('async', 'async', 539))
+  def test_steps_for_sim_time_is_where_the_runs_clock_reaches_it(self, entry, expected):
+    config = digits.get_config(','.join([entry, *HETEROGENEOUS]))
+    steps = compare.steps_for_sim_time(config, 1.0)
+    self.assertEqual(steps, expected)
+    clock = cluster_factory.make_clock(config, registry.get(config.algorithm.name).time_rule(config), 1e5)
+    times = clock.next_block(steps).sim_time
+    self.assertGreaterEqual(times[-1], 1.0)
+    self.assertLess(times[-2], 1.0)
+    self.assertEqual(compare.steps_for_sim_time(config, 1.0, max_steps=7), 7)
+
+  @parameterized.named_parameters(
+      ('plain', 'sync', 1000, 50, None, dict(num_steps=1000, eval_every=20, steps_per_call=10)),
+      ('rounded_up', 'sync', 1001, 50, None, dict(num_steps=1020, eval_every=20, steps_per_call=10)),
+      ('capped', 'sync', 1001, 50, 1010, dict(num_steps=1000, eval_every=20, steps_per_call=10)),
+      ('rounds', 'local_sgd,local_steps=4', 300, 50, None, dict(num_steps=304, eval_every=8, steps_per_call=8)),
+      ('short', 'sync', 7, 50, None, dict(num_steps=7, eval_every=1, steps_per_call=1)))
+  def test_even_blocks(self, entry, steps, evals, max_steps, expected):
+    got = compare.even_blocks(digits.get_config(entry), steps, evals, max_steps)
+    self.assertEqual({k: got[k] for k in expected}, expected)
+    self.assertEqual(got['log_every'], got['eval_every'])
+    self.assertEqual(got['checkpoint_every'] % got['eval_every'], 0)
+
+
+class FiguresTest(absltest.TestCase):
+
+  def test_crossing_interpolates_between_evaluations(self):
+    rows = [{'step': 10, 'sim_time': 1.0, 'acc': 0.5}, {'step': 20, 'sim_time': 2.0, 'acc': None},
+            {'step': 30, 'sim_time': 3.0, 'acc': 0.7}, {'step': 40, 'sim_time': 5.0, 'acc': 0.95}]
+    t, at_eval = compare.crossing(rows, 'acc', 0.9, above=True)
+    self.assertAlmostEqual(t, 3.0 + (0.9 - 0.7) / (0.95 - 0.7) * 2.0)
+    self.assertEqual(at_eval, 5.0)
+    self.assertAlmostEqual(compare.crossing(rows, 'acc', 0.9, True, x='step')[0], 30 + 0.8 * 10)
+    self.assertEqual(compare.crossing(rows, 'acc', 0.4, True), (1.0, 1.0))  # the first evaluation already
+    self.assertEqual(compare.crossing(rows, 'acc', 0.99, True), (None, None))
+    loss = [{'sim_time': 1.0, 'l': 2.0}, {'sim_time': 2.0, 'l': 1.0}]
+    self.assertAlmostEqual(compare.crossing(loss, 'l', 1.5, above=False)[0], 1.5)
+
+  def test_a_ten_percent_difference_between_evaluations_is_visible(self):
+    # Both runs evaluate at the same times and cross between the same two evaluations, 10% apart in time.
+    slow = [{'sim_time': 1.0, 'a': 0.0}, {'sim_time': 2.0, 'a': 1.0}]
+    fast = [{'sim_time': 1.0, 'a': 0.0}, {'sim_time': 2.0, 'a': 1.0 / 0.9}]
+    t_slow, t_fast = (compare.crossing(r, 'a', 0.5, True)[0] for r in (slow, fast))
+    self.assertAlmostEqual(t_slow - 1.0, 0.5)
+    self.assertAlmostEqual((t_fast - 1.0) / (t_slow - 1.0), 0.9)
+
+  def test_run_figures_weight_windows_by_iterations(self):
+    rows = [{'step': 10, 'sim_time': 1.0, 'idle_fraction': 0.0, 'staleness': 1.0, 'bytes_communicated': 5.0},
+            {'step': 40, 'sim_time': 2.0, 'idle_fraction': 0.4, 'staleness': 3.0, 'bytes_communicated': 7.0,
+             'eval_accuracy': 0.5, 'eval_loss': 1.0}]
+    f = compare.run_figures(rows, None, 0.9, 2.0)
+    self.assertAlmostEqual(f['idle_fraction'], 0.3)
+    self.assertAlmostEqual(f['staleness'], 2.5)
+    self.assertEqual(f['bytes_communicated'], 12.0)
+    self.assertEqual((f['final_eval_accuracy'], f['sim_time'], f['steps']), (0.5, 2.0, 40))
+    self.assertIsNone(f['time_to_target_accuracy'])
+    self.assertEqual(f['time_to_target_loss'], 2.0)
+
+
+class ReportTest(absltest.TestCase):
+
+  def _runs(self, root):
+    runs, _ = compare.plan(digits.get_config, ['sync', 'ksync,k=6'],
+                           compare.parse_sweeps(['optimizer.learning_rate=0.05,0.1']), 2, root)
+    curves = {  # (entry, lr) -> eval points (step, sim_time, accuracy, loss); ksync is faster at 0.1
+        ('sync', '0.05'): [(10, 1.0, 0.5, 1.0), (20, 2.0, 0.8, 0.5), (30, 3.0, 0.95, 0.2)],
+        ('sync', '0.1'): [(10, 1.0, 0.5, 1.0), (20, 2.0, 0.7, 0.6), (30, 3.0, 0.85, 0.3)],
+        ('ksync,k=6', '0.05'): [(10, 0.5, 0.5, 1.0), (20, 1.0, 0.7, 0.5), (30, 1.5, 0.92, 0.25)],
+        ('ksync,k=6', '0.1'): [(10, 0.5, 0.6, 0.9), (20, 1.0, 0.95, 0.3), (30, 1.5, 0.97, 0.1)],
+    }
+    for run in runs:
+      points = curves[(run.entry, run.sweep[0][1])]
+      shift = 0.1 * (run.seed - runs[0].seed)  # the second seed is a little slower
+      _write_run(run.workdir, [(s, t + shift, a, l) for s, t, a, l in points])
+    return runs
+
+  def test_table_agrees_with_every_summary_and_picks_the_best_sweep_value(self):
+    root = self.create_tempdir().full_path
+    runs = self._runs(root)
+    report = compare.write_report(runs, root, 'test', target_accuracy=0.9)
+    for record in report['runs']:
+      with open(os.path.join(record['workdir'], 'summary.json')) as f:
+        summary = json.load(f)
+      self.assertEqual(record['final_eval_accuracy'], summary['final_eval_accuracy'])
+      self.assertEqual(record['final_eval_loss'], summary['final_eval_loss'])
+      self.assertEqual(record['sim_time'], summary['sim_time'])
+      self.assertEqual(record['time_to_target_at_eval'], summary['time_to_target'])
+      if summary['time_to_target'] is not None:  # interpolated: after the evaluation before, not after the hit
+        self.assertLessEqual(record['time_to_target_accuracy'], summary['time_to_target'])
+        self.assertGreater(record['time_to_target_accuracy'], summary['time_to_target'] - 1.0)
+    best = {a['entry']: a for a in report['algorithms']}
+    self.assertEqual([a['entry'] for a in report['algorithms']], ['ksync,k=6', 'sync'])  # fastest first
+    self.assertEqual(best['sync']['best_sweep'], {'optimizer.learning_rate': '0.05'})   # 0.1 never reaches 0.9
+    self.assertEqual(best['ksync,k=6']['best_sweep'], {'optimizer.learning_rate': '0.1'})
+    t_sync = best['sync']['figures']['time_to_target_accuracy']
+    self.assertEqual((t_sync['n'], t_sync['of']), (2, 2))
+    self.assertAlmostEqual(t_sync['mean'], 2.0 + 2 / 3 + 0.05)
+    self.assertAlmostEqual(t_sync['std'], np.std([2 + 2 / 3, 2 + 2 / 3 + 0.1], ddof=1))
+    self.assertAlmostEqual(best['ksync,k=6']['speedup'], t_sync['mean'] / (0.5 + (0.9 - 0.6) / 0.35 * 0.5 + 0.05))
+    self.assertAlmostEqual(best['sync']['speedup'], 1.0)
+    # The derived target loss: the highest lowest loss among the runs that reached 0.9 (ksync at 0.05: 0.25).
+    self.assertAlmostEqual(report['targets']['loss'], 0.25)
+    text = open(os.path.join(root, 'comparison.md')).read()
+    self.assertIn(f'| ksync,k=6 @ optimizer.learning_rate=0.1 | {best["ksync,k=6"]["figures"]["time_to_target_accuracy"]["mean"]:.3g} ± ', text)
+    self.assertIn('| sync @ optimizer.learning_rate=0.1 | not reached |', text)
+    self.assertIn('## Every sweep point', text)
+    self.assertEqual(json.load(open(os.path.join(root, 'comparison.json')))['targets']['accuracy'], 0.9)
+    self.assertTrue(os.path.getsize(os.path.join(root, 'comparison.png')) > 10_000)
+
+  def test_unfinished_and_diverged_runs_are_marked(self):
+    root = self.create_tempdir().full_path
+    runs, _ = compare.plan(digits.get_config, ['sync', 'async'], [()], 1, root)
+    _write_run(runs[0].workdir, [(10, 1.0, 0.95, 0.2)])
+    _write_run(runs[1].workdir, [(10, 0.2, 0.5, 1.0)], summary=False)
+    self.assertIsNone(compare.run_status(runs[1].workdir))
+    with open(os.path.join(runs[1].workdir, compare.FAILED_FILE), 'w') as f:
+      json.dump({'status': 'diverged', 'error': 'loss is nan'}, f)
+    self.assertEqual(compare.run_status(runs[1].workdir), 'diverged')
+    report = compare.write_report(runs, root, 'test', target_accuracy=0.9)
+    text = open(os.path.join(root, 'comparison.md')).read()
+    self.assertIn('| async (diverged) | not reached |', text)
+    self.assertEqual([a['entry'] for a in report['algorithms']], ['sync', 'async'])
+
+
+class CompareRunTest(absltest.TestCase):
+  """Real runs of the digits MLP under a heterogeneous cluster, in this process."""
+
+  def _plan(self, root):
+    pairs = HETEROGENEOUS + ('checkpoint_every=20', 'steps_per_call=5')
+    return compare.plan(digits.get_config, ['sync', 'ksync,k=5'], [()], 1, root, common_pairs=pairs,
+                        sim_time=1.0, evals=10)[0]
+
+  def test_rerun_skips_finished_runs_and_resumes_a_partial_one_to_the_same_table(self):
+    root = self.create_tempdir().full_path
+    runs = self._plan(root)
+    sync_steps, ksync_steps = runs[0].config.num_steps, runs[1].config.num_steps
+    self.assertGreater(ksync_steps, 2 * sync_steps)  # the same simulated second holds more K-sync iterations
+    for c in (runs[0].config, runs[1].config):  # one block length per run: one compiled block program
+      self.assertEqual(c.eval_every, c.log_every)
+      self.assertEqual((c.num_steps % c.eval_every, c.checkpoint_every % c.eval_every,
+                        c.eval_every % c.steps_per_call), (0, 0, 0))
+    compare.run_all(runs)
+    for run in runs:  # the budget: the first whole evaluation period that reaches 1.0 simulated second
+      rows = compare.read_run(run)['rows']
+      self.assertEqual(rows[-1]['step'] - rows[-2]['step'], run.config.eval_every)
+      self.assertGreaterEqual(rows[-1]['sim_time'], 1.0)
+      self.assertLess(rows[-2]['sim_time'], 1.0)
+    report = compare.write_report(runs, root, 'digits', runs[0].config.target_accuracy)
+    table = open(os.path.join(root, 'comparison.md')).read()
+    ksync = report['algorithms'][0]
+    self.assertEqual(ksync['entry'], 'ksync,k=5')  # waits for 5 of 8: past the 2 slow and the delayed worker
+    self.assertGreater(ksync['speedup'], 1.2)
+    sync = next(a for a in report['algorithms'] if a['entry'] == 'sync')
+    self.assertGreater(sync['figures']['idle_fraction']['mean'], ksync['figures']['idle_fraction']['mean'])
+    # As if killed after the second run's step-20 checkpoint: no summary, no later checkpoint.
+    partial = runs[1].workdir
+    os.remove(os.path.join(partial, 'summary.json'))
+    for name in os.listdir(os.path.join(partial, 'checkpoints')):
+      if name.isdigit() and int(name) > 20:
+        shutil.rmtree(os.path.join(partial, 'checkpoints', name))
+    finished = os.path.getmtime(os.path.join(runs[0].workdir, 'metrics.jsonl'))
+    compare.run_all(runs)
+    self.assertEqual(os.path.getmtime(os.path.join(runs[0].workdir, 'metrics.jsonl')), finished)  # skipped
+    again = compare.write_report(runs, root, 'digits', runs[0].config.target_accuracy)
+    self.assertEqual(open(os.path.join(root, 'comparison.md')).read(), table)
+    self.assertEqual(_without_wall(again), _without_wall(report))
+
+
+def _compare_command(root, extra=()):
+  return [sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
+          '--algorithms=sync,ksync,k=6', '--seeds=2', f'--workdir={root}', '--config.num_steps=400',
+          '--config.eval_every=20', '--config.checkpoint_every=20', '--config.steps_per_call=2',
+          '--config.stragglers.slow_fraction=0.25', '--config.stragglers.slow_factor=3.0', *extra]
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def test_a_bad_config_is_one_line_and_exit_2(self):
+    for args, message in ((['--algorithms=sync', '--config.workers=6'], 'sync: workers=6 is not allowed'),):
+      result = subprocess.run([sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
+                               '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+      self.assertEqual(result.returncode, 2, result.stderr)
+      lines = result.stderr.strip().splitlines()
+      self.assertRegex(lines[-1], f'^error: .*{message}')
+      self.assertNotIn('Traceback', result.stderr)
+
+  @pytest.mark.slow
+  def test_kill_minus_9_and_rerun_gives_the_same_table(self):
+    full = self.create_tempdir().full_path
+    done = subprocess.run(_compare_command(full), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    self.assertEqual(done.returncode, 0, done.stderr)
+    killed = self.create_tempdir().full_path
+    proc = subprocess.Popen(_compare_command(killed), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    middle = os.path.join(killed, 'ksync_k=6', 'seed0', 'checkpoints')  # the third of four runs
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+      steps = [int(n) for n in os.listdir(middle) if n.isdigit()] if os.path.isdir(middle) else []
+      if steps and max(steps) >= 100:
+        break
+      time.sleep(0.05)
+    self.assertIsNone(proc.poll(), 'the comparison finished before it could be killed; make it longer')
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    self.assertFalse(os.path.exists(os.path.join(killed, 'ksync_k=6', 'seed0', 'summary.json')))
+    resumed = subprocess.run(_compare_command(killed), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    self.assertEqual(resumed.returncode, 0, resumed.stderr)
+    self.assertIn('Resumed from the checkpoint', resumed.stderr)
+    self.assertIn('finished already', resumed.stderr)
+    table = lambda root: open(os.path.join(root, 'comparison.md')).read().replace(root, 'ROOT')  # pylint: disable=unnecessary-lambda-assignment
+    self.assertEqual(table(killed), table(full))
+    report = lambda root: _without_wall(json.loads(open(os.path.join(root, 'comparison.json')).read().replace(  # pylint: disable=unnecessary-lambda-assignment
+        root, 'ROOT')))
+    self.assertEqual(report(killed), report(full))
+
+
+if __name__ == '__main__':
+  absltest.main()
