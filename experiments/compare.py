@@ -9,7 +9,7 @@ a new entry and a `key=value` belongs to the entry before it, so `sync,local_sgd
 `;` also separates entries (`'sync;ksync,k=6'`); `all` is every registered algorithm
 (`algorithms.registry.names()`, each with its defaults; one whose config is invalid for the workload is
 skipped with a note). `--sweep KEY=V1,V2,...` (repeatable: the grid of all of them) runs every entry at every
-value; each entry is then reported at its best value (fewest seeds missing the target accuracy, then the
+value (`KEY1:KEY2=A1:B1,A2:B2` moves keys together); each entry is then reported at its best value (fewest seeds missing the target accuracy, then the
 shortest mean time to it, then the lowest final eval loss), every run is kept and listed. `--seeds=N` runs
 seeds `config.seed + 0 .. N-1`. `--sim_time=T` gives every run the same budget of simulated seconds instead
 of the same `num_steps` (an asynchronous iteration is one gradient, a synchronous one P of them): each run's
@@ -67,7 +67,8 @@ from experiments import main as main_lib  # the --config and --workdir flags, th
 _ALGORITHMS = flags.DEFINE_string('algorithms', None, "Entries 'ALGORITHM[,key=value...]' separated by ',' "
                                   "(a name starts an entry) or ';'; 'all': every registered algorithm.")
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per run: config.seed + 0 .. N-1.')
-_SWEEP = flags.DEFINE_multi_string('sweep', [], 'KEY=V1,V2,...: run every entry at every value (repeat: grid).')
+_SWEEP = flags.DEFINE_multi_string('sweep', [], 'KEY=V1,V2,...: run every entry at every value (repeat: grid; '
+                                  "'KEY1:KEY2=A1:B1,A2:B2' moves keys together).")
 _BASELINE = flags.DEFINE_string('baseline', 'sync', 'Entry the speed-up is measured against.')
 _TARGET_LOSS = flags.DEFINE_float('target_loss', None, 'Eval loss for "time to target loss" (default: the '
                                   'highest of the lowest eval losses of the runs that reached the target '
@@ -120,17 +121,29 @@ def parse_entries(text: str) -> list[str]:
 
 
 def parse_sweeps(specs: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
-  """['a=1,2', 'b=x,y'] -> the grid [(('a','1'),('b','x')), (('a','1'),('b','y')), ...]; [] -> [()]."""
+  """['a=1,2', 'b=x,y'] -> the grid [(('a','1'),('b','x')), (('a','1'),('b','y')), ...]; [] -> [()].
+
+  Keys joined by ':' move together (one axis of tuples, not a grid): 'a:b=1:x,2:y' -> [(('a','1'),('b','x')),
+  (('a','2'),('b','y'))], e.g. a learning rate with its momentum.
+  """
   from experiments.configs import common  # pylint: disable=g-import-not-at-top
   import config_errors as errors  # pylint: disable=g-import-not-at-top
   axes = []
   for spec in specs:
     key, sep, values = spec.partition('=')
-    values = common.split_arg(values)
-    if not sep or not key.strip() or not values:
-      raise errors.ConfigError('--sweep', spec, 'expected KEY=V1,V2,... (e.g. optimizer.learning_rate=0.05,0.1)')
-    axes.append([(key.strip(), v) for v in values])
-  return [tuple(point) for point in itertools.product(*axes)]
+    keys, values = [k.strip() for k in key.split(':')], common.split_arg(values)
+    if not sep or not all(keys) or not values:
+      raise errors.ConfigError('--sweep', spec, 'expected KEY=V1,V2,... (e.g. optimizer.learning_rate=0.05,0.1) '
+                               'or KEY1:KEY2=A1:B1,A2:B2,...')
+    axis = []
+    for value in values:
+      parts = value.split(':') if len(keys) > 1 else [value]
+      if len(parts) != len(keys):
+        raise errors.ConfigError('--sweep', spec, f'the value {value!r} must have {len(keys)} parts separated by '
+                                 f"':', one per key of {':'.join(keys)}")
+      axis.append(tuple(zip(keys, (v.strip() for v in parts))))
+    axes.append(axis)
+  return [tuple(pair for group in point for pair in group) for point in itertools.product(*axes)]
 
 
 def slug(text: str) -> str:

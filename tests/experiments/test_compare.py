@@ -85,6 +85,15 @@ class ParseTest(parameterized.TestCase):
       with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
         compare.parse_sweeps([bad])
 
+  def test_keys_joined_by_a_colon_move_together(self):
+    lr, mom = 'optimizer.learning_rate', 'optimizer.momentum'
+    self.assertEqual(compare.parse_sweeps([f'{lr}:{mom}=0.2:0.9,0.1:0.0', 'k=1,2']), [
+        ((lr, '0.2'), (mom, '0.9'), ('k', '1')), ((lr, '0.2'), (mom, '0.9'), ('k', '2')),
+        ((lr, '0.1'), (mom, '0.0'), ('k', '1')), ((lr, '0.1'), (mom, '0.0'), ('k', '2'))])
+    for bad in (f'{lr}:{mom}=0.2', f'{lr}:{mom}=0.2:0.9:1', f'{lr}:=0.2:0.9'):
+      with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
+        compare.parse_sweeps([bad])
+
   def test_slugs_are_directory_names(self):
     self.assertEqual(compare.slug('ksync,k=6'), 'ksync_k=6')
     self.assertEqual(compare.slug('wagma,stragglers.slow_workers=(0,1)'), 'wagma_stragglers.slow_workers=_0_1')
