@@ -90,10 +90,7 @@ def dasgd(inner: optax.GradientTransformation, local_steps: int = 4, delay: int 
   def update_fn(grads, state, params=None, *, schedule=None, step: Optional[jax.Array] = None,
                 round_position: Optional[int] = None, **extra):
     del extra
-    if params is None:
-      raise ValueError('dasgd needs params: it averages models, not gradients.')
-    updates, inner_state = inner.update(grads, state.inner, params)
-    stepped = optax.apply_updates(params, updates)
+    stepped, inner_state = spec.local_step('dasgd', inner, grads, state.inner, params)
     t = state.count if step is None else step
     if round_position is not None:
       new_params, buffer = delayed_averaging.round_step(

@@ -87,9 +87,7 @@ class KAsync(ps.KRule):
     draws = ps.Draws(clock, m, chunk=n * k)  # exactly the n K jobs started
     draws.more()
     rows, scaled, u = draws.rows, draws.factors is not None, 0
-    heap = [(f, i) for i, f in enumerate(state['finish'].tolist())]
-    heapq.heapify(heap)
-    view, version = state['view'].tolist(), int(state['version'])
+    heap, view, version = ps.learner_heap(state)
     who, stale, arrival, end = [], [], [], []
     pop, push = heapq.heappop, heapq.heappush
     for _ in range(n):
@@ -107,10 +105,7 @@ class KAsync(ps.KRule):
       end.append(update)
     draws.used = u
     draws.close()
-    finish = np.empty(p)
-    for f, i in heap:
-      finish[i] = f
-    state['finish'], state['view'], state['version'] = finish, np.asarray(view, np.int64), version
+    ps.store_learners(state, heap, view, version)
     who = np.asarray(who, np.int64).reshape(n, k)
     stale = np.asarray(stale, np.int64).reshape(n, k)
     end = np.asarray(end)

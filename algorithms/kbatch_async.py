@@ -131,9 +131,7 @@ class KBatchAsync(ps.KRule):
     r = self.max_delay if self.max_delay is not None else float('inf')
     draws = ps.Draws(clock, m, chunk=n * k + (0 if self.max_delay is None else n * k // 2 + 64))
     rows, scaled, u = draws.rows, draws.factors is not None, 0
-    heap = [(f, i) for i, f in enumerate(state['finish'].tolist())]
-    heapq.heapify(heap)
-    view, version = state['view'].tolist(), int(state['version'])
+    heap, view, version = ps.learner_heap(state)
     # One code per event: learner | kind << 20 | delay << 22, kind 0 push, 1 the K-th push, 2 discarded.
     events, end = [], []
     record, replace = events.append, heapq.heapreplace
@@ -163,10 +161,7 @@ class KBatchAsync(ps.KRule):
       end.append(arrival)
     draws.used = u
     draws.close()
-    finish = np.empty(p)
-    for f, i in heap:
-      finish[i] = f
-    state['finish'], state['view'], state['version'] = finish, np.asarray(view, np.int64), version
+    ps.store_learners(state, heap, view, version)
     events, end = np.asarray(events, np.int64), np.asarray(end)
     who, kind, stale = events & 0xFFFFF, (events >> 20) & 3, events >> 22
     ts = np.concatenate(([0], np.cumsum(kind == 1)[:-1]))  # an update ends at its K-th push

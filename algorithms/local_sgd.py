@@ -78,10 +78,7 @@ def local_sgd(inner: optax.GradientTransformation, local_steps: int, warmup_step
   def update_fn(grads, state, params=None, *, step: Optional[jax.Array] = None,
                 round_position: Optional[int] = None, **extra):
     del extra
-    if params is None:
-      raise ValueError('local_sgd needs params: it averages models, not gradients.')
-    updates, inner_state = inner.update(grads, state.inner, params)
-    stepped = optax.apply_updates(params, updates)
+    stepped, inner_state = spec.local_step('local_sgd', inner, grads, state.inner, params)
 
     def average(tree_and_state):
       tree, opt_state = tree_and_state

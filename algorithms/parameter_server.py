@@ -39,6 +39,7 @@ Trade-offs in Distributed SGD", AISTATS 2018; AdaSync: the journal version, arXi
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any, NamedTuple, Optional, TYPE_CHECKING
 
@@ -234,6 +235,21 @@ def init_learners(clock: 'Clock', m: int) -> dict[str, Any]:
     state['view'] = np.zeros(clock.workers, np.int64)  # server version each in-flight job computes on
     state['version'] = 0                                # server updates so far
   return state
+
+
+def learner_heap(state: dict[str, Any]) -> tuple[list[tuple[float, int]], list[int], int]:
+  """(heap of (finish time, learner), views as a list, version) of `init_learners`' state, for an event loop."""
+  heap = [(f, i) for i, f in enumerate(state['finish'].tolist())]
+  heapq.heapify(heap)
+  return heap, state['view'].tolist(), int(state['version'])
+
+
+def store_learners(state: dict[str, Any], heap: list[tuple[float, int]], view: list[int], version: int) -> None:
+  """Writes an event loop's heap, views and version back into `init_learners`' state."""
+  finish = np.empty(len(heap))
+  for f, i in heap:
+    finish[i] = f
+  state['finish'], state['view'], state['version'] = finish, np.asarray(view, np.int64), version
 
 
 # ---- the vectorised simulator path (`iterate_block`) shared by the variants ----

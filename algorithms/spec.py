@@ -37,6 +37,15 @@ def mean_of_workers(params: Any, opt_state: Any) -> Any:
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), params)
 
 
+def local_step(name: str, inner: optax.GradientTransformation, grads: Any, inner_state: Any,
+               params: Any) -> tuple[Any, Any]:
+  """(W_i + U(g_i), the inner optimizer's new state): the local step every model-averaging algorithm takes."""
+  if params is None:
+    raise ValueError(f'{name} needs params: it averages models, not gradients.')
+  updates, inner_state = inner.update(grads, inner_state, params)
+  return optax.apply_updates(params, updates), inner_state
+
+
 def no_rounds(config: ml_collections.ConfigDict) -> None:
   del config
   return None

@@ -152,10 +152,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   def update_fn(grads, state, params=None, *, step: Optional[jax.Array] = None,
                 round_position: Optional[int] = None, **extra):
     del extra
-    if params is None:
-      raise ValueError('streaming_diloco needs params: it averages models, not gradients.')
-    updates, inner_state = inner.update(grads, state.inner, params)
-    leaves, treedef = jax.tree.flatten(optax.apply_updates(params, updates))
+    stepped, inner_state = spec.local_step('streaming_diloco', inner, grads, state.inner, params)
+    leaves, treedef = jax.tree.flatten(stepped)
     pieces = pieces_of(leaves)
     t = state.count if step is None else step
 
