@@ -77,7 +77,7 @@ _SIM_TIME = flags.DEFINE_float('sim_time', None, 'A budget of simulated seconds 
                                 'config.num_steps: each run gets the iterations its own clock needs to reach it.')
 _MAX_STEPS = flags.DEFINE_integer('max_steps', None, 'With --sim_time: at most this many iterations per run.')
 _EVALS = flags.DEFINE_integer('evals', 50, 'With --sim_time: about this many evaluations per run (they also '
-                              'set log_every, steps_per_call and checkpoint_every: see even_blocks).')
+                              'set log_every, steps_per_call and checkpoint_every: see sim_budget.even_blocks).')
 flags.mark_flag_as_required('algorithms')
 
 FAILED_FILE = 'compare_failed.json'  # a diverged or stalled run: rerunning would fail the same way
@@ -193,56 +193,6 @@ def _apply_overrides(config, overrides: dict[str, Any], named: set[str]) -> None
       node[parts[-1]] = value
 
 
-def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
-                       model_bytes: Optional[float] = None) -> int:
-  """The iterations after which the run's simulated clock first reaches `sim_time` (at most `max_steps`).
-
-  Drives the run's own seeded clock (`cluster.factory.make_clock`), nothing compiles: exact where the schedules
-  do not depend on the training (every compute model; not AdaSync, whose K follows the loss: there the clock
-  runs at K0 and the real run may end later).
-  """
-  # pylint: disable=g-import-not-at-top
-  import numpy as np
-  from algorithms import registry
-  from cluster import clock as clock_lib
-  from cluster import factory as cluster_factory
-  from experiments import tasks
-  spec = registry.get(config.algorithm.name)
-  nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
-  clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
-  limit, step = max_steps or 10 ** 7, 0
-  while step < limit:
-    try:
-      block = clock.next_block(min(1000, limit - step))
-    except clock_lib.StalledError:
-      return step + 1  # the run stops there with its one line
-    reached = np.nonzero(block.sim_time >= sim_time)[0]
-    if len(reached):
-      return step + int(reached[0]) + 1
-    step += len(block.duration)
-  return limit
-
-
-def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None) -> dict[str, int]:
-  """`num_steps`, `eval_every` = `log_every`, `steps_per_call` and `checkpoint_every` for about `steps`
-  iterations evaluated `evals` times, such that every block of the run has the same length (a block never
-  crosses an evaluation or checkpoint, and each block length compiles its own program).
-
-  eval_every is a multiple of the algorithm's round (if it has one), steps_per_call the largest multiple of the
-  round that divides eval_every and is at most the config's, checkpoint_every and num_steps multiples of
-  eval_every; num_steps is `steps` rounded up (down when that would pass `max_steps`).
-  """
-  from algorithms import registry  # pylint: disable=g-import-not-at-top
-  r = registry.get(config.algorithm.name).round_length(config) or 1
-  every = -(-max(1, steps // evals) // r) * r
-  per_call = max(d for d in range(r, every + 1, r) if every % d == 0 and d <= max(r, config.steps_per_call))
-  num_steps = -(-steps // every) * every
-  if max_steps is not None and num_steps > max_steps:
-    num_steps = max(every, max_steps // every * every)
-  return {'num_steps': num_steps, 'eval_every': every, 'log_every': every, 'steps_per_call': per_call,
-          'checkpoint_every': -(-config.checkpoint_every // every) * every}
-
-
 def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Sequence[tuple[tuple[str, str], ...]],
          seeds: int, root: str, common_pairs: Sequence[str] = (), overrides: Optional[dict[str, Any]] = None,
          skip_invalid: bool = False, sim_time: Optional[float] = None, max_steps: Optional[int] = None,
@@ -259,14 +209,15 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
     overrides: `--config.PATH` -> value for every run, unless the entry or sweep names PATH.
     skip_invalid: drop an entry whose config is invalid (reported in the returned dict) instead of raising.
     sim_time: a budget of simulated seconds instead of `num_steps`: each run's `num_steps` becomes the
-      iterations its clock needs to reach it (`steps_for_sim_time`, at most `max_steps`), rounded up to whole
-      evaluation periods, and it is evaluated about `evals` times in blocks of one length (`even_blocks`).
+      iterations its clock needs to reach it (`sim_budget.steps_for_sim_time`, at most `max_steps`), rounded up to whole
+      evaluation periods, and it is evaluated about `evals` times in blocks of one length (`sim_budget.even_blocks`).
 
   Returns:
     (the runs, entry -> why it was skipped).
   """
   import config_errors as errors  # pylint: disable=g-import-not-at-top
   from data import registry as data_registry  # pylint: disable=g-import-not-at-top
+  from experiments import sim_budget  # pylint: disable=g-import-not-at-top
   from experiments import tasks  # pylint: disable=g-import-not-at-top
   from experiments import validation  # pylint: disable=g-import-not-at-top
   from experiments.configs import common  # pylint: disable=g-import-not-at-top
@@ -296,9 +247,9 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
                            'a --sim_time budget needs the configured times (calibration rescales them at run time)')
             key = json.dumps([config.dataset.to_dict(), config.model.to_dict()], sort_keys=True, default=str)
             model_bytes.setdefault(key, tasks.model_bytes(config))
-            steps = steps_for_sim_time(config, sim_time, max_steps, model_bytes[key])
+            steps = sim_budget.steps_for_sim_time(config, sim_time, max_steps, model_bytes[key])
             config.num_epochs = None  # the budget is simulated seconds
-            for field, value in even_blocks(config, steps, evals, max_steps).items():
+            for field, value in sim_budget.even_blocks(config, steps, evals, max_steps).items():
               config[field] = value
             validation.validate(config)
           elif config.get('num_epochs') is not None:  # the iterations, for the progress lines and the table

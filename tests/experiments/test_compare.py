@@ -18,6 +18,7 @@ from algorithms import registry
 from cluster import factory as cluster_factory
 from data import registry as data_registry
 from experiments import compare
+from experiments import sim_budget
 from experiments.configs import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -180,16 +181,22 @@ class PlanTest(absltest.TestCase):
 
 class BudgetTest(parameterized.TestCase):
 
+  def test_a_run_that_stalls_gets_the_iterations_up_to_the_stall(self):
+    config = digits.get_config('sync,stragglers.fail_worker=3,stragglers.fail_at_s=0.5')
+    self.assertEqual(sim_budget.steps_for_sim_time(config, 3.0), 50)  # iterations 0..48 end by 0.49 s
+    survivor = digits.get_config('ksync,k=6,stragglers.fail_worker=3,stragglers.fail_at_s=0.5')
+    self.assertEqual(sim_budget.steps_for_sim_time(survivor, 2.995), 300)  # 10 ms per iteration
+
   @parameterized.named_parameters(('sync', 'sync', 30), ('ksync', 'ksync,k=5', 100), ('async', 'async', 539))
   def test_steps_for_sim_time_is_where_the_runs_clock_reaches_it(self, entry, expected):
     config = digits.get_config(','.join([entry, *HETEROGENEOUS]))
-    steps = compare.steps_for_sim_time(config, 1.0)
+    steps = sim_budget.steps_for_sim_time(config, 1.0)
     self.assertEqual(steps, expected)
     clock = cluster_factory.make_clock(config, registry.get(config.algorithm.name).time_rule(config), 1e5)
     times = clock.next_block(steps).sim_time
     self.assertGreaterEqual(times[-1], 1.0)
     self.assertLess(times[-2], 1.0)
-    self.assertEqual(compare.steps_for_sim_time(config, 1.0, max_steps=7), 7)
+    self.assertEqual(sim_budget.steps_for_sim_time(config, 1.0, max_steps=7), 7)
 
   @parameterized.named_parameters(
       ('plain', 'sync', 1000, 50, None, dict(num_steps=1000, eval_every=20, steps_per_call=10)),
@@ -198,7 +205,7 @@ class BudgetTest(parameterized.TestCase):
       ('rounds', 'local_sgd,local_steps=4', 300, 50, None, dict(num_steps=304, eval_every=8, steps_per_call=8)),
       ('short', 'sync', 7, 50, None, dict(num_steps=7, eval_every=1, steps_per_call=1)))
   def test_even_blocks(self, entry, steps, evals, max_steps, expected):
-    got = compare.even_blocks(digits.get_config(entry), steps, evals, max_steps)
+    got = sim_budget.even_blocks(digits.get_config(entry), steps, evals, max_steps)
     self.assertEqual({k: got[k] for k in expected}, expected)
     self.assertEqual(got['log_every'], got['eval_every'])
     self.assertEqual(got['checkpoint_every'] % got['eval_every'], 0)

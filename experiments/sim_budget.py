@@ -1,0 +1,68 @@
+"""A budget of simulated seconds instead of a number of iterations (experiments.compare --sim_time, benchmarks).
+
+An asynchronous iteration is one gradient and a synchronous one P of them, so the same `num_steps` is not the same
+time for every algorithm: `steps_for_sim_time` asks the run's own seeded clock how many iterations reach a
+simulated time, before anything compiles, and `even_blocks` spreads evaluations over them in blocks of one length.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from algorithms import registry
+from cluster import clock as clock_lib
+from cluster import factory as cluster_factory
+from experiments import tasks
+
+
+def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
+                       model_bytes: Optional[float] = None) -> int:
+  """The iterations after which the run's simulated clock first reaches `sim_time` (at most `max_steps`).
+
+  Drives the run's own seeded clock (`cluster.factory.make_clock`), nothing compiles: exact where the schedules
+  do not depend on the training (every compute model; not AdaSync, whose K follows the loss: there the clock
+  runs at K0 and the real run may end later).
+  """
+  spec = registry.get(config.algorithm.name)
+  nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
+  clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
+  limit, step = max_steps or 10 ** 7, 0
+  while step < limit:
+    try:
+      block = clock.next_block(min(1000, limit - step))
+    except clock_lib.StalledError:  # somewhere in this block: replay it one iteration at a time
+      clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
+      if step:
+        clock.next_block(step)
+      for step in range(step + 1, limit + 1):
+        try:
+          clock.next_block(1)
+        except clock_lib.StalledError:
+          return step  # the run gets to the stall and stops there with its one line
+      return limit
+    reached = np.nonzero(block.sim_time >= sim_time)[0]
+    if len(reached):
+      return step + int(reached[0]) + 1
+    step += len(block.duration)
+  return limit
+
+
+def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None) -> dict[str, int]:
+  """`num_steps`, `eval_every` = `log_every`, `steps_per_call` and `checkpoint_every` for about `steps`
+  iterations evaluated `evals` times, such that every block of the run has the same length (a block never
+  crosses an evaluation or checkpoint, and each block length compiles its own program).
+
+  eval_every is a multiple of the algorithm's round (if it has one), steps_per_call the largest multiple of the
+  round that divides eval_every and is at most the config's, checkpoint_every and num_steps multiples of
+  eval_every; num_steps is `steps` rounded up (down when that would pass `max_steps`).
+  """
+  r = registry.get(config.algorithm.name).round_length(config) or 1
+  every = -(-max(1, steps // evals) // r) * r
+  per_call = max(d for d in range(r, every + 1, r) if every % d == 0 and d <= max(r, config.steps_per_call))
+  num_steps = -(-steps // every) * every
+  if max_steps is not None and num_steps > max_steps:
+    num_steps = max(every, max_steps // every * every)
+  return {'num_steps': num_steps, 'eval_every': every, 'log_every': every, 'steps_per_call': per_call,
+          'checkpoint_every': -(-config.checkpoint_every // every) * every}
