@@ -42,6 +42,11 @@ def default_stragglers_config() -> ml_collections.ConfigDict:
   c.slow_fraction = 0.0
   c.slow_workers = ()     # worker ids; takes the place of slow_fraction (set one of the two)
   c.slow_factor = 2.0
+  # Arbitrary persistent heterogeneity (any kind): worker i's compute times multiplied by worker_factors[i], a
+  # tuple of P numbers > 0 (e.g. sqrt(i + 1), the Ringmaster paper's kind of fixed heterogeneity; mnist1d.py's
+  # `stragglers=sqrt` preset). () = none; when set it takes the place of slow_fraction / slow_workers /
+  # slow_factor (setting it together with slow_fraction or slow_workers is refused).
+  c.worker_factors = ()
   # Transient delays (any kind): at each job (iteration) index, `delayed_workers` random workers get +delay_s
   # (WAGMA paper: 2 of 64 workers, 0.32 s).
   c.delayed_workers = 0
@@ -98,6 +103,21 @@ def _require_workers(value, field: str, workers: int) -> tuple[int, ...]:
   return tuple(int(w) for w in ids)
 
 
+def _require_factors(value, workers: int) -> tuple[float, ...]:
+  """`stragglers.worker_factors` as floats: () or exactly `workers` finite numbers > 0."""
+  field = 'stragglers.worker_factors'
+  errors.require(isinstance(value, (list, tuple, np.ndarray)), field, value,
+                 f'must be a tuple of {workers} per-worker factors > 0 (one per worker), or () for none')
+  factors = tuple(value)
+  if not factors:
+    return ()
+  errors.require(len(factors) == workers, field, value,
+                 f'has {len(factors)} factors; needs exactly one per worker (workers={workers})')
+  ok = all(_is_number(f) and bool(np.isfinite(f)) and f > 0 for f in factors)
+  errors.require(ok, field, value, 'every factor must be a finite number > 0')
+  return tuple(float(f) for f in factors)
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises config_errors.ConfigError for a bad `stragglers.*` or `network.*` field."""
   s, p = config.stragglers, config.workers
@@ -124,9 +144,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
   slow = _require_workers(get('slow_workers'), 'stragglers.slow_workers', p)
   errors.require(not (slow and get('slow_fraction') > 0), 'stragglers.slow_workers', get('slow_workers'),
                  'set either slow_workers or slow_fraction, not both')
+  factors = _require_factors(get('worker_factors'), p)
+  errors.require(not (factors and (slow or get('slow_fraction') > 0)), 'stragglers.worker_factors',
+                 get('worker_factors'), 'set either worker_factors or slow_fraction / slow_workers, not both')
   if kind == 'slow_workers':
-    errors.require(bool(slow) or get('slow_fraction') > 0, 'stragglers.slow_fraction', get('slow_fraction'),
-                   'kind=slow_workers needs slow_fraction > 0 or a slow_workers list')
+    errors.require(bool(slow) or get('slow_fraction') > 0 or bool(factors), 'stragglers.slow_fraction',
+                   get('slow_fraction'), 'kind=slow_workers needs slow_fraction > 0, a slow_workers list or '
+                   'worker_factors')
 
   delayed = get('delayed_workers')
   errors.require(_is_int(delayed) and 0 <= delayed <= p, 'stragglers.delayed_workers', delayed,
@@ -155,8 +179,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def slow_factors(stragglers: ml_collections.ConfigDict, workers: int) -> np.ndarray:
-  """float64 (P,): per-worker multiplier of compute times (1 for normal workers)."""
+  """float64 (P,): per-worker multiplier of compute times (1 for normal workers).
+
+  `worker_factors` when set (validated: P finite numbers > 0); else `slow_factor` for the slow workers
+  (`slow_workers`, or the first round(slow_fraction P)) and 1 for the others.
+  """
   get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  if len(get('worker_factors')):
+    return np.asarray(get('worker_factors'), np.float64).reshape(workers)
   slow = list(_worker_list(get('slow_workers')))
   if not slow and get('slow_fraction') > 0:
     slow = list(range(int(round(get('slow_fraction') * workers))))

@@ -28,6 +28,16 @@ iteration index, one random worker is delayed by another 30 ms. The same as the 
 `stragglers=homogeneous` is the default (no stragglers). Measured (300 steps, seed 0): sync 12.8 s simulated
 (42.5 ms per iteration), reaches 80% at 5.5 s; local_sgd 8.3 s (4.4 s); dpsgd 9.6 s (3.9 s); wagma 7.7 s (4.4 s).
 
+Variant `stragglers=sqrt`: a fixed, arbitrary heterogeneity (Ringmaster ASGD's setting): worker i's compute
+times are scaled by sqrt(i + 1) (10 ms to 28 ms per micro-batch on 8 workers), no random delays; it sets
+`stragglers.worker_factors` to sqrt(1), ..., sqrt(P) for the `workers` of the config argument (a later
+`--config.workers` flag does not resize it: validation refuses the mismatch). Measured (REPRODUCING.md section
+6: momentum 0, 4 simulated seconds, 3 seeds, time to 60%): ringmaster,max_delay=4 2.38 s, async 2.98 s,
+kbatch_sync,k=2 (Rennala SGD) 3.03 s. One run (900 server updates, about 4 simulated seconds):
+  python -m experiments.main --config=experiments/configs/mnist1d.py:ringmaster,max_delay=4,stragglers=sqrt \
+      --config.optimizer.momentum=0.0 --config.optimizer.learning_rate=0.15 --config.num_steps=900 \
+      --workdir=/tmp/m1d_ringmaster
+
 The parameter-server family (async, kasync, kbatch_*: an iteration is one server update of 1..K gradients)
 needs more iterations and no momentum here: with momentum 0.9 async and kasync,k=4 diverge (10% accuracy);
 `optimizer.momentum=0.0` and 600 (kasync,k=4, lr 0.2: 72.5%) to 2,400 (async, lr 0.1) iterations learn.
@@ -42,15 +52,21 @@ worker, Adam, batch 100, 6,000+ steps):
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 import config_errors as errors
 from experiments.configs import common
 
-# `stragglers=NAME` in the config argument: compute-time presets applied before the other overrides.
+# `stragglers=NAME` in the config argument: compute-time presets applied before the other overrides (a later
+# `stragglers.FIELD=...` wins). A preset is a dict of `config.stragglers` fields, or a function of the number
+# of workers the config argument asks for (its `workers=` if any, else the workload's) returning one.
 STRAGGLER_PRESETS = {
     'homogeneous': {},
     'heterogeneous': {'slow_fraction': 0.25, 'slow_factor': 2.0, 'delayed_workers': 1, 'delay_s': 0.03},
+    # Worker i's compute times scaled by sqrt(i + 1): a fixed, arbitrary heterogeneity (Ringmaster ASGD's setting).
+    'sqrt': lambda workers: {'worker_factors': tuple(math.sqrt(i + 1) for i in range(workers))},
 }
 
 
@@ -83,22 +99,34 @@ def workload_config() -> ml_collections.ConfigDict:
   return config
 
 
-def apply_straggler_preset(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """Sets `config.stragglers` fields to preset `name` (see STRAGGLER_PRESETS)."""
+def apply_straggler_preset(config: ml_collections.ConfigDict, name: str,
+                           workers: int | None = None) -> ml_collections.ConfigDict:
+  """Sets `config.stragglers` fields to preset `name` (see STRAGGLER_PRESETS) for `workers` (default: config's)."""
   if name not in STRAGGLER_PRESETS:
     raise errors.ConfigError('stragglers', name, f'a preset: {", ".join(STRAGGLER_PRESETS)}')
-  for key, value in STRAGGLER_PRESETS[name].items():
+  preset = STRAGGLER_PRESETS[name]
+  if callable(preset):
+    preset = preset(config.workers if workers is None else workers)
+  for key, value in preset.items():
     config.stragglers[key] = value
   return config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  config = workload_config()
-  rest = []
+  presets, rest = [], []
   for part in common.split_arg(arg):
     key, _, value = part.partition('=')
     if key.strip() == 'stragglers':
-      apply_straggler_preset(config, value.strip())
+      presets.append(value.strip())
     else:
       rest.append(part)
-  return common.apply_arg(config, ','.join(rest))
+  rest = ','.join(rest)
+  for name in presets:
+    errors.require(name in STRAGGLER_PRESETS, 'stragglers', name, f'a preset: {", ".join(STRAGGLER_PRESETS)}')
+  # A per-worker preset (`sqrt`) is sized for the workers the argument asks for, wherever `workers=` is written;
+  # a later `--config.workers` flag does not resize it: validation then names the length mismatch.
+  workers = common.apply_arg(workload_config(), rest).workers if presets else None
+  config = workload_config()
+  for name in presets:
+    apply_straggler_preset(config, name, workers)
+  return common.apply_arg(config, rest)

@@ -41,6 +41,19 @@ class ValidateTest(parameterized.TestCase):
       ('return_before_fail', {'fail_worker': 1, 'fail_at_s': 2.0, 'return_at_s': 1.0}, 'stragglers.return_at_s',
        '> fail_at_s'),
       ('rate_not_a_number', {'kind': 'exponential', 'rate': 'fast'}, 'stragglers.rate', '> 0'),
+      ('factors_too_few', {'worker_factors': (1.0, 2.0)}, 'stragglers.worker_factors', r'has 2 .*workers=8'),
+      ('factors_too_many', {'worker_factors': (1.0,) * 9}, 'stragglers.worker_factors', r'has 9 .*workers=8'),
+      ('factor_zero', {'worker_factors': (1.0,) * 7 + (0.0,)}, 'stragglers.worker_factors', 'finite number > 0'),
+      ('factor_negative', {'worker_factors': (-1.0,) + (1.0,) * 7}, 'stragglers.worker_factors', '> 0'),
+      ('factor_nan', {'worker_factors': (float('nan'),) * 8}, 'stragglers.worker_factors', 'finite'),
+      ('factor_inf', {'worker_factors': (float('inf'),) * 8}, 'stragglers.worker_factors', 'finite'),
+      ('factor_text', {'worker_factors': ('x',) * 8}, 'stragglers.worker_factors', 'finite number'),
+      ('factor_bool', {'worker_factors': (True,) * 8}, 'stragglers.worker_factors', 'finite number'),
+      ('factors_not_a_tuple', {'worker_factors': 2.0}, 'stragglers.worker_factors', 'tuple of 8'),
+      ('factors_and_fraction', {'worker_factors': (1.0,) * 8, 'slow_fraction': 0.25}, 'stragglers.worker_factors',
+       'not both'),
+      ('factors_and_slow_workers', {'worker_factors': (1.0,) * 8, 'slow_workers': (0,)},
+       'stragglers.worker_factors', 'not both'),
   )
   def test_bad_stragglers(self, overrides, field, allowed):
     config = helpers.config(workers=8)
@@ -107,6 +120,30 @@ class MakeTest(absltest.TestCase):
     self.assertAlmostEqual(net.p2p(nbytes), 1e-5 + nbytes * 1e-9)
     self.assertEqual(net.allreduce(nbytes, 1), 0.0)
     self.assertEqual(net.latency(), 1e-5)
+
+  def test_worker_factors_scale_each_worker(self):
+    factors = tuple(np.sqrt(np.arange(1, 9)))
+    config = helpers.config(workers=8, base_s=0.01, worker_factors=factors)
+    factory.validate(config)
+    np.testing.assert_array_equal(factory.slow_factors(config.stragglers, 8), factors)
+    clock = factory.make_clock(config, sync.Barrier(), 1e6)
+    self.assertIsInstance(clock.compute, compute.SlowWorkers)
+    workers = np.arange(8)
+    np.testing.assert_allclose(clock.compute.sample(np.random.default_rng(0), workers, np.zeros(8, np.int64)),
+                               0.01 * np.sqrt(workers + 1), rtol=1e-12)
+    # Sync waits for the slowest worker: sqrt(8) x 10 ms per iteration.
+    np.testing.assert_allclose(clock.next_block(3).duration, 0.01 * np.sqrt(8), rtol=1e-12)
+    # They take the place of slow_fraction / slow_factor, and compose with the distribution and delays.
+    config = helpers.config(workers=4, kind='slow_workers', slow_factor=5.0, worker_factors=(1, 2, 3, 4),
+                            delayed_workers=1, delay_s=0.1)
+    factory.validate(config)
+    np.testing.assert_array_equal(factory.slow_factors(config.stragglers, 4), [1.0, 2.0, 3.0, 4.0])
+
+  def test_empty_worker_factors_change_nothing(self):
+    config = helpers.config(workers=4, slow_workers=(1,), slow_factor=3.0, worker_factors=())
+    factory.validate(config)
+    np.testing.assert_array_equal(factory.slow_factors(config.stragglers, 4), [1.0, 3.0, 1.0, 1.0])
+    self.assertEqual(factory.default_stragglers_config().worker_factors, ())
 
   def test_composition(self):
     clock = helpers.clock(sync.Barrier(), kind='exponential', slow_workers=(0,), delayed_workers=1,

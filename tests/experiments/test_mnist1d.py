@@ -4,6 +4,7 @@ import math
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 import pytest
 
 import config_errors as errors
@@ -43,6 +44,27 @@ class Mnist1dConfigTest(parameterized.TestCase):
     self.assertEqual(mnist1d.get_config('sync,stragglers.delay_s=0.05,stragglers=heterogeneous').stragglers.delay_s,
                      0.05)
     self.assertEqual(mnist1d.get_config('local_sgd,local_steps=3,stragglers=heterogeneous').algorithm.local_steps, 3)
+
+  def test_sqrt_preset_scales_worker_i_by_sqrt_i_plus_1(self):
+    config = mnist1d.get_config('ringmaster,stragglers=sqrt')
+    validation.validate(config)
+    np.testing.assert_allclose(config.stragglers.worker_factors, np.sqrt(np.arange(1, 9)), rtol=1e-15)
+    # Sized for the workers the argument asks for, before or after the preset.
+    for arg in ('sync,workers=4,devices=4,stragglers=sqrt', 'sync,stragglers=sqrt,workers=4,devices=4'):
+      config = mnist1d.get_config(arg)
+      validation.validate(config)
+      np.testing.assert_allclose(config.stragglers.worker_factors, np.sqrt([1, 2, 3, 4]), rtol=1e-15)
+    # A later flag (`--config.workers=4`) does not resize it: validation names the mismatch.
+    config = mnist1d.get_config('sync,stragglers=sqrt')
+    config.workers = config.devices = 4
+    with self.assertRaisesRegex(errors.ConfigError, 'has 8 factors.*workers=4') as caught:
+      validation.validate(config)
+    self.assertEqual(caught.exception.field, 'stragglers.worker_factors')
+    # An explicit entry wins over the preset; mixing with the 2x-slow-workers preset is refused.
+    self.assertEqual(mnist1d.get_config('sync,stragglers=sqrt,stragglers.worker_factors=()').stragglers.worker_factors,
+                     ())
+    with self.assertRaisesRegex(errors.ConfigError, 'not both'):
+      validation.validate(mnist1d.get_config('sync,stragglers=heterogeneous,stragglers=sqrt'))
 
   def test_unknown_preset_names_the_field(self):
     with self.assertRaisesRegex(errors.ConfigError, 'stragglers.*heterogeneous'):
