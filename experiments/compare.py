@@ -538,7 +538,8 @@ def markdown(report: dict[str, Any], title: str) -> str:
   lines = [f'# {title}', '',
            f'Mean ± sample std over {seeds} seed(s); (n/N): only n of N seeds reached the target, the mean is '
            f'over those. Times are simulated seconds, to target by {report["time_to_target"]}. '
-           f'Target loss {loss_target}{loss_note}. idle: mean share of worker time spent waiting; staleness: '
+           f'Target loss {loss_target}{loss_note}. idle: mean over iterations of the share of worker time spent '
+           f'waiting in the iteration (not weighted by its length: a waiting iteration is longer); staleness: '
            f'mean staleness of applied contributions (iterations); bytes: all workers together; speed-up: '
            f'time to target accuracy of {report["baseline"] or "(no baseline)"} / this one\'s. Rows from the '
            f'fastest to target accuracy.', '']
