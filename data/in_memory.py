@@ -40,8 +40,12 @@ class InMemoryStreams:
 
   def indices(self, worker: int, first_sample: int, count: int) -> np.ndarray:
     """Example indices of samples first_sample .. first_sample+count-1 of `worker`'s stream."""
-    epochs, offsets = np.divmod(np.arange(first_sample, first_sample + count), self.shard_size)
-    out = np.empty(count, np.int64)
+    return self._indices_of(worker, np.arange(first_sample, first_sample + count))
+
+  def _indices_of(self, worker: int, samples: np.ndarray) -> np.ndarray:
+    """Example indices of `worker`'s stream positions `samples` (any shape)."""
+    epochs, offsets = np.divmod(samples, self.shard_size)
+    out = np.empty(samples.shape, np.int64)
     for epoch in np.unique(epochs):
       selected = epochs == epoch
       out[selected] = self._epoch_order(worker, int(epoch))[offsets[selected]]
@@ -49,11 +53,11 @@ class InMemoryStreams:
 
   def read(self, workers, positions, count):
     workers = np.asarray(workers)
-    positions = np.asarray(positions)
+    positions = np.asarray(positions, np.int64)
     n, w = positions.shape
     mb = self.microbatch_size
     idx = np.empty((n, w, count * mb), np.int64)
-    for k in range(n):
-      for j, worker in enumerate(workers):
-        idx[k, j] = self.indices(int(worker), int(positions[k, j]) * mb, count * mb)
+    span = np.arange(count * mb)
+    for j, worker in enumerate(workers):  # the whole block of one worker at once
+      idx[:, j] = self._indices_of(int(worker), positions[:, j, None] * mb + span)
     return {key: value[idx].reshape((n, w, count, mb) + value.shape[1:]) for key, value in self._arrays.items()}
