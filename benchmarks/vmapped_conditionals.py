@@ -5,7 +5,8 @@ skipped all-reduce is a real cross-device collective.
 
   python -m benchmarks.vmapped_conditionals [--workers=8 --devices=1 --local_steps=8 --repeats=30]
 
-Times the harness's jitted block step (digits MLP, batch 16 per worker, 8 iterations per call) twice in one
+Times the harness's jitted block step (digits MLP, batch 16 per worker, 10 iterations per call: not whole rounds
+of H, so the per-iteration program runs; a block of whole rounds has no conditional at all) twice in one
 process: with the replicated step number passed to `tx.update` (the averaging all-reduce is a conditional, run
 once per H iterations) and with a per-worker counter instead (what the harness did before the core contract:
 under vmap `lax.cond` becomes a select and the all-reduce runs on every iteration). Prints the median
@@ -38,7 +39,7 @@ _WORKERS = flags.DEFINE_integer('workers', 8, 'Workers.')
 _DEVICES = flags.DEFINE_integer('devices', 1, 'Devices the workers are vmapped over (CPU: forced host devices).')
 _LOCAL_STEPS = flags.DEFINE_integer('local_steps', 8, 'H of local SGD.')
 _REPEATS = flags.DEFINE_integer('repeats', 30, 'Timed calls of the block step per variant.')
-_BLOCK = 8
+_BLOCK = 10  # not a multiple of H: the per-iteration program (whole rounds compile without a conditional)
 
 
 def _without_step(tx):
