@@ -120,7 +120,7 @@ class AdaSync(rules.TimeRule):
     parts, now = [], clock.sim_time
     while n > 0:
       self._adjust(clock, state, now)
-      snap = ps.snapshot(clock) if self._next_k(clock, state) != state['k'] else None
+      snap = clock.snapshot() if self._next_k(clock, state) != state['k'] else None
       steps = self.base.iterate_block(clock, iteration, n)
       ends = np.maximum.accumulate(np.maximum(steps.end_time, now)).tolist()
       cut = len(ends)
@@ -131,7 +131,7 @@ class AdaSync(rules.TimeRule):
             break
           self._adjust(clock, state, ends[j - 1])  # K stays
       if cut < len(ends):
-        ps.restore(clock, snap)
+        clock.restore(snap)
         steps = self.base.iterate_block(clock, iteration, cut)
       parts.append(steps)
       if not np.all(np.isfinite(steps.end_time)):

@@ -87,7 +87,7 @@ class KBatchSync(ps.KRule):
     up2 = 2 * clock.network.p2p(clock.model_bytes)
     draws = ps.Draws(clock, m, 0)
     z = draws.bulk(n * (p + k)).reshape(n, p + k, m)
-    first = ps.job_seconds(z[:, :p], draws.factors)  # (n, P)
+    first = ps.scaled_job_seconds(z[:, :p], draws.factors)  # (n, P)
 
     def replay(start, lo):
       """(events (n', K) learner ids, event job seconds (n', K), K-th finish (n',)) from update lo."""
@@ -98,7 +98,7 @@ class KBatchSync(ps.KRule):
         i = np.argmin(finish, axis=1)  # ties: lowest learner id, as np.argmin in `iterate`
         last = finish[rows, i]
         f = None if draws.factors is None else np.asarray(draws.factors)[i]
-        seconds[:, j] = ps.job_seconds(z[lo:, p + j], f)
+        seconds[:, j] = ps.scaled_job_seconds(z[lo:, p + j], f)
         events[:, j] = i
         finish[rows, i] = last + seconds[:, j]
       return events, seconds, last

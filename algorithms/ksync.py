@@ -71,7 +71,7 @@ class KSync(ps.KRule):
     up = clock.network.p2p(clock.model_bytes)
     workers = np.broadcast_to(np.arange(p)[None, :, None], (n, p, m))
     units = clock.units[None, :, None] + m * np.arange(n)[:, None, None] + np.arange(m)[None, None, :]
-    rng = clock._rng  # pylint: disable=protected-access  # the clock's generator: the same draws as `iterate`
+    rng = clock.rng  # the clock's generator: the same draws as `iterate`
     seconds = np.array(clock.compute.sample(rng, workers, units), np.float64).reshape(n, p, m)
     if clock.delay is not None:
       seconds[:, :, 0] += clock.delay.delays(workers[:, :, 0], clock.jobs[None, :] + np.arange(n)[:, None])

@@ -262,10 +262,6 @@ def store_learners(state: dict[str, Any], heap: list[tuple[float, int]], view: l
 # depend on the previous update, on whole blocks with numpy. Where the draws cannot be taken ahead (a trace,
 # transient delays, failures: they depend on each worker's job count or on time), `loop_block` runs `iterate`.
 
-_IID_MODELS = (compute_lib.Constant, compute_lib.Exponential, compute_lib.ShiftedExponential, compute_lib.Pareto,
-               compute_lib.Lognormal)
-
-
 class Draws:
   """Micro-batch compute times drawn ahead from the clock's generator, handed out one job at a time.
 
@@ -283,17 +279,14 @@ class Draws:
     if isinstance(compute, compute_lib.SlowWorkers):
       compute, self.factors = compute.base, np.asarray(compute.factors, np.float64).tolist()
     self._model, self._m, self._chunk = compute, m, max(int(chunk), 16)
-    self._rng = clock._rng  # pylint: disable=protected-access  # the clock's only source of randomness
+    self._rng = clock.rng  # the clock's only source of randomness
     self._saved = self._rng.bit_generator.state
     self.rows: list = []
     self.used = 0
 
   @staticmethod
   def supported(clock: 'Clock') -> bool:
-    compute = clock.compute
-    if isinstance(compute, compute_lib.SlowWorkers):
-      compute = compute.base
-    return type(compute) in _IID_MODELS and clock.delay is None and clock.failure is None
+    return not compute_lib.reads_units(clock.compute) and clock.delay is None and clock.failure is None
 
   def bulk(self, jobs: int) -> np.ndarray:
     """float64 (jobs, m) of base times z, drawn now (for rules that use every draw: no `close`)."""
@@ -304,7 +297,7 @@ class Draws:
   def more(self) -> None:
     z = self.bulk(self._chunk)
     if self.factors is None:  # no per-worker factor: whole jobs now
-      self.rows.extend(job_seconds(z, None).tolist())
+      self.rows.extend(scaled_job_seconds(z, None).tolist())
     else:
       self.rows.extend(z[:, 0].tolist() if self._m == 1 else z.tolist())
 
@@ -326,7 +319,7 @@ class Draws:
         self.bulk(self.used)
 
 
-def job_seconds(z: np.ndarray, factors) -> np.ndarray:
+def scaled_job_seconds(z: np.ndarray, factors) -> np.ndarray:
   """Seconds of jobs from base draws z (..., m) and the factors of their workers (broadcast to z[..., 0])."""
   if factors is not None:
     z = z * np.asarray(factors, np.float64)[..., None]
@@ -338,20 +331,6 @@ def count_jobs(clock: 'Clock', jobs: np.ndarray, m: int) -> None:
   jobs = np.asarray(jobs, np.int64)
   clock.units += jobs * m
   clock.jobs += jobs
-
-
-def snapshot(clock: 'Clock') -> dict[str, Any]:
-  """What a block changes in the clock (times, counters, generator, rule state), to `restore` it."""
-  return {'times': clock.times.copy(), 'units': clock.units.copy(), 'jobs': clock.jobs.copy(),
-          'rng': clock._rng.bit_generator.state,  # pylint: disable=protected-access
-          'rule_state': {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in clock.rule_state.items()}}
-
-
-def restore(clock: 'Clock', snap: dict[str, Any]) -> None:
-  clock.times, clock.units, clock.jobs = snap['times'].copy(), snap['units'].copy(), snap['jobs'].copy()
-  clock._rng.bit_generator.state = snap['rng']  # pylint: disable=protected-access
-  clock.rule_state.clear()  # in place: callers hold the dict
-  clock.rule_state.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in snap['rule_state'].items()})
 
 
 def concat_steps(parts: list[rules.Steps]) -> rules.Steps:

@@ -62,8 +62,6 @@ from cluster.rules import synchronous as rules_synchronous
 if TYPE_CHECKING:
   from cluster.clock import Clock
 
-# Default `activation_latency_s` (choice, shared with non-blocking SGD's trigger): see cluster/rules/activation.py.
-DEFAULT_ACTIVATION_LATENCY_S = activation_lib.DEFAULT_ACTIVATION_LATENCY_S
 
 
 # ---- groups ----
@@ -193,8 +191,6 @@ class WagmaSchedule(NamedTuple):
   UNIFORM = ('pattern', 'global_average')
 
 
-# A_i = min_k (c_k + popcount(k XOR i) a), the activation's arrival over the hypercube (shared with nonblocking).
-activation_times = activation_lib.activation_times
 
 
 def group_max(values: np.ndarray, masks: list[int]) -> np.ndarray:
@@ -206,9 +202,6 @@ def group_max(values: np.ndarray, masks: list[int]) -> np.ndarray:
   return out
 
 
-_hops = activation_lib.hypercube_hops  # int16 (P, P): popcount(i XOR k)
-
-
 @functools.lru_cache(maxsize=16)
 def _group_hops(workers: int, masks: tuple[int, ...]) -> np.ndarray:
   """int16 (P, P): max over j in the group of i (i XOR any of `masks`) of popcount(j XOR k), at [k, i]."""
@@ -216,7 +209,7 @@ def _group_hops(workers: int, masks: tuple[int, ...]) -> np.ndarray:
   for mask in masks:
     spread |= mask
   outside = np.arange(workers) & ~spread
-  return _hops(workers)[np.ix_(outside, outside)] + np.int16(len(masks))
+  return activation_lib.hypercube_hops(workers)[np.ix_(outside, outside)] + np.int16(len(masks))
 
 
 def _pair_views(buffer: np.ndarray, bit: int):
@@ -251,7 +244,7 @@ class WaitAvoidingGroups(rules.TimeRule):
   group_size: int      # S
   period: int          # tau
   microbatches: int = 1
-  activation_latency_s: float = DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
+  activation_latency_s: float = activation_lib.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
   fixed_groups: bool = False   # always the groups of iteration 0
   wait_avoiding: bool = True   # False: every group waits for its slowest member
 
@@ -294,7 +287,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     else:
       group_time = clock.network.allreduce(clock.model_bytes, s)
       if self.wait_avoiding:
-        activation = activation_times(finished, self.activation_latency_s)
+        activation = activation_lib.activation_times(finished, self.activation_latency_s)
         fresh = finished <= activation
         behind = ~fresh & (previous > activation)
       else:
@@ -400,7 +393,7 @@ class WaitAvoidingGroups(rules.TimeRule):
         ladder[:, h] = ladder[:, h - 1] + a
       first = np.asarray(quick_worker)
       rows = np.arange(len(quick))[:, None]
-      activation[quick] = ladder[rows, _hops(p)[first]]
+      activation[quick] = ladder[rows, activation_lib.hypercube_hops(p)[first]]
       for t in np.unique(patterns[quick]):
         of_t = patterns[quick] == t
         joined[quick[of_t]] = ladder[rows[of_t], group_hops[int(t)][first[of_t]]]
@@ -466,7 +459,7 @@ SPEC = spec.AlgorithmSpec(
     defaults={
         'group_size': 0,        # S, a power of two <= workers; 0: sqrt(workers) rounded up to a power of two
         'sync_every': 10,       # tau: blocking global average every tau-th iteration (paper: 10 ImageNet, 8 WMT)
-        'activation_latency_s': DEFAULT_ACTIVATION_LATENCY_S,  # a: seconds per hop of the activation broadcast
+        'activation_latency_s': activation_lib.DEFAULT_ACTIVATION_LATENCY_S,  # a: seconds per hop of the activation
         'fixed_groups': False,  # ablation: always the groups of iteration 0
         'wait_avoiding': True,  # ablation (False): every group waits for its slowest member, all fresh
     },

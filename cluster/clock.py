@@ -16,7 +16,8 @@ What a rule may use (see `cluster/rules/`):
   clock.work(...)         finish times of one job (several micro-batches) per worker, with stragglers,
                           transient delays and failures applied; clock.work_each(...) + clock.consume(...)
                           when a rule needs every micro-batch's finish time (non-blocking SGD);
-                          clock.draw_jobs(n, ...) draws a whole block's times at once (vectorised rules)
+                          clock.draw_jobs(n, ...) draws a whole block's times at once (vectorised rules);
+                          clock.rng, clock.snapshot() / restore(...) for rules that draw ahead and rewind
   clock.rule_state        dict of numpy arrays / numbers / None kept between iterations (checkpointed)
   clock.lost_workers      how many workers fail and never come back
 """
@@ -308,6 +309,28 @@ class Clock:
     if not 1 <= int(k) <= self.workers:
       raise ValueError(f'K={k} must be in 1..{self.workers}')
     self.rule_state['k'] = int(k)
+
+  # ---- drawing ahead (vectorised rules) ----
+
+  @property
+  def rng(self) -> np.random.Generator:
+    """The clock's only source of randomness, for rules that draw compute times ahead of their events
+    (`algorithms/parameter_server.py: Draws`): what they draw and do not use they must put back (rewind and
+    redraw), so the stream stays the one `iterate` would have drawn."""
+    return self._rng
+
+  def snapshot(self) -> dict[str, Any]:
+    """What a block changes (times, counters, generator, rule state), for `restore` (AdaSync's rewind)."""
+    return {'times': self.times.copy(), 'units': self.units.copy(), 'jobs': self.jobs.copy(),
+            'rng': self._rng.bit_generator.state,
+            'rule_state': {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in self.rule_state.items()}}
+
+  def restore(self, snap: dict[str, Any]) -> None:
+    """Back to a `snapshot`; `rule_state` is updated in place (rules hold the dict)."""
+    self.times, self.units, self.jobs = snap['times'].copy(), snap['units'].copy(), snap['jobs'].copy()
+    self._rng.bit_generator.state = snap['rng']
+    self.rule_state.clear()
+    self.rule_state.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in snap['rule_state'].items()})
 
   # ---- checkpoints ----
 

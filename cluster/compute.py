@@ -141,11 +141,11 @@ class SlowWorkers:
 
 
 def reads_units(model: ComputeModel) -> bool:
-  """Whether `model.sample` depends on the units (a trace replays by position); the others ignore them."""
+  """Whether `model.sample` depends on the units (a trace replays by position; an unknown model may): the
+  i.i.d. distributions ignore them, so their draws can be taken ahead in any order."""
   if isinstance(model, SlowWorkers):
     return reads_units(model.base)
-  return isinstance(model, Trace) or not isinstance(model, (Constant, Exponential, ShiftedExponential, Pareto,
-                                                            Lognormal))
+  return not isinstance(model, (Constant, Exponential, ShiftedExponential, Pareto, Lognormal))
 
 
 def load_trace(path: str, workers: int, field: str = 'stragglers.trace_path') -> np.ndarray:

@@ -32,9 +32,4 @@ def load_arrays(test_fraction: float = 0.2):
 
 def make_dataset(config) -> base.Dataset:
   train, test = load_arrays(config.dataset.test_fraction)
-  streams = in_memory.InMemoryStreams(
-      train, workers=config.workers, microbatch_size=config.batch_size // config.microbatches,
-      seed=config.seed)
-  return base.Dataset(
-      train=streams, eval_batches=lambda batch_size: base.padded_batches(test, batch_size),
-      example={k: v[0] for k, v in train.items()}, num_classes=10, train_size=len(train['label']))
+  return in_memory.make_dataset(train, test, config, num_classes=10)

@@ -61,3 +61,14 @@ class InMemoryStreams:
     for j, worker in enumerate(workers):  # the whole block of one worker at once
       idx[:, j] = self._indices_of(int(worker), positions[:, j, None] * mb + span)
     return {key: value[idx].reshape((n, w, count, mb) + value.shape[1:]) for key, value in self._arrays.items()}
+
+
+def make_dataset(train: base.Batch, test: base.Batch, config, num_classes: int,
+                 task: str = 'classification') -> base.Dataset:
+  """A `base.Dataset` of arrays in host memory: per-worker streams over `train`, padded eval batches of `test`."""
+  streams = InMemoryStreams(train, workers=config.workers, microbatch_size=config.batch_size // config.microbatches,
+                            seed=config.seed)
+  return base.Dataset(
+      train=streams, eval_batches=lambda batch_size: base.padded_batches(test, batch_size),
+      example={k: v[0] for k, v in train.items()}, num_classes=num_classes, train_size=len(train['label']),
+      task=task)

@@ -91,9 +91,4 @@ def load_arrays():
 
 def make_dataset(config) -> base.Dataset:
   train, test = load_arrays()
-  streams = in_memory.InMemoryStreams(
-      train, workers=config.workers, microbatch_size=config.batch_size // config.microbatches,
-      seed=config.seed)
-  return base.Dataset(
-      train=streams, eval_batches=lambda batch_size: base.padded_batches(test, batch_size),
-      example={k: v[0] for k, v in train.items()}, num_classes=NUM_CLASSES, train_size=len(train['label']))
+  return in_memory.make_dataset(train, test, config, num_classes=NUM_CLASSES)

@@ -33,11 +33,6 @@ def make_arrays(problem: str, num_examples: int, dim: int, noise: float, seed: i
 def make_dataset(config) -> base.Dataset:
   d = config.dataset
   train, test = make_arrays(d.problem, d.num_examples, d.dim, d.noise, d.problem_seed)
-  streams = in_memory.InMemoryStreams(
-      train, workers=config.workers, microbatch_size=config.batch_size // config.microbatches,
-      seed=config.seed)
-  return base.Dataset(
-      train=streams, eval_batches=lambda batch_size: base.padded_batches(test, batch_size),
-      example={k: v[0] for k, v in train.items()},
-      num_classes=1 if d.problem == 'least_squares' else 2, train_size=len(train['label']),
-      task='regression' if d.problem == 'least_squares' else 'classification')
+  regression = d.problem == 'least_squares'
+  return in_memory.make_dataset(train, test, config, num_classes=1 if regression else 2,
+                                task='regression' if regression else 'classification')

@@ -205,11 +205,12 @@ class NonBlockingRuleTest(parameterized.TestCase):
     np.testing.assert_allclose(block.measurements['abandoned_share'][0], (0.5 * X + a) / (12 * X + a), rtol=1e-12)
 
   def test_default_activation_latency_is_wagmas_and_not_free(self):
-    self.assertEqual(nonblocking.NonBlocking().activation_latency_s, wagma.DEFAULT_ACTIVATION_LATENCY_S)
+    wagmas = wagma.WaitAvoidingGroups(2, 10).activation_latency_s
+    self.assertEqual(nonblocking.NonBlocking().activation_latency_s, wagmas)
     self.assertGreater(nonblocking.NonBlocking().activation_latency_s, 0)
     config = harness.synthetic_config('nonblocking')
     validation.validate(config)
-    self.assertEqual(nonblocking.time_rule(config).activation_latency_s, wagma.DEFAULT_ACTIVATION_LATENCY_S)
+    self.assertEqual(nonblocking.time_rule(config).activation_latency_s, wagmas)
     config = harness.synthetic_config('nonblocking,activation_latency_s=0.002')
     validation.validate(config)
     self.assertEqual(nonblocking.time_rule(config).activation_latency_s, 0.002)

@@ -15,6 +15,7 @@ import numpy as np
 import config_errors as errors
 from algorithms import sync
 from algorithms import wagma
+from cluster.rules import activation
 from experiments import train
 from experiments import validation
 from tests import harness
@@ -103,7 +104,7 @@ class TimeRuleTest(parameterized.TestCase):
     rng = np.random.default_rng(0)
     for p in (1, 2, 8, 32):
       c = rng.exponential(1.0, p)
-      got = wagma.activation_times(c, 0.3)
+      got = activation.activation_times(c, 0.3)
       want = [min(c[k] + 0.3 * bin(k ^ i).count('1') for k in range(p)) for i in range(p)]
       np.testing.assert_allclose(got, want, rtol=1e-14)
 
