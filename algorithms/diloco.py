@@ -37,7 +37,6 @@ import optax
 import config_errors as errors
 from algorithms import collectives
 from algorithms import local_sgd
-from algorithms import parameter_server
 from algorithms import spec
 
 OUTER_DEFAULTS = {'outer_learning_rate': 0.7, 'outer_momentum': 0.9, 'outer_nesterov': True}
@@ -110,10 +109,10 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
 def validate_outer(config) -> None:
   """The `outer_*` fields (shared with Streaming DiLoCo)."""
   a = config.algorithm
-  ok = parameter_server.is_number(a.outer_learning_rate) and a.outer_learning_rate > 0
-  errors.require(ok, 'algorithm.outer_learning_rate', a.outer_learning_rate, 'must be a finite number > 0')
-  ok = parameter_server.is_number(a.outer_momentum) and 0 <= a.outer_momentum < 1
-  errors.require(ok, 'algorithm.outer_momentum', a.outer_momentum, 'must be a number in [0, 1)')
+  errors.require_number(a.outer_learning_rate, 'algorithm.outer_learning_rate', 'must be a finite number > 0',
+                        lambda v: v > 0)
+  errors.require_number(a.outer_momentum, 'algorithm.outer_momentum', 'must be a number in [0, 1)',
+                        lambda v: 0 <= v < 1)
   errors.require(isinstance(a.outer_nesterov, bool), 'algorithm.outer_nesterov', a.outer_nesterov, 'must be a bool')
 
 

@@ -48,7 +48,6 @@ from algorithms import collectives
 from algorithms import delayed_averaging
 from algorithms import diloco
 from algorithms import lap_sgd
-from algorithms import parameter_server
 from algorithms import spec
 from cluster import network as network_lib
 from cluster.rules import base
@@ -299,8 +298,7 @@ def validate(config):
   errors.require_int(a.local_steps, 'algorithm.local_steps', 1)
   errors.require_int(a.fragments, 'algorithm.fragments', 1, a.local_steps)
   errors.require_int(a.delay, 'algorithm.delay', 0, a.local_steps)
-  errors.require(parameter_server.is_number(a.mix) and 0.0 <= a.mix <= 1.0, 'algorithm.mix', a.mix,
-                 'must be a number in [0, 1]')
+  errors.require_number(a.mix, 'algorithm.mix', 'must be a number in [0, 1]', lambda v: 0.0 <= v <= 1.0)
   diloco.validate_outer(config)
 
 
