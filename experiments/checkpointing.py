@@ -12,6 +12,7 @@ Before anything trains, `check_writable` makes sure the workdir can take a check
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -66,6 +67,9 @@ class Checkpointer:
     # The training step donates its state: the next call may reuse these buffers while the asynchronous save
     # is still reading them (on CPU the "host copy" can alias the device buffer). Save a private copy.
     state = _copy_tree(state)
+    # The same for `meta`: the save serialises it later, and the loop keeps mutating what it holds (the metrics
+    # window's sums). A JSON copy now is what the checkpoint means: the state of the loop at `step`.
+    meta = json.loads(json.dumps(meta))
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 

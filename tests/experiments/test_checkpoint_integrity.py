@@ -6,6 +6,7 @@ from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from experiments import checkpointing
 from experiments import metrics_io
@@ -58,6 +59,19 @@ class CheckpointIntegrityTest(parameterized.TestCase):
     self.assertEqual(test_train._summary_without_wall(crashed), test_train._summary_without_wall(full))
     self.assertEqual(test_train._strip_wall(metrics_io.read_rows(crashed)),
                      test_train._strip_wall(metrics_io.read_rows(full)))
+
+  def test_the_saved_meta_is_the_loops_state_at_the_save_not_later(self):
+    # The save serialises meta in the background: the loop's metrics window, mutated by the next block, once
+    # leaked into a checkpoint (a resumed run then logged that block's losses twice).
+    checkpointer = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    window = {'train_loss': 1.0, 'iterations': 5.0}
+    passed = []
+    with mock.patch.object(checkpointing.ocp.args, 'JsonSave', side_effect=lambda m: passed.append(m)):
+      with mock.patch.object(checkpointing.ocp.args, 'Composite', side_effect=lambda **kw: kw):
+        with mock.patch.object(checkpointer, '_manager'):
+          checkpointer.save(10, {'w': np.zeros(2)}, {'step': 10, 'window': window})
+    window['train_loss'] += 2.0  # the next block's sums
+    self.assertEqual(passed, [{'step': 10, 'window': {'train_loss': 1.0, 'iterations': 5.0}}])
 
   def test_a_read_only_workdir_fails_before_training_in_one_line(self):
     with self.assertRaisesRegex(checkpointing.UnusableWorkdir, r'^workdir /proc/waitless_run is not writable'):
