@@ -10,6 +10,9 @@ Update rule for worker i at iteration t (P workers, groups of S, G = log2 P, g =
         W_i <- Sg / S                if fresh_i
                (Sg + W'_i) / (S + 1) if not fresh_i       (its own new model joins the stale sum)
     buf_i <- W'_i                                         (every iteration: the send buffer holds the last W')
+A worker lost for good (`live` false in the schedule) is frozen: its W, send buffer and optimizer state stay,
+it contributes nothing, and its group divides by its live members n_g (S without failures) in place of S.
+The blocking global average needs every worker: the time rule stops the run there (`clock.StalledError`).
 group_t(i) = {i XOR (any XOR of the masks m_r)}, m_r = 1 << ((t g + r) mod G), r = 0..g-1: P = 8, S = 4:
 t = 0 -> {0,1,2,3},{4,5,6,7}; t = 1 -> {0,1,4,5},{2,3,6,7}. The mask set repeats with period
 n = G / gcd(G, g), so the group sum is one of n static recursive-doubling programs (g single-axis exchange
@@ -147,31 +150,40 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
 
     if schedule is None:
       t = state.count if step is None else step
-      fresh = jnp.ones((), bool)
+      fresh, live, members = jnp.ones((), bool), jnp.ones((), bool), jnp.full((), s, jnp.int32)
       global_average = ((t + 1) % sync_every == 0) | (s == p)
       pattern = t % n
     else:
       fresh, global_average, pattern = schedule.fresh, schedule.global_average, schedule.pattern
+      live, members = schedule.live, schedule.members
       global_average = global_average | (s == p)
     pattern = jnp.asarray(0 if fixed_groups else pattern, jnp.int32)
 
     def group_average(masks):
       def branch(operands):
-        new, contribution, is_fresh = operands
+        new, contribution, is_fresh, is_live, count, old = operands
         total = collectives.xor_group_sum(contribution, axis_name, masks)
-        return jax.tree.map(
-            lambda sum_, own: jnp.where(is_fresh, sum_ / s, (sum_ + own) / (s + 1)).astype(own.dtype), total, new)
+
+        def average(sum_, own, before):
+          count_ = jnp.maximum(count, 1).astype(sum_.dtype)
+          mean = jnp.where(is_fresh, sum_ / count_, (sum_ + own) / (count_ + 1))
+          return jnp.where(is_live, mean, before).astype(own.dtype)
+        return jax.tree.map(average, total, new, old)
       return branch
 
     def global_mean(operands):
       return collectives.worker_mean(operands[0], axis_name)
 
-    contribution = jax.tree.map(lambda new, buf: jnp.where(fresh, new, buf), stepped, state.send_buffer)
+    # A live worker contributes W' (fresh) or its send buffer (stale); a lost one (never fresh) nothing.
+    contribution = jax.tree.map(lambda new, buf: jnp.where(fresh, new, jnp.where(live, buf, jnp.zeros_like(buf))),
+                                stepped, state.send_buffer)
     index = jnp.where(global_average, n, pattern)
     averaged = lax.switch(index, [group_average(m) for m in patterns] + [global_mean],
-                          (stepped, contribution, fresh))
+                          (stepped, contribution, fresh, live, members, params))
     updates = jax.tree.map(lambda new, old: new - old, averaged, params)
-    return updates, WagmaState(count=optax.safe_increment(state.count), inner=inner_state, send_buffer=stepped)
+    keep = lambda new, old: jax.tree.map(lambda x, y: jnp.where(live, x, y), new, old)  # a lost worker is frozen
+    return updates, WagmaState(count=optax.safe_increment(state.count), inner=keep(inner_state, state.inner),
+                               send_buffer=keep(stepped, state.send_buffer))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -180,11 +192,13 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
 
 class WagmaSchedule(NamedTuple):
   """Schedule of one WAGMA iteration."""
-  microbatches_done: np.ndarray  # int32 (P,), = m
+  microbatches_done: np.ndarray  # int32 (P,), m (0 for a worker that failed for good)
   fresh: np.ndarray              # bool (P,), worker i contributed W'_i (True for all on global-average
   #                                iterations); fresh: W_i <- group sum / S, stale: (group sum + W'_i) / (S + 1)
   group: np.ndarray              # int32 (P,), smallest worker id in worker i's group (informative)
   behind: np.ndarray             # bool (P,), worker i was more than one iteration behind (treated as one)
+  live: np.ndarray               # bool (P,), False: worker i failed for good (frozen, contributes nothing)
+  members: np.ndarray            # int32 (P,), live members of worker i's group: the group average's divisor
   pattern: np.ndarray            # int32 (), the iteration's mask pattern: masks of iteration `pattern`
   #                                (t mod G / gcd(G, g); 0 with fixed groups); picks the `lax.switch` branch
   global_average: np.ndarray     # bool (), this iteration ends with the blocking average over all P
@@ -193,12 +207,13 @@ class WagmaSchedule(NamedTuple):
 
 
 
-def group_max(values: np.ndarray, masks: list[int]) -> np.ndarray:
-  """max over worker i's group (i XOR any combination of `masks`) of `values`, on every member."""
+def group_reduce(values: np.ndarray, masks: list[int], op=np.maximum) -> np.ndarray:
+  """`op` (np.maximum, np.add) over worker i's group (i XOR any combination of `masks`) of `values`, on every
+  member: recursive doubling, as the device's group sum."""
   out = np.array(values, np.float64)
   index = np.arange(len(out))
   for mask in masks:
-    out = np.maximum(out, out[index ^ mask])
+    out = op(out, out[index ^ mask])
   return out
 
 
@@ -236,10 +251,15 @@ class WaitAvoidingGroups(rules.TimeRule):
   workers are stale (only those no earlier arrival's activation reaches first).
   Emulation limit: a worker whose previous local step had not finished by A_i (its buffer is two or more
   iterations old) is still treated as one iteration stale by the math; the rule flags it (`behind`).
+  A worker that failed for good (`stragglers.fail_worker`, no return) is not live: it contributes nothing,
+  its clock stays where it failed, and its group is its n_g live members: D = max over them of A_j +
+  allreduce(n_g) (the failure is known to its peers, e.g. through the heartbeat; like non-blocking SGD's
+  trigger, the activation still crosses its hypercube node). The next global average needs it: the clock
+  raises `StalledError` there, so the run goes on between global averages and stops at the first one.
 
-  Schedule: `WagmaSchedule`. Per-worker staleness statistic: 0 fresh, 1 stale, 2 behind (meaning 2 or
-  more). Reports: `fresh_share` (share of fresh contributions, 1 on global-average iterations; mean over a
-  metrics window), `stale` and `behind` (counts of workers, summed over a window).
+  Schedule: `WagmaSchedule`. Per-worker staleness statistic: 0 fresh (or lost), 1 stale, 2 behind (meaning 2 or
+  more). Reports: `fresh_share` (share of fresh contributions among live workers, 1 on global-average
+  iterations; mean over a metrics window), `stale` and `behind` (counts of live workers, summed over a window).
   """
   group_size: int      # S
   period: int          # tau
@@ -276,36 +296,46 @@ class WaitAvoidingGroups(rules.TimeRule):
     previous = np.zeros(p) if previous is None else previous
     finished = clock.work(np.arange(p), clock.times, self.microbatches)
     state['previous_finish'] = finished
-    behind = np.zeros(p, bool)
+    live = np.isfinite(finished)  # a worker that failed for good finishes nothing more
+    members = np.full(p, s)
     if (iteration + 1) % self.period == 0 or s == p:
-      arrival = finished.max()
+      arrival = finished.max()  # +inf after a permanent failure: the clock stops the run here
       clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
-      fresh = np.ones(p, bool)
+      fresh, behind = np.ones(p, bool), np.zeros(p, bool)
       idle = arrival - finished
       communicated = network_lib.ring_bytes(clock.model_bytes, p)
       global_average = True
     else:
-      group_time = clock.network.allreduce(clock.model_bytes, s)
       if self.wait_avoiding:
         activation = activation_lib.activation_times(finished, self.activation_latency_s)
         fresh = finished <= activation
-        behind = ~fresh & (previous > activation)
+        behind = ~fresh & live & (previous > activation)
       else:
-        activation, fresh = finished, np.ones(p, bool)
-      joined = group_max(activation, masks)  # every member has joined (fresh or through its progress thread)
-      done = joined + group_time
+        activation, fresh, behind = finished, live.copy(), np.zeros(p, bool)
+      members = group_reduce(live, masks, np.add).astype(np.int64)
+      # Every live member has joined (fresh, or stale through its progress thread); a lost one is not waited for.
+      joined = group_reduce(np.where(live, activation, -np.inf), masks)
+      group_time = {k: clock.network.allreduce(clock.model_bytes, k) for k in np.unique(members).tolist()}
+      done = joined + np.array([group_time[k] for k in members.tolist()])
       end = np.where(fresh, done, np.maximum(finished, done))
-      idle = np.where(fresh, joined - finished, end - finished)
+      end = np.where(live, end, clock.times)  # a lost worker's clock stays where it failed
+      idle = np.where(live, np.where(fresh, joined - finished, end - finished), 0.0)
       clock.times[:] = end
-      communicated = (p // s) * network_lib.ring_bytes(clock.model_bytes, s)
+      sizes, groups = np.unique(members[group_ids(pattern, p, s) == np.arange(p)], return_counts=True)
+      communicated = sum(count * network_lib.ring_bytes(clock.model_bytes, size)
+                         for size, count in zip(sizes.tolist(), groups.tolist()))
       global_average = False
-    staleness = np.where(fresh, 0, np.where(behind, 2, 1)).astype(np.float64)
+    if not live.any():  # nobody is left: the clock stops the run
+      clock.times[:] = np.inf
+    staleness = np.where(fresh | ~live, 0, np.where(behind, 2, 1)).astype(np.float64)
     return rules.Iteration(
-        schedule=WagmaSchedule(microbatches_done=rules.full(p, self.microbatches, np.int32), fresh=fresh,
-                               group=group_ids(pattern, p, s), behind=behind, pattern=np.int32(pattern),
+        schedule=WagmaSchedule(microbatches_done=np.where(live, self.microbatches, 0).astype(np.int32),
+                               fresh=fresh, group=group_ids(pattern, p, s), behind=behind, live=live,
+                               members=members.astype(np.int32), pattern=np.int32(pattern),
                                global_average=np.bool_(global_average)),
         idle=idle, bytes_communicated=communicated, staleness=staleness,
-        measurements={'fresh_share': float(fresh.mean()), 'stale': float((~fresh).sum()),
+        measurements={'fresh_share': float(fresh[live].mean()) if live.any() else 0.0,
+                      'stale': float((~fresh & live).sum()),
                       'behind': float(behind.sum())})
 
   def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
@@ -411,7 +441,8 @@ class WaitAvoidingGroups(rules.TimeRule):
                             (p // s) * network_lib.ring_bytes(clock.model_bytes, s))
     return rules.Steps(
         schedule=WagmaSchedule(microbatches_done=np.full((n, p), self.microbatches, np.int32), fresh=fresh,
-                               group=ids[patterns], behind=behind, pattern=patterns.astype(np.int32),
+                               group=ids[patterns], behind=behind, live=np.ones((n, p), bool),
+                               members=np.full((n, p), s, np.int32), pattern=patterns.astype(np.int32),
                                global_average=global_average),
         # Staleness 0 fresh, 1 stale, 2 behind: its mean is (stale + behind) / P, exactly.
         idle=idle, bytes_communicated=communicated.astype(np.float64), mean_staleness=(stale + behind_count) / p,

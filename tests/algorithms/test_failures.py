@@ -63,11 +63,21 @@ class PermanentFailureTest(parameterized.TestCase):
     rows = metrics_io.read_rows(workdir)
     self.assertEqual([r['step'] for r in rows], [5])  # the block that ran before the failure is logged
 
-  def test_a_survivor_trains_to_the_end(self):
-    summary = train.train_and_evaluate(_failing('ksync', num_steps=40, eval_every=40),
+  @parameterized.named_parameters(('ksync', 'ksync'), ('wagma_between_global_averages', 'wagma,sync_every=100'))
+  def test_a_survivor_trains_to_the_end(self, arg):
+    summary = train.train_and_evaluate(_failing(arg, num_steps=40, eval_every=40),
                                        self.create_tempdir().full_path)
     self.assertEqual(summary['steps'], 40)
-    self.assertGreater(summary['sim_time'], FAIL_AT_S)
+    self.assertGreater(summary['sim_time'], 5 * FAIL_AT_S)
+    self.assertTrue(np.isfinite(summary['final_eval_accuracy']))
+
+  def test_wagma_stops_at_the_first_global_average_after_the_failure(self):
+    """Worker 3 fails in iteration 5; WAGMA's groups go on without it until the global average of iteration 9."""
+    workdir = self.create_tempdir().full_path
+    with self.assertRaisesRegex(train.ClusterStalled, r'^worker\(s\) \[3\] failed for good at 0.05 s of simulated '
+                                r'time, and WaitAvoidingGroups waits for every worker at iteration 9 .* Stopped after step 9;'):
+      train.train_and_evaluate(_failing('wagma', num_steps=50, log_every=3, eval_every=50), workdir)
+    self.assertEqual([r['step'] for r in metrics_io.read_rows(workdir)], [3, 6, 9])
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ import numpy as np
 import config_errors as errors
 from algorithms import sync
 from algorithms import wagma
+from cluster import clock as clock_lib
 from cluster.rules import activation
 from experiments import train
 from experiments import validation
@@ -74,11 +75,16 @@ class GroupTest(parameterized.TestCase):
 
 
 def brute_force_rule(clock, rule, iterations):
-  """The rule's formulas written out per worker (O(P^2)); returns fresh, behind, end times per iteration."""
+  """The rule's formulas written out per worker (O(P^2)); returns fresh, behind, end times per iteration.
+
+  A worker that failed for good (its local step never finishes) is left out of its group: the group waits for
+  and counts only its live members, and the lost worker's clock stays where it was.
+  """
   p, s, a = clock.workers, rule.group_size, rule.activation_latency_s
   out, previous = [], np.zeros(p)
   for t in range(iterations):
     c = clock.work(np.arange(p), clock.times, rule.microbatches)
+    live = np.isfinite(c)
     if (t + 1) % rule.period == 0 or s == p:
       fresh, behind = np.ones(p, bool), np.zeros(p, bool)
       end = np.full(p, c.max() + clock.network.allreduce(clock.model_bytes, p))
@@ -87,11 +93,13 @@ def brute_force_rule(clock, rule, iterations):
       act = np.array([min(c[k] + hops[i, k] * a for k in range(p)) for i in range(p)])
       if not rule.wait_avoiding:
         act = c
-      fresh = c <= act
-      behind = ~fresh & (previous > act)
+      fresh = live & (c <= act)
+      behind = ~fresh & live & (previous > act)
       ids = wagma.group_ids(rule.pattern(t, p), p, s)
-      done = np.array([act[ids == ids[i]].max() for i in range(p)]) + clock.network.allreduce(clock.model_bytes, s)
-      end = np.where(fresh, done, np.maximum(c, done))
+      done = np.array([act[(ids == ids[i]) & live].max()
+                       + clock.network.allreduce(clock.model_bytes, int(((ids == ids[i]) & live).sum()))
+                       for i in range(p)])
+      end = np.where(live, np.where(fresh, done, np.maximum(c, done)), clock.times)
     previous = c
     clock.times[:] = end
     out.append((fresh, behind, end.copy()))
@@ -132,6 +140,36 @@ class TimeRuleTest(parameterized.TestCase):
     np.testing.assert_array_equal(patterns, 0 if options.get('fixed_groups') else np.arange(30) % 2)
     if not options.get('wait_avoiding', True):
       self.assertTrue(block.schedule.fresh.all())
+
+  @parameterized.named_parameters(('wait_avoiding', True), ('blocking_groups', False))
+  def test_a_lost_worker_is_left_out_until_the_global_average(self, wait_avoiding):
+    """Worker 5 of 16 fails for good during iteration 2: its groups go on with their 3 live members (they
+    neither wait for nor count it) until the global average of iteration 11, where the run stops with one line."""
+    rule = wagma.WaitAvoidingGroups(group_size=4, period=12, wait_avoiding=wait_avoiding)
+    stragglers = dict(kind='lognormal', sigma=0.2, fail_worker=5, fail_at_s=0.025)
+    network = dict(kind='alpha_beta', latency_s=1e-4)
+    got = helpers.clock(rule, workers=16, network=network, **stragglers)
+    block = got.next_block(11)
+    want = brute_force_rule(helpers.clock(rule, workers=16, network=network, **stragglers), rule, 11)
+    live = block.schedule.live
+    self.assertTrue(live[:2].all())
+    np.testing.assert_array_equal(live[2:], np.broadcast_to(np.arange(16) != 5, (9, 16)))
+    np.testing.assert_array_equal(block.schedule.microbatches_done[2:, 5], 0)
+    for t, (fresh, behind, end) in enumerate(want):
+      np.testing.assert_array_equal(block.schedule.fresh[t], fresh, err_msg=f'iteration {t}')
+      np.testing.assert_array_equal(block.schedule.behind[t], behind, err_msg=f'iteration {t}')
+      ids = block.schedule.group[t]
+      np.testing.assert_array_equal(block.schedule.members[t], [(live[t] & (ids == g)).sum() for g in ids])
+    np.testing.assert_allclose(block.sim_time, np.maximum.accumulate([end[np.isfinite(end)].max()
+                                                                       for *_, end in want]), rtol=1e-12)
+    np.testing.assert_allclose(got.times, want[-1][2], rtol=1e-12)
+    self.assertTrue(np.isfinite(got.times).all())
+    self.assertLess(got.times[5], 0.03)  # the lost worker's clock stays where it failed
+    self.assertEqual(block.idle[2:, 5].max(), 0.0)
+    self.assertGreater(got.sim_time, 0.1)
+    with self.assertRaisesRegex(clock_lib.StalledError, r'^worker\(s\) \[5\] failed for good at 0.025 s of '
+                                r'simulated time, and WaitAvoidingGroups waits for every worker at iteration 11 '):
+      got.next_block(1)
 
   @parameterized.named_parameters(
       ('ideal_a0', {}, 0.0), ('ideal', {}, 1e-5), ('alpha_beta', dict(kind='alpha_beta', latency_s=1e-4), 1e-5))
@@ -189,6 +227,10 @@ class ReferenceTest(parameterized.TestCase):
                                                      'stragglers.delayed_workers': 2, 'stragglers.delay_s': 0.02}),
       ('fixed_groups', 2, 4, 5, 0.0, {'stragglers.kind': 'exponential', 'algorithm.fixed_groups': True}),
       ('no_stragglers', 8, 4, 3, 0.0, {}),
+      # Worker 3 fails for good during iteration 7, after the global average of iteration 6 (the next, 13, is
+      # beyond the run): from then on it is frozen and its groups average over their 3 live members.
+      ('lost_worker_vmapped_momentum', 4, 4, 7, 0.9, {'stragglers.kind': 'lognormal', 'stragglers.sigma': 0.05,
+                                                      'stragglers.fail_worker': 3, 'stragglers.fail_at_s': 0.075}),
   )
   def test_matches_sequential_reference(self, devices, group_size, tau, momentum, overrides):
     iterations, p = 12, 8
@@ -205,13 +247,26 @@ class ReferenceTest(parameterized.TestCase):
     else:
       self.assertTrue(fresh_all.all())  # no stragglers: the stale branch is never taken
 
+    live_all = np.stack([s.live for s in traj.schedules])
+    if 'stragglers.fail_worker' in overrides:
+      lost = np.flatnonzero(~live_all[:, 3])
+      np.testing.assert_array_equal(lost, np.arange(lost[0], iterations))  # lost for good, after the global average
+      self.assertGreater(lost[0], tau - 1)
+      self.assertTrue(live_all[:, np.arange(p) != 3].all())
+    else:
+      self.assertTrue(live_all.all())
+
     models = [list(reference.unpack(traj.initial_params, i)) for i in range(p)]
     buffers = [[m[0].copy(), m[1]] for m in models]
     opts = [reference.MomentumSGD(config.optimizer.learning_rate, momentum) for _ in range(p)]
     fixed = config.algorithm.fixed_groups
     for t in range(iterations):
+      live = traj.schedules[t].live
       stepped = []
       for i in range(p):
+        if not live[i]:  # a lost worker computes nothing and its optimizer state is frozen
+          stepped.append(None)
+          continue
         batch = harness.worker_batch(traj.run, i, int(traj.positions[t][i]), 1)
         gw, gb = reference.gradient(models[i][0], models[i][1], batch['image'][0], batch['label'][0])
         stepped.append(opts[i].step(models[i], [gw, np.float64(gb)]))
@@ -223,12 +278,18 @@ class ReferenceTest(parameterized.TestCase):
         ids = wagma.group_ids(0 if fixed else t, p, group_size)
         np.testing.assert_array_equal(traj.schedules[t].group, ids)
         contribution = [stepped[i] if fresh[i] else buffers[i] for i in range(p)]
-        models = []
+        new_models = []
         for i in range(p):
-          total = [sum(contribution[j][k] for j in np.flatnonzero(ids == ids[i])) for k in range(2)]
-          models.append([total[k] / group_size if fresh[i] else (total[k] + stepped[i][k]) / (group_size + 1)
-                         for k in range(2)])
-      buffers = stepped
+          if not live[i]:
+            new_models.append(models[i])
+            continue
+          group = [j for j in np.flatnonzero(ids == ids[i]) if live[j]]
+          self.assertEqual(traj.schedules[t].members[i], len(group))
+          total = [sum(contribution[j][k] for j in group) for k in range(2)]
+          new_models.append([total[k] / len(group) if fresh[i] else (total[k] + stepped[i][k]) / (len(group) + 1)
+                             for k in range(2)])
+        models = new_models
+      buffers = [stepped[i] if live[i] else buffers[i] for i in range(p)]
       if (t + 1) % 4 == 0:  # params are recorded per block of 4
         for i in range(p):
           got_w, got_b = reference.unpack(traj.params[t // 4], i)
