@@ -37,6 +37,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from data import registry as data_registry
+from experiments import compilation_cache
 from experiments import train
 from experiments.configs import digits
 from models import registry as model_registry
@@ -109,10 +110,20 @@ def reference_seconds(steps: int) -> float:
   return time.perf_counter() - begin
 
 
-def steady_rate(seconds_of, steps: int) -> float:
-  seconds_of(steps // 4)  # warm the compilation cache and the data
-  short, long = seconds_of(steps // 2), seconds_of(steps)
-  return (steps - steps // 2) / max(long - short, 1e-9)
+def steady_rate(seconds_of, steps: int, repeats: int = 3) -> float:
+  """Steps/s from the difference of runs of `steps` and `steps // 2` iterations (the median of `repeats` pairs).
+
+  Each run compiles its programs afresh; a persistent compilation cache (a temporary directory, warmed by a
+  first run) turns that into a load of a few milliseconds, so that compile-time noise, which is as large as a
+  short run's training on this machine, does not enter the difference.
+  """
+  with tempfile.TemporaryDirectory() as cache, compilation_cache.enabled(cache):
+    seconds_of(steps // 4)  # warm the compilation cache and the data
+    rates = []
+    for _ in range(repeats):
+      short, long = seconds_of(steps // 2), seconds_of(steps)
+      rates.append((steps - steps // 2) / max(long - short, 1e-9))
+  return float(np.median(rates))
 
 
 def main(argv):

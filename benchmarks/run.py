@@ -1,6 +1,6 @@
 """The benchmark suite: ratios measured side by side in one process, written to benchmarks/RESULTS.md.
 
-  python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling]
+  python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling,gpu]
 
 Sections (every registered algorithm is included automatically):
   1. algorithms  device time per iteration of each algorithm / sync's, digits MLP, 8 workers, with one worker
@@ -12,6 +12,9 @@ Sections (every registered algorithm is included automatically):
   4. memory      bytes per worker of the compiled block step (arguments + temporaries) / sync's.
   5. scaling     device time per iteration as P grows from 8 to 1024 virtual workers on one CPU device (linear
                  least-squares model), per algorithm, and the growth exponent of a log-log fit.
+  6. gpu         only where a GPU is present (`benchmarks/gpu.py`): ResNet-20 on CIFAR-shaped data, 8 virtual
+                 workers on one GPU against one worker with batch 8b, every algorithm against sync on it,
+                 bfloat16 against float32. Without a GPU the section says so in one line.
 Each figure is a median of repeated timings; run it on a quiet machine. `--quick` shrinks every section
 (fewer repeats and iterations) for a smoke test.
 """
@@ -39,24 +42,25 @@ import jax
 import numpy as np
 
 from algorithms import registry
+from benchmarks import gpu
 from benchmarks import harness_overhead
 from benchmarks import simulator_speed
-from experiments import train
+from benchmarks import timing
 from experiments.configs import digits
 from experiments.configs import synthetic
 
 _QUICK = flags.DEFINE_bool('quick', False, 'Smaller sections (a smoke test, not figures to report).')
-_SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling'],
+_SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling', 'gpu'],
                               'Sections to run.')
 _OUT = flags.DEFINE_string('out', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'RESULTS.md'),
                            'Where to write the results ('' to skip).')
 
 # Work an algorithm does beyond sync's by design (section 1 names it next to its ratio).
 INHERENT = {
-    'kbatch_sync': 'K mini-batches of micro-batches per worker buffer (masked)',
-    'kbatch_async': 'K mini-batches of micro-batches per worker buffer (masked)',
-    'adasync': 'P mini-batches per worker buffer when its base is a K-batch rule',
-    'wagma': 'log2 S exchanges per iteration instead of one all-reduce',
+    'kbatch_sync': 'a while loop over the mini-batches each worker finished (0..K)',
+    'kbatch_async': 'a while loop over the mini-batches each worker finished (0..K)',
+    'adasync': 'with a K-batch base: a while loop over the mini-batches each worker finished',
+    'wagma': 'log2 S exchanges per iteration instead of one all-reduce (and a lost-worker mask)',
     'lap_sgd': 'Q thread views per node',
     'lpp_sgd': 'Q thread views per node',
     'dpsgd': 'two neighbour exchanges per iteration',
@@ -70,27 +74,6 @@ def _arg(name: str) -> str:
   return _ARGS.get(name, name)
 
 
-def _block_seconds(config, repeats: int, n: int = 8):
-  """(median seconds per iteration of the jitted block step, compiled memory analysis) for `config`."""
-  config.steps_per_call = n
-  run = train.build(config)
-  state = train.init_state(run)
-  _, nbytes = train.param_count_and_bytes(state.params)
-  clock = train.make_clock(run, nbytes)
-  inputs, _ = train.block_inputs(run, clock.next_block(n), np.zeros(config.workers, np.int64), 0)
-  step = train.make_block_step(run)
-  memory = step.lower(state, *inputs).compile().memory_analysis()
-  state, out = step(state, *inputs)
-  jax.block_until_ready(out)
-  times = []
-  for _ in range(repeats):
-    begin = time.perf_counter()
-    state, out = step(state, *inputs)
-    jax.block_until_ready(out)
-    times.append(time.perf_counter() - begin)
-  return float(np.median(times)) / n, memory
-
-
 def _digits(name: str, devices: int):
   config = digits.get_config(_arg(name))
   config.devices = devices
@@ -99,14 +82,20 @@ def _digits(name: str, devices: int):
 
 def section_algorithms(out, repeats):
   print('## 1. Device time per iteration against sync (digits MLP, 8 workers, 8 iterations per call)\n', file=out)
+  print('Each ratio is the median over rounds of the algorithm\'s call time / sync\'s in the same round (every '
+        'round times each algorithm once, in turn).\n', file=out)
   print('| algorithm | 1 worker/device (us) | ratio | 4 workers/device (us) | ratio | inherent extra work |',
         file=out)
   print('| --- | ---: | ---: | ---: | ---: | --- |', file=out)
-  base = {d: _block_seconds(_digits('sync', d), repeats)[0] for d in (8, 2)}
+  results = {}
+  for devices in (8, 2):
+    timers = {name: timing.BlockTimer(_digits(name, devices)) for name in registry.names()}
+    results[devices] = timing.round_robin(timers, 'sync', repeats)
+    del timers
   for name in registry.names():
-    t = {d: (base[d] if name == 'sync' else _block_seconds(_digits(name, d), repeats)[0]) for d in (8, 2)}
-    print(f'| {name} | {1e6 * t[8]:.0f} | {t[8] / base[8]:.2f}x | {1e6 * t[2]:.0f} | {t[2] / base[2]:.2f}x '
-          f'| {INHERENT.get(name, "")} |', file=out, flush=True)
+    (t8, r8), (t2, r2) = results[8][name], results[2][name]
+    print(f'| {name} | {1e6 * t8:.0f} | {r8:.2f}x | {1e6 * t2:.0f} | {r2:.2f}x | {INHERENT.get(name, "")} |',
+          file=out, flush=True)
   print('', file=out)
 
 
@@ -144,7 +133,7 @@ def section_memory(out):
   print('| --- | ---: | ---: | ---: |', file=out)
   rows = {}
   for name in registry.names():
-    _, memory = _block_seconds(_digits(name, 8), repeats=1)
+    memory = timing.BlockTimer(_digits(name, 8)).memory
     rows[name] = (memory.argument_size_in_bytes, memory.temp_size_in_bytes)
   base = sum(rows['sync'])
   for name, (arguments, temporaries) in rows.items():
@@ -170,7 +159,7 @@ def section_scaling(out, sizes, repeats):
         config.algorithm.k0 = max(1, p // 2)
       if 'group_size' in config.algorithm:
         config.algorithm.group_size = 4
-      times.append(_block_seconds(config, repeats, n=4)[0])
+      times.append(timing.median_seconds(timing.BlockTimer(config, n=4), repeats))
     exponent = np.polyfit(np.log(sizes), np.log(times), 1)[0]
     print(f'| {name} | ' + ' | '.join(f'{1e6 * t:.0f}' for t in times) + f' | {exponent:.2f} |', file=out,
           flush=True)
@@ -206,6 +195,11 @@ def main(argv):
     section_memory(out)
   if 'scaling' in sections:
     section_scaling(out, sizes=(8, 64) if quick else (8, 64, 256, 1024), repeats=3 if quick else 10)
+  if 'gpu' in sections:
+    if jax.default_backend() == 'gpu':
+      gpu.section_gpu(out, quick, args=_ARGS)
+    else:
+      print(f'## 6. GPU\n\nNo GPU present (jax backend: {jax.default_backend()}): not measured.\n', file=out)
   print(f'(whole suite: {time.time() - begin:.0f} s)', file=out)
   if _OUT.value:
     with open(_OUT.value, 'w') as f:

@@ -62,6 +62,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from experiments import compilation_cache
 from experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
 
 _ALGORITHMS = flags.DEFINE_string('algorithms', None, "Entries 'ALGORITHM[,key=value...]' separated by ',' "
@@ -702,7 +703,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   cache = flags.FLAGS.compilation_cache_dir  # experiments.main's flag; here on by default
   cache = os.path.join(root, 'jax_cache') if cache is None else cache
   if cache:
-    main_lib.enable_compilation_cache(cache)
+    compilation_cache.enable(cache)
   run_all(runs)
   budget = (f'{_SIM_TIME.value:g} simulated seconds per run' if _SIM_TIME.value is not None
             else f'{runs[0].config.num_steps} steps per run')

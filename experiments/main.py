@@ -28,6 +28,7 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from experiments import compilation_cache  # no JAX import at module level
 from experiments import distributed  # no JAX backend use at import
 
 if 'config' in flags.FLAGS:  # experiments.simulate imported first in the same process, as in the tests
@@ -53,19 +54,6 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     'Keep every compiled program in this directory and reuse it in later runs (same results, no compilation); '
     'default $WAITLESS_COMPILATION_CACHE_DIR, unset: off.')
 flags.mark_flags_as_required(['config', 'workdir'])
-
-
-def enable_compilation_cache(path: str) -> None:
-  """JAX's persistent compilation cache in `path`, for every program however fast it compiles.
-
-  Off by default: it is state shared across runs outside the workdir that grows without bound. A cache hit
-  loads the executable compiled before for the same program, options, devices and JAX version, so results are
-  bit-identical; on a 10-step digits run it saves the ~2 s of CPU time spent compiling.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update('jax_compilation_cache_dir', os.path.abspath(path))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
 def force_host_devices(count: int) -> None:
@@ -138,7 +126,7 @@ def main(argv):
   from experiments import train
   stop_requests, watchdog = preemption.StopRequests(), None
   if _COMPILATION_CACHE.value:
-    enable_compilation_cache(_COMPILATION_CACHE.value)
+    compilation_cache.enable(_COMPILATION_CACHE.value)
   if _join_processes(config) > 1:
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
