@@ -57,8 +57,8 @@ class NonBlockingState(NamedTuple):
 
 
 def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'microbatch',
-                    topology: str = 'allreduce',
-                    axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
+                    topology: str = 'allreduce', axis_name: collectives.AxisName = None,
+                    gradient_sums: bool = False) -> optax.GradientTransformationExtraArgs:
   """Combine the workers' partial gradient sums by finished micro-batches (all-reduce) or gossip (ring).
 
   Args:
@@ -66,6 +66,8 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
     weighting: 'microbatch' (g = sum G_i / sum n_i) or 'worker' (mean of G_i / n_i over workers with n_i > 0).
     topology: 'allreduce' or 'ring' (see the module docstring).
     axis_name: the worker axes; None for one worker (then this is `inner` on the worker's own mean gradient).
+    gradient_sums: `grads` is G_i itself, the sum over the finished micro-batches (the harness's step, spec
+      `gradient_sums`), not G_i / max(n_i, 1).
 
   Returns:
     A transformation whose `update(grads, state, params, *, schedule=None, **extra)` expects `grads` =
@@ -83,7 +85,10 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
 
   def allreduce(grads, state, params, done):
     weight = done if weighting == 'microbatch' else (done > 0)
-    weighted = jax.tree.map(lambda g: g * weight.astype(g.dtype), grads)
+    if gradient_sums and weighting == 'microbatch':
+      weighted = grads  # G_i = n_i (G_i / n_i): no per-worker multiply
+    else:
+      weighted = jax.tree.map(lambda g: g * weight.astype(g.dtype), grads)
     # One collective for the numerator and the count; the float32 count is exact up to 2^24 micro-batches.
     total, count = collectives.worker_sum((weighted, weight.astype(jnp.float32)), axis_name)
     # The rule never ends a round with no finished micro-batch; max(., 1) only keeps 0/0 out of a failed run.
@@ -105,6 +110,8 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
     if params is None:
       raise ValueError('nonblocking_sgd needs params (the ring topology averages models).')
     done = jnp.ones((), jnp.int32) if schedule is None else jnp.asarray(schedule.microbatches_done)
+    if gradient_sums and not (topology == 'allreduce' and weighting == 'microbatch'):  # these need the mean
+      grads = jax.tree.map(lambda g: g / jnp.maximum(done, 1).astype(g.dtype), grads)
     return (allreduce if topology == 'allreduce' else ring)(grads, state, params, done)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -327,5 +334,6 @@ SPEC = spec.AlgorithmSpec(
         'activation_latency_s': activation_lib.DEFAULT_ACTIVATION_LATENCY_S,
     },
     build=lambda config, inner, axis_name: nonblocking_sgd(
-        inner, weighting=config.algorithm.weighting, topology=config.algorithm.topology, axis_name=axis_name),
-    time_rule=time_rule, validate=validate)
+        inner, weighting=config.algorithm.weighting, topology=config.algorithm.topology, axis_name=axis_name,
+        gradient_sums=True),
+    time_rule=time_rule, validate=validate, gradient_sums=True)

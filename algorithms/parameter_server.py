@@ -111,8 +111,8 @@ def staleness_factor(server, view, c: float, eta_max: float, learning_rate: floa
 
 
 def parameter_server(inner: optax.GradientTransformation, axis_name: collectives.AxisName = None,
-                     adaptive_lr_c: float = 0.0, eta_max: float = 0.0,
-                     learning_rate: float = 1.0) -> optax.GradientTransformationExtraArgs:
+                     adaptive_lr_c: float = 0.0, eta_max: float = 0.0, learning_rate: float = 1.0,
+                     gradient_sums: bool = False) -> optax.GradientTransformationExtraArgs:
   """One update of an emulated parameter server from the learners the schedule says pushed.
 
   Update rule (per worker, identical server update on every worker):
@@ -126,6 +126,8 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     adaptive_lr_c: C of eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max); 0 disables (lambda_i = 1).
     eta_max: the cap of eta_j (> 0 when adaptive_lr_c > 0).
     learning_rate: eta of U; lambda_i = eta_j / eta, so that plain SGD applies each gradient with eta_j.
+    gradient_sums: `grads` is n_i g_i, the sum over the learner's micro-batches (the harness's step, spec
+      `gradient_sums`), not the mean g_i.
 
   Returns:
     A transformation whose `update(grads, state, params, schedule=...)` takes this learner's gradient (mean
@@ -159,13 +161,15 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     leaves = jax.tree.leaves(grads)
     dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32  # canonical (float32 unless x64)
     done = (jnp.ones((), dtype) if schedule is None else schedule.microbatches_done.astype(dtype))
-    weight = done
+    weight = None if gradient_sums else done
     if adaptive:
       view = params  # where the learner's first gradient was computed: W_t after a discard (Ringmaster)
       if schedule is not None:
         view = jax.tree.map(lambda w, v: jnp.where(schedule.discarded, w, v), server, params)
-      weight = weight * staleness_factor(server, view, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
-    total, count = collectives.worker_sum((jax.tree.map(lambda g: weight * g, grads), done), axis_name)
+      factor = staleness_factor(server, view, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
+      weight = factor if weight is None else weight * factor
+    weighted = grads if weight is None else jax.tree.map(lambda g: weight * g, grads)  # n_i g_i (x lambda_i)
+    total, count = collectives.worker_sum((weighted, done), axis_name)
     g = jax.tree.map(lambda s: s / jnp.maximum(count, 1).astype(s.dtype), total)
     updates, inner_state = inner.update(g, state.inner, server)
     new_server = optax.apply_updates(server, updates)
@@ -372,7 +376,8 @@ def build(config: ml_collections.ConfigDict, inner, axis_name):
   c = float(a.get('adaptive_lr_c', 0.0))
   lr = float(config.optimizer.learning_rate)
   eta_max = float(a.get('eta_max', 0.0)) or lr
-  return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr)
+  return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr,
+                          gradient_sums=False)
 
 
 def is_number(value) -> bool:
@@ -409,4 +414,4 @@ def make_spec(name, defaults, time_rule, validate, microbatches_per_iteration,
   return spec.AlgorithmSpec(
       name=name, defaults=defaults, build=build, time_rule=time_rule, validate=validate, consensus=server_model,
       microbatches_per_iteration=microbatches_per_iteration,
-      gradient_params=gradient_params if several_jobs else spec.at_own_params)
+      gradient_params=gradient_params if several_jobs else spec.at_own_params, gradient_sums=True)

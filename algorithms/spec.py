@@ -74,6 +74,11 @@ class AlgorithmSpec:
     gradient_params: (params, opt_state, schedule, microbatch index) -> the parameters at which the step
       differentiates that micro-batch, per worker (default: the worker's own params; the parameter server:
       a K-batch learner's later mini-batches at the server model it fetched in between).
+    gradient_sums: `tx.update` receives each worker's gradient SUM over its finished micro-batches instead of
+      their mean (for algorithms that weight a worker by the micro-batches it finished, n_i g_i: the mean
+      multiplied back by n_i is a per-worker multiply that keeps XLA from folding the sum over the workers of
+      a device into the gradient's own reduction; the parameter server, non-blocking SGD). Their `build` must
+      build the transformation for sums.
     round_length: config -> R, the fixed period of an algorithm whose events repeat every R iterations from
       step 0, or None. With R, the step runs aligned blocks as whole rounds and calls
       `update(..., round_position=r)` with a static r in 0..R-1 (step = k R + r); other blocks, and library
@@ -89,3 +94,4 @@ class AlgorithmSpec:
   microbatches_per_iteration: Callable[[ml_collections.ConfigDict], int] = _configured_microbatches
   gradient_params: Callable[[Any, Any, Any, jax.Array], Any] = at_own_params
   round_length: Callable[[ml_collections.ConfigDict], Optional[int]] = no_rounds
+  gradient_sums: bool = False

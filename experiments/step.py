@@ -48,8 +48,17 @@ def tree_l2(tree) -> jax.Array:
 
 
 def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs, axis_name, microbatches: int,
-                          seed: int, gradient_params=spec_lib.at_own_params):
-  """One iteration of one worker: (state, batch (m, b/m, ...), schedule, step) -> (state, measurements)."""
+                          seed: int, gradient_params=spec_lib.at_own_params, finished_only: bool = False,
+                          gradient_sums: bool = False):
+  """One iteration of one worker: (state, batch (m, b/m, ...), schedule, step) -> (state, measurements).
+
+  `finished_only`: loop over the micro-batches the worker finished (`microbatches_done`, a while loop; vmapped
+  workers run as many trips as the most any of them finished) instead of scanning every slot of the buffer
+  and masking the rest. The same trajectory (the masked slots add exact zeros); for buffers much larger than
+  what a worker finishes (K-batch rules: K mini-batches per worker, about K / P of them used).
+  `gradient_sums`: hand `tx.update` the sum over the finished micro-batches, not their mean (the spec's
+  `gradient_sums`); the measured `l2_grads` is the mean's norm either way.
+  """
   grad_fn = jax.value_and_grad(functools.partial(task.loss, model), has_aux=True)
 
   def iteration(state: TrainState, batch, schedule, step, round_position=None):
@@ -73,22 +82,31 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
     carry = (zeros, jnp.zeros_like(done, jnp.float32), state.model_state)
     if microbatches == 1:
       carry, _ = micro(carry, (jax.tree.map(lambda x: x[0], batch), jnp.zeros((), jnp.int32)))
+    elif finished_only:
+      def trip(loop):
+        k, carry = loop
+        mb = jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, k, keepdims=False), batch)
+        carry, _ = micro(carry, (mb, k))
+        return k + 1, carry
+      _, carry = lax.while_loop(lambda loop: loop[0] < done, trip, (jnp.zeros_like(done), carry))
     else:
       carry, _ = lax.scan(micro, carry, (batch, jnp.arange(microbatches)))
     grad_sum, loss_sum, model_state = carry
     count = jnp.maximum(done, 1)
-    grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
+    mean = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
+    grads = grad_sum if gradient_sums else mean
     extra = {} if round_position is None else {'round_position': round_position}
     updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule=schedule, step=step, **extra)
     params = optax.apply_updates(state.params, updates)
-    measurements = {'loss': loss_sum / count, 'l2_grads': tree_l2(grads), 'l2_params': tree_l2(params)}
+    measurements = {'loss': loss_sum / count, 'l2_grads': tree_l2(mean), 'l2_params': tree_l2(params)}
     return TrainState(params, opt_state, model_state), measurements
 
   return iteration
 
 
 def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int,
-                    schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None):
+                    schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None,
+                    finished_only: bool = False, gradient_sums: bool = False):
   """The jitted `(state, batches, schedules, steps) -> (state, measurements)` for a block of n iterations.
 
   Args (of the returned function):
@@ -98,11 +116,13 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       workers, uniform fields (n,) replicated.
     steps: int32 (n,), the global step of each iteration (replicated).
   With `round_length` R, n must be a multiple of R and steps[0] a multiple of R (whole rounds).
+  `finished_only`, `gradient_sums`: see `make_worker_iteration`.
 
   Returns:
     The new state and measurements (name -> (n, P)): `loss`, `l2_grads`, `l2_params`.
   """
-  iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed, gradient_params)
+  iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed, gradient_params,
+                                    finished_only, gradient_sums)
   uniform = rules.base.uniform_fields(schedule_type)
 
   def one_iteration(state, xs, round_position=None):

@@ -114,6 +114,13 @@ class Run:
     """Micro-batches in each worker's batch per iteration (the step masks those not finished)."""
     return self.spec.microbatches_per_iteration(self.config)
 
+  @property
+  def finished_only(self) -> bool:
+    """The batch can hold more than m micro-batches per worker (K-batch rules: up to K mini-batches, about K / P
+    of them finished): each block's batch then holds only as many as its busiest worker finished (rounded up
+    to a power of two, so that few programs compile), and the step loops over the finished ones."""
+    return self.microbatches > self.config.microbatches
+
 
 def build(config: ml_collections.ConfigDict) -> Run:
   """Validates the config and builds the pieces of a run.
@@ -144,13 +151,15 @@ class BlockStep:
 
   `(state, batches, schedules, steps) -> (state, measurements)`, `steps` a host int32 array: a block of whole
   rounds of the algorithm's `round_length` runs the round-structured program, any other block the
-  per-iteration one. Each program compiles once per block length.
+  per-iteration one. Each program compiles once per block length (and, for `run.finished_only`, once per
+  power-of-two batch size).
   """
 
   def __init__(self, run: Run):
     make = functools.partial(
         step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
-        schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params)
+        schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params,
+        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums)
     self.round_length = run.round_length
     self.per_iteration = make()
     self.rounds = None if self.round_length is None else make(round_length=self.round_length)
@@ -210,7 +219,10 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
   done = block.schedule.microbatches_done.astype(np.int64)
   starts = positions[None] + np.cumsum(done, axis=0) - done
   local_ids = run.layout.local_worker_ids()
-  batches = run.dataset.train.read(local_ids, starts[:, local_ids], run.microbatches)
+  slots = run.microbatches
+  if run.finished_only:  # the same on every process: the schedule is
+    slots = min(slots, 1 << max(int(done.max()) - 1, 0).bit_length())
+  batches = run.dataset.train.read(local_ids, starts[:, local_ids], slots)
   batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
   uniform = rules_lib.base.uniform_fields(type(block.schedule))
   schedules = type(block.schedule)(*(
