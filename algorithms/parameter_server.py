@@ -377,7 +377,7 @@ def build(config: ml_collections.ConfigDict, inner, axis_name):
   lr = float(config.optimizer.learning_rate)
   eta_max = float(a.get('eta_max', 0.0)) or lr
   return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr,
-                          gradient_sums=False)
+                          gradient_sums=True)  # the spec's gradient_sums
 
 
 def is_number(value) -> bool:
