@@ -1,5 +1,5 @@
-"""The vectorised simulator (`iterate_block`) of sync, local SGD, D-PSGD, non-blocking SGD, WAGMA, DaSGD and
-LAP-SGD / LPP-SGD against their per-iteration rules (`iterate`).
+"""The vectorised simulator (`iterate_block`) of sync, local SGD, D-PSGD, non-blocking SGD, WAGMA, DaSGD,
+Streaming DiLoCo and LAP-SGD / LPP-SGD against their per-iteration rules (`iterate`).
 
 `Clock._block` runs a rule one `iterate` at a time (the float reference); `Clock.next_block` runs
 `iterate_block`, which draws the compute times of the whole block at once. Both must give identical schedules,
@@ -22,6 +22,7 @@ from algorithms import dpsgd
 from algorithms import lap_sgd
 from algorithms import local_sgd
 from algorithms import nonblocking
+from algorithms import streaming_diloco
 from algorithms import sync
 from algorithms import wagma
 from tests.cluster import helpers
@@ -58,6 +59,9 @@ RULES = {
     'dasgd_blocking_d0_m2': lambda: dasgd.DelayedAverage(3, 0, microbatches=2),
     'dasgd_d_is_tau': lambda: dasgd.DelayedAverage(5, 5),
     'dasgd_tau1': lambda: dasgd.DelayedAverage(1, 1),  # every snapshot applies the previous mean first
+    'streaming_diloco': lambda: streaming_diloco.StreamingAverage(4, 2, 1),
+    'streaming_diloco_d0_m2': lambda: streaming_diloco.StreamingAverage(6, 3, 0, microbatches=2),
+    'streaming_diloco_d_is_h_f1': lambda: streaming_diloco.StreamingAverage(3, 1, 3),
     'lap_sgd': lambda: lap_sgd.NodeThreads(4, lambda t: (t + 1) % 16 == 0),  # d from the network
     'lap_sgd_period_below_delay_m2': lambda: lap_sgd.NodeThreads(3, lambda t: (t + 1) % 2 == 0, 2, delay_steps=5),
     'lap_sgd_q1_d0': lambda: lap_sgd.NodeThreads(1, lambda t: (t + 1) % 4 == 0, delay_steps=0),
