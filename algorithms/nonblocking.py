@@ -323,6 +323,9 @@ def validate(config):
                           'must be >= 0 seconds (used only with trigger=deadline)', lambda v: v >= 0)
 
 
+# The harness hands each worker's gradient sum G_i (the spec's `gradient_sums`), and the build takes it.
+GRADIENT_SUMS = True
+
 SPEC = spec.AlgorithmSpec(
     name='nonblocking',
     defaults={
@@ -335,5 +338,5 @@ SPEC = spec.AlgorithmSpec(
     },
     build=lambda config, inner, axis_name: nonblocking_sgd(
         inner, weighting=config.algorithm.weighting, topology=config.algorithm.topology, axis_name=axis_name,
-        gradient_sums=True),
-    time_rule=time_rule, validate=validate, gradient_sums=True)
+        gradient_sums=GRADIENT_SUMS),
+    time_rule=time_rule, validate=validate, gradient_sums=GRADIENT_SUMS)

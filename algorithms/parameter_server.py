@@ -369,6 +369,8 @@ def loop_block(rule, clock: 'Clock', n: int) -> rules.Steps:
 # ---- config -> transformation, validation, spec ----
 
 ADAPTIVE_LR_DEFAULTS = {'adaptive_lr_c': 0.0, 'eta_max': 0.0}  # staleness-adaptive LR off
+# The harness hands the learners' gradient sums n_i g_i (the spec's `gradient_sums`), and `build` takes them.
+GRADIENT_SUMS = True
 
 
 def build(config: ml_collections.ConfigDict, inner, axis_name):
@@ -377,7 +379,7 @@ def build(config: ml_collections.ConfigDict, inner, axis_name):
   lr = float(config.optimizer.learning_rate)
   eta_max = float(a.get('eta_max', 0.0)) or lr
   return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr,
-                          gradient_sums=True)  # the spec's gradient_sums
+                          gradient_sums=GRADIENT_SUMS)
 
 
 def is_number(value) -> bool:
@@ -414,4 +416,4 @@ def make_spec(name, defaults, time_rule, validate, microbatches_per_iteration,
   return spec.AlgorithmSpec(
       name=name, defaults=defaults, build=build, time_rule=time_rule, validate=validate, consensus=server_model,
       microbatches_per_iteration=microbatches_per_iteration,
-      gradient_params=gradient_params if several_jobs else spec.at_own_params, gradient_sums=True)
+      gradient_params=gradient_params if several_jobs else spec.at_own_params, gradient_sums=GRADIENT_SUMS)

@@ -93,12 +93,15 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
       carry, _ = lax.scan(micro, carry, (batch, jnp.arange(microbatches)))
     grad_sum, loss_sum, model_state = carry
     count = jnp.maximum(done, 1)
-    mean = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
-    grads = grad_sum if gradient_sums else mean
+    if gradient_sums:  # the mean's norm without a pass over the mean
+      grads, l2_grads = grad_sum, tree_l2(grad_sum) / count.astype(jnp.float32)
+    else:
+      grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
+      l2_grads = tree_l2(grads)
     extra = {} if round_position is None else {'round_position': round_position}
     updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule=schedule, step=step, **extra)
     params = optax.apply_updates(state.params, updates)
-    measurements = {'loss': loss_sum / count, 'l2_grads': tree_l2(mean), 'l2_params': tree_l2(params)}
+    measurements = {'loss': loss_sum / count, 'l2_grads': l2_grads, 'l2_params': tree_l2(params)}
     return TrainState(params, opt_state, model_state), measurements
 
   return iteration
