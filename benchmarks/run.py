@@ -100,13 +100,13 @@ def section_algorithms(out, repeats):
 
 
 def section_harness(out, steps):
-  harness, reference, ratio = harness_overhead.paired_rates(steps)
+  harness, reference, ratios = harness_overhead.paired_rates(steps)
   print('## 2. Training loop against a hand-written shard_map loop (digits MLP, 8 workers on 8 devices)\n',
         file=out)
   print('| loop | steps/s |\n| --- | ---: |', file=out)
   print(f'| hand-written jitted shard_map | {reference:.0f} |', file=out)
   print(f'| waitless harness (sync) | {harness:.0f} |', file=out)
-  print(f'\nratio: **{ratio:.2f}x**, the median of three rounds\' ratios, each round timing both loops in turn '
+  print(f'\nratio: **{harness_overhead.describe_ratio(ratios)}**, each round timing both loops in turn '
         '(target >= 0.95)\n', file=out, flush=True)
 
 

@@ -27,28 +27,33 @@ class InMemoryStreams:
     self.shard_size = shard
     self._shards = order[:shard * workers].reshape(workers, shard)
     self._arrays = arrays
-    self._epoch_orders: dict[tuple[int, int], np.ndarray] = {}
+    self._epoch_tables: dict[int, np.ndarray] = {}
 
   def _epoch_order(self, worker: int, epoch: int) -> np.ndarray:
-    key = (worker, epoch)
-    if key not in self._epoch_orders:
-      if len(self._epoch_orders) > 4 * self.workers:
-        self._epoch_orders.clear()
-      rng = np.random.default_rng([self.seed, 2, worker, epoch])
-      self._epoch_orders[key] = self._shards[worker][rng.permutation(self.shard_size)]
-    return self._epoch_orders[key]
+    rng = np.random.default_rng([self.seed, 2, worker, epoch])
+    return self._shards[worker][rng.permutation(self.shard_size)]
+
+  def _epoch_table(self, epoch: int) -> np.ndarray:
+    """(workers, shard): row w is worker w's order of its shard in `epoch` (cached: see `_indices_of`)."""
+    if epoch not in self._epoch_tables:
+      self._epoch_tables[epoch] = np.stack([self._epoch_order(w, epoch) for w in range(self.workers)])
+    return self._epoch_tables[epoch]
 
   def indices(self, worker: int, first_sample: int, count: int) -> np.ndarray:
     """Example indices of samples first_sample .. first_sample+count-1 of `worker`'s stream."""
-    return self._indices_of(worker, np.arange(first_sample, first_sample + count))
+    return self._indices_of(np.asarray([worker]), np.arange(first_sample, first_sample + count)[:, None])[:, 0]
 
-  def _indices_of(self, worker: int, samples: np.ndarray) -> np.ndarray:
-    """Example indices of `worker`'s stream positions `samples` (any shape)."""
+  def _indices_of(self, workers: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """Example indices of stream positions `samples` (..., W), column j in the stream of `workers[j]`."""
     epochs, offsets = np.divmod(samples, self.shard_size)
-    out = np.empty(samples.shape, np.int64)
-    for epoch in np.unique(epochs):
-      selected = epochs == epoch
-      out[selected] = self._epoch_order(worker, int(epoch))[offsets[selected]]
+    first, last = int(epochs.min()), int(epochs.max())
+    needed = range(first, last + 1) if last - first <= 1 else np.unique(epochs).tolist()  # usually one or two
+    out = None
+    for epoch in needed:
+      gathered = self._epoch_table(epoch)[workers, offsets]
+      out = gathered if out is None else np.where(epochs == epoch, gathered, out)
+    for epoch in set(self._epoch_tables) - set(needed):  # positions only grow: keep what this read used
+      del self._epoch_tables[epoch]
     return out
 
   def read(self, workers, positions, count):
@@ -56,10 +61,8 @@ class InMemoryStreams:
     positions = np.asarray(positions, np.int64)
     n, w = positions.shape
     mb = self.microbatch_size
-    idx = np.empty((n, w, count * mb), np.int64)
-    span = np.arange(count * mb)
-    for j, worker in enumerate(workers):  # the whole block of one worker at once
-      idx[:, j] = self._indices_of(int(worker), positions[:, j, None] * mb + span)
+    samples = positions[:, :, None] * mb + np.arange(count * mb)  # (n, W, count * mb)
+    idx = np.moveaxis(self._indices_of(workers, np.moveaxis(samples, 1, -1)), -1, 1)
     return {key: value[idx].reshape((n, w, count, mb) + value.shape[1:]) for key, value in self._arrays.items()}
 
 

@@ -204,11 +204,14 @@ def init_state(run: Run) -> step_lib.TrainState:
   return jax.jit(init, out_shardings=run.layout.sharding())()
 
 
-def _global_array(layout, local: np.ndarray, leading: int):
-  """A global array sharded on the worker dimension (axis `leading`) from this process's workers' rows."""
-  sharding = layout.sharding(*([None] * leading))
-  shape = local.shape[:leading] + (layout.workers,) + local.shape[leading + 1:]
-  return jax.make_array_from_process_local_data(sharding, local, shape)
+def _per_iteration_arrays(layout, local: dict[str, np.ndarray], uniform: frozenset[str] = frozenset()):
+  """Global arrays from this process's host arrays (n, P_local, ...): the worker dimension (axis 1) sharded,
+  except the `uniform` entries (n,), replicated. On one process, one batched transfer for all of them."""
+  per_worker = layout.sharding(None)
+  if jax.process_count() == 1:
+    return jax.device_put(local, {k: layout.replicated() if k in uniform else per_worker for k in local})
+  return {k: jnp.asarray(v) if k in uniform else jax.make_array_from_process_local_data(
+      per_worker, v, v.shape[:1] + (layout.workers,) + v.shape[2:]) for k, v in local.items()}
 
 
 def block_inputs(run: Run, block, positions: np.ndarray, step: int):
@@ -223,11 +226,13 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
   if run.finished_only:  # the same on every process: the schedule is
     slots = min(slots, 1 << max(int(done.max()) - 1, 0).bit_length())
   batches = run.dataset.train.read(local_ids, starts[:, local_ids], slots)
-  batches = {k: _global_array(run.layout, v, 1) for k, v in batches.items()}
   uniform = rules_lib.base.uniform_fields(type(block.schedule))
-  schedules = type(block.schedule)(*(
-      jnp.asarray(v) if name in uniform else _global_array(run.layout, v[:, local_ids], 1)
-      for name, v in block.schedule._asdict().items()))
+  fields = {name: v if name in uniform else v[:, local_ids] for name, v in block.schedule._asdict().items()}
+  arrays = _per_iteration_arrays(run.layout, {**{('batch', k): v for k, v in batches.items()},
+                                              **{('schedule', k): v for k, v in fields.items()}},
+                                 frozenset(('schedule', k) for k in uniform))
+  batches = {k: arrays['batch', k] for k in batches}
+  schedules = type(block.schedule)(*(arrays['schedule', k] for k in fields))
   steps = np.arange(step, step + len(done), dtype=np.int32)  # on the host: BlockStep picks the program by it
   return (batches, schedules, steps), positions + done.sum(axis=0)
 
@@ -327,21 +332,26 @@ def _check_workdir(workdir: str, config) -> None:
 class _Window:
   """Per-iteration measurements since the last metrics row, each reduced as declared.
 
-  The step's measurements, idle fraction and staleness are means over the window's iterations, bytes a sum;
-  the time rule's own measurements are reduced as its `reports` declare ('mean', 'sum' or 'max').
+  The step's per-iteration measurements, idle fraction and staleness are means over the window's iterations,
+  bytes a sum; `l2_params`, measured once per block, is the value after the window's last block ('last'); the
+  time rule's own measurements are reduced as its `reports` declare ('mean', 'sum' or 'max').
   """
 
   def __init__(self, reports: dict[str, str], saved: dict[str, float] | None = None):
-    self.reductions = {'train_loss': 'mean', 'l2_grads': 'mean', 'l2_params': 'mean', 'idle_fraction': 'mean',
+    self.reductions = {'train_loss': 'mean', 'l2_grads': 'mean', 'l2_params': 'last', 'idle_fraction': 'mean',
                        'staleness': 'mean', 'bytes_communicated': 'sum', **reports}
     self.sums = dict(saved or {})
 
   def add(self, block, **measured: np.ndarray) -> None:
-    """Adds one block: the step's `measured` values (n,) plus what the clock's `block` reports."""
+    """Adds one block: the step's `measured` values ((n,), or a scalar for 'last') plus what the clock's
+    `block` reports."""
     values = dict(measured, idle_fraction=block.idle_fraction, staleness=block.mean_staleness,
                   bytes_communicated=block.bytes_communicated, **block.measurements)
     for key, v in values.items():
-      if self.reductions[key] == 'max':
+      reduction = self.reductions[key]
+      if reduction == 'last':
+        self.sums[key] = float(v)
+      elif reduction == 'max':
         self.sums[key] = max(self.sums.get(key, -np.inf), float(np.max(v)))
       else:
         self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(v))
@@ -449,7 +459,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise TrainingDiverged(f'training loss is {losses[bad - step]} at step {bad + 1}; stopped, the last good '
                                f'checkpoint (step {checkpointer.latest_step()}) is kept in {workdir}')
       window.add(block, train_loss=losses, l2_grads=measured['l2_grads'].mean(1),
-                 l2_params=measured['l2_params'].mean(1))
+                 l2_params=measured['l2_params'].mean())
       clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
       step, sim_time = end, float(block.sim_time[-1])
       last_train_loss = float(losses[-1])
