@@ -63,6 +63,10 @@ class AdaSync(rules.TimeRule):
     if not self.period_s > 0:
       raise ValueError(f'period_s={self.period_s!r} must be > 0')
 
+  @property
+  def fresh_views(self) -> bool:
+    return self.base.fresh_views
+
   def tolerated_failures(self, workers: int) -> int:
     # K is capped at the workers left, so only K0 matters at the start; batch rules need a single learner.
     several = isinstance(self.base, (kbatch_sync.KBatchSync, kbatch_async.KBatchAsync))

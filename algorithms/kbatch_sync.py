@@ -47,6 +47,7 @@ class KBatchSync(ps.KRule):
   staleness 0.
   """
   k: int
+  fresh_views = True  # every learner fetches the new model
   microbatches: int = 1
 
   def tolerated_failures(self, workers: int) -> int:

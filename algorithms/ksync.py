@@ -38,6 +38,7 @@ class KSync(ps.KRule):
   every learner fetches the new model; staleness 0.
   """
   k: int
+  fresh_views = True  # every learner fetches the new model
   microbatches: int = 1
 
   def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:

@@ -72,7 +72,8 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
   Returns:
     A transformation whose `update(grads, state, params, *, schedule=None, **extra)` expects `grads` =
     G_i / max(n_i, 1) (the worker's mean over its finished micro-batches) and `schedule.microbatches_done` =
-    n_i. `schedule=None` (a library user's loop) means every worker finished its whole batch.
+    n_i, with the totals `microbatches_total` and `contributors` (`round_schedule`). `schedule=None` (a
+    library user's loop) means every worker finished its whole batch; the count is then all-reduced.
   """
   if weighting not in WEIGHTINGS:
     raise ValueError(f'weighting={weighting!r} must be one of {WEIGHTINGS}')
@@ -83,20 +84,25 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
   def init_fn(params):
     return NonBlockingState(inner=inner.init(params))
 
-  def allreduce(grads, state, params, done):
+  def allreduce(grads, state, params, done, schedule):
     weight = done if weighting == 'microbatch' else (done > 0)
     if gradient_sums and weighting == 'microbatch':
       weighted = grads  # G_i = n_i (G_i / n_i): no per-worker multiply
     else:
       weighted = jax.tree.map(lambda g: g * weight.astype(g.dtype), grads)
-    # One collective for the numerator and the count; the float32 count is exact up to 2^24 micro-batches.
-    total, count = collectives.worker_sum((weighted, weight.astype(jnp.float32)), axis_name)
+    if schedule is None:  # one collective for the numerator and the count (exact in float32 up to 2^24)
+      total, count = collectives.worker_sum((weighted, weight.astype(jnp.float32)), axis_name)
+    else:  # the schedule's divisor, summed on the host
+      total = collectives.worker_sum(weighted, axis_name)
+      count = (schedule.microbatches_total if weighting == 'microbatch' else schedule.contributors)
+      count = jnp.asarray(count).astype(jnp.float32)
     # The rule never ends a round with no finished micro-batch; max(., 1) only keeps 0/0 out of a failed run.
     g = jax.tree.map(lambda s: s / jnp.maximum(count, 1.0).astype(s.dtype), total)
     updates, inner_state = inner.update(g, state.inner, params)
     return updates, NonBlockingState(inner=inner_state)
 
-  def ring(grads, state, params, done):
+  def ring(grads, state, params, done, schedule):
+    del schedule
     updates, inner_state = inner.update(grads, state.inner, params)
     contributed = done > 0
     # A per-worker predicate: a select, not a conditional (the gossip below runs for everyone anyway).
@@ -112,7 +118,7 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
     done = jnp.ones((), jnp.int32) if schedule is None else jnp.asarray(schedule.microbatches_done)
     if gradient_sums and not (topology == 'allreduce' and weighting == 'microbatch'):  # these need the mean
       grads = jax.tree.map(lambda g: g / jnp.maximum(done, 1).astype(g.dtype), grads)
-    return (allreduce if topology == 'allreduce' else ring)(grads, state, params, done)
+    return (allreduce if topology == 'allreduce' else ring)(grads, state, params, done, schedule)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -122,7 +128,21 @@ class NonBlockingSchedule(NamedTuple):
   microbatches_done: np.ndarray  # int32 (P,), n_i in 0..m: finished micro-batches worker i contributes (these,
   #                                and only these, are consumed from its data stream)
   abandoned: np.ndarray          # bool (P,), n_i < m: worker i dropped an unfinished micro-batch at the trigger
-  UNIFORM = ()
+  microbatches_total: np.ndarray  # int32 (), sum_i n_i: the 'microbatch' weighting's divisor
+  contributors: np.ndarray       # int32 (), #{i: n_i > 0}: the 'worker' weighting's divisor
+  UNIFORM = ('microbatches_total', 'contributors')
+
+
+def round_schedule(done: np.ndarray, m: int) -> NonBlockingSchedule:
+  """The schedule of rounds whose workers finished `done` (..., P) micro-batches of m.
+
+  The divisors are summed here, on the host, so that the all-reduce carries the gradients only: a scalar
+  count in the same collective made a non-blocking step 1.2x a synchronous one on 8 CPU devices.
+  """
+  done = np.asarray(done, np.int32)
+  return NonBlockingSchedule(microbatches_done=done, abandoned=done < m,
+                             microbatches_total=done.sum(axis=-1, dtype=np.int32),
+                             contributors=(done > 0).sum(axis=-1, dtype=np.int32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +233,7 @@ class NonBlocking(rules.TimeRule):
     lost = np.where(running, activation - began, 0.0)
     total = spent.sum()
     return rules.Iteration(
-        schedule=NonBlockingSchedule(microbatches_done=done.astype(np.int32), abandoned=done < m),
+        schedule=round_schedule(done, m),
         idle=np.where(live, joined - activation, 0.0), bytes_communicated=communicated,
         staleness=np.zeros(p),
         measurements={'microbatches_mean': float(done.mean()), 'microbatches_min': float(done.min()),
@@ -292,7 +312,7 @@ class NonBlocking(rules.TimeRule):
     share = np.zeros(n)
     np.divide(lost, spent, out=share, where=spent > 0)
     return rules.Steps(
-        schedule=NonBlockingSchedule(microbatches_done=done.astype(np.int32), abandoned=done < m),
+        schedule=round_schedule(done, m),
         idle=joined[:, None] - activation, bytes_communicated=np.full(n, communicated),
         mean_staleness=np.zeros(n), end_time=end, times=np.repeat(end[:, None], p, axis=1),
         measurements={'microbatches_mean': done.mean(axis=1), 'microbatches_min': done.min(axis=1).astype(np.float64),

@@ -12,6 +12,11 @@ nothing) and g_i the mean gradient of those micro-batches:
                W_t      if it fetched before it (`fetch_current`, K-batch-async)
                view_i   otherwise (it is still computing on its stale view)
 
+Fresh views (K-sync, K-batch-sync, and AdaSync over them, whose rules declare `fresh_views`): every learner
+fetches W_{t+1} after every update, so each view IS the server model. The state then keeps no copy of W
+(`server` is None) and U(g) is applied to the view itself: the cost of synchronous SGD plus the count in the
+all-reduce, and views that equal W exactly (W + (W_new - W) would round).
+
 lambda_i = 1 unless the staleness-adaptive learning rate is on (C = `adaptive_lr_c` > 0): then
 lambda_i = min(C / ||W_t - view_i||^2, eta_max) / eta, so that with plain SGD of learning rate eta the
 gradient of learner i is applied with eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max) (Dutta et al. 2018).
@@ -74,12 +79,16 @@ class ServerSchedule(NamedTuple):
   discarded: np.ndarray          # bool (P,), learner i's in-flight gradient was discarded (its delay reached
   #                                `max_delay`, Ringmaster) and it fetched W_t: any gradient it pushes in this
   #                                update was computed at W_t; with no push, its view becomes W_t (fetch_current)
-  UNIFORM = ('k',)
+  microbatches_total: np.ndarray  # int32 (), sum_i microbatches_done = K m: the divisor, summed on the host so
+  #                                that the all-reduce carries the gradients only (a scalar count in the same
+  #                                collective made the step 1.2x a synchronous one on 8 CPU devices)
+  UNIFORM = ('k', 'microbatches_total')
 
 
 class ParameterServerState(NamedTuple):
   """A learner's copy of the server: the model W_t and the optimizer state on it."""
-  server: Any            # the emulated server model W_t: same tree as params; identical on every worker
+  server: Any            # the emulated server model W_t: same tree as params, identical on every worker;
+  #                        None with fresh views (the view is W_t)
   inner: optax.OptState  # the server's inner optimizer state (on W), identical on every worker
 
 
@@ -89,6 +98,8 @@ def gradient_params(params, opt_state: ParameterServerState, schedule: ServerSch
   The first job (mini-batch of m micro-batches) of an update is computed on the learner's view `params`;
   its later jobs in the same update on the server model W_t, which it fetched after its first push.
   """
+  if opt_state.server is None:  # fresh views: the view is W_t
+    return params
   jobs = jnp.maximum(schedule.contributions, 1)
   later = microbatch * jobs >= schedule.microbatches_done  # microbatch >= m = done / contributions
   later = later | schedule.discarded  # restarted on W_t after a discarded gradient (Ringmaster)
@@ -112,7 +123,8 @@ def staleness_factor(server, view, c: float, eta_max: float, learning_rate: floa
 
 def parameter_server(inner: optax.GradientTransformation, axis_name: collectives.AxisName = None,
                      adaptive_lr_c: float = 0.0, eta_max: float = 0.0, learning_rate: float = 1.0,
-                     gradient_sums: bool = False) -> optax.GradientTransformationExtraArgs:
+                     gradient_sums: bool = False,
+                     fresh_views: bool = False) -> optax.GradientTransformationExtraArgs:
   """One update of an emulated parameter server from the learners the schedule says pushed.
 
   Update rule (per worker, identical server update on every worker):
@@ -128,12 +140,14 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     learning_rate: eta of U; lambda_i = eta_j / eta, so that plain SGD applies each gradient with eta_j.
     gradient_sums: `grads` is n_i g_i, the sum over the learner's micro-batches (the harness's step, spec
       `gradient_sums`), not the mean g_i.
+    fresh_views: every learner fetches the new model after every update (the schedule's `refresh_view` is
+      all true and `fetch_current` all false; not read): no server copy is kept, `params` is W.
 
   Returns:
     A transformation whose `update(grads, state, params, schedule=...)` takes this learner's gradient (mean
     over its finished micro-batches) and its view `params`, and returns updates that move the view to its
-    new value. `schedule` is a `ServerSchedule` (fields read: `microbatches_done`, `refresh_view`,
-    `fetch_current`); without one every learner pushes one gradient and fetches the new W (synchronous SGD
+    new value. `schedule` is a `ServerSchedule` (fields read: `microbatches_done`, `microbatches_total`,
+    `refresh_view`, `fetch_current`, `discarded`); without one every learner pushes one gradient and fetches the new W (synchronous SGD
     through a server).
 
   Example:
@@ -148,8 +162,12 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
   adaptive = adaptive_lr_c > 0
   if adaptive and not eta_max > 0:
     raise ValueError(f'eta_max={eta_max!r} must be > 0 with the staleness-adaptive learning rate')
+  if adaptive and fresh_views:
+    raise ValueError('the staleness-adaptive learning rate needs stale views, not fresh_views')
 
   def init_fn(params):
+    if fresh_views:
+      return ParameterServerState(server=None, inner=inner.init(params))
     server = jax.tree.map(jnp.copy, params)  # its own buffers: the step donates params and state separately
     return ParameterServerState(server=server, inner=inner.init(server))
 
@@ -169,8 +187,14 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
       factor = staleness_factor(server, view, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
       weight = factor if weight is None else weight * factor
     weighted = grads if weight is None else jax.tree.map(lambda g: weight * g, grads)  # n_i g_i (x lambda_i)
-    total, count = collectives.worker_sum((weighted, done), axis_name)
+    if schedule is None:  # every learner pushed one gradient: count them with the gradients
+      total, count = collectives.worker_sum((weighted, done), axis_name)
+    else:
+      total, count = collectives.worker_sum(weighted, axis_name), jnp.asarray(schedule.microbatches_total)
     g = jax.tree.map(lambda s: s / jnp.maximum(count, 1).astype(s.dtype), total)
+    if fresh_views:  # the view is W: W + U(g) is the new view
+      updates, inner_state = inner.update(g, state.inner, params)
+      return updates, ParameterServerState(server=None, inner=inner_state)
     updates, inner_state = inner.update(g, state.inner, server)
     new_server = optax.apply_updates(server, updates)
 
@@ -185,9 +209,9 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
 
 
 def server_model(params, opt_state):
-  """Consensus = the server copy (identical on every worker; worker 0's, so no rounding from a mean)."""
-  del params
-  return jax.tree.map(lambda x: x[0], opt_state.server)
+  """Consensus = the server copy, or with fresh views the views (identical on every worker; worker 0's, so no
+  rounding from a mean)."""
+  return jax.tree.map(lambda x: x[0], params if opt_state.server is None else opt_state.server)
 
 
 # ---- shared by the variants' time rules ----
@@ -198,8 +222,9 @@ def schedule(p: int, k: int, m: int, contributions: np.ndarray, staleness=None, 
   discarded, every learner fetches the new model (the synchronous rules)."""
   contributions = np.asarray(contributions, np.int32)
   shape = contributions.shape
+  done = contributions * np.int32(m)
   return ServerSchedule(
-      microbatches_done=contributions * np.int32(m), contributions=contributions,
+      microbatches_done=done, contributions=contributions, microbatches_total=done.sum(axis=-1, dtype=np.int32),
       staleness=np.zeros(shape, np.int32) if staleness is None else np.asarray(staleness, np.int32),
       refresh_view=np.ones(shape, bool) if refresh_view is None else np.asarray(refresh_view, bool),
       fetch_current=np.zeros(shape, bool) if fetch_current is None else np.asarray(fetch_current, bool),
@@ -218,10 +243,13 @@ class KRule(rules.TimeRule):
   """Shared by the K-family rules: the schedule, an adjustable K, what they report, failures they survive.
 
   Reports: `k` (mean over a metrics window) and `max_staleness` (the largest staleness of a gradient applied).
+  `fresh_views`: every schedule has every learner fetch the new model (`refresh_view` all true,
+  `fetch_current` all false), so the transformation keeps no server copy (the synchronous rules).
   """
   schedule_type = ServerSchedule
   reports = {'k': 'mean', 'max_staleness': 'max'}
   adjustable_k = True
+  fresh_views = False
 
   def __post_init__(self):
     rules.check_positive_int(self.k, 'k')
@@ -373,13 +401,13 @@ ADAPTIVE_LR_DEFAULTS = {'adaptive_lr_c': 0.0, 'eta_max': 0.0}  # staleness-adapt
 GRADIENT_SUMS = True
 
 
-def build(config: ml_collections.ConfigDict, inner, axis_name):
+def build(config: ml_collections.ConfigDict, inner, axis_name, fresh_views: bool = False):
   a = config.algorithm
   c = float(a.get('adaptive_lr_c', 0.0))
   lr = float(config.optimizer.learning_rate)
   eta_max = float(a.get('eta_max', 0.0)) or lr
   return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr,
-                          gradient_sums=GRADIENT_SUMS)
+                          gradient_sums=GRADIENT_SUMS, fresh_views=fresh_views)
 
 
 def is_number(value) -> bool:
@@ -412,8 +440,14 @@ def k_jobs(config) -> int:
 
 def make_spec(name, defaults, time_rule, validate, microbatches_per_iteration,
               several_jobs: bool) -> spec.AlgorithmSpec:
-  """A parameter-server variant's spec; `several_jobs`: a learner may push several mini-batches per update."""
+  """A parameter-server variant's spec; `several_jobs`: a learner may push several mini-batches per update.
+
+  The transformation keeps a server copy unless the config's time rule declares `fresh_views`.
+  """
+  def build_variant(config, inner, axis_name):
+    return build(config, inner, axis_name, fresh_views=time_rule(config).fresh_views)
+
   return spec.AlgorithmSpec(
-      name=name, defaults=defaults, build=build, time_rule=time_rule, validate=validate, consensus=server_model,
+      name=name, defaults=defaults, build=build_variant, time_rule=time_rule, validate=validate, consensus=server_model,
       microbatches_per_iteration=microbatches_per_iteration,
       gradient_params=gradient_params if several_jobs else spec.at_own_params, gradient_sums=GRADIENT_SUMS)

@@ -56,9 +56,13 @@ _OUT = flags.DEFINE_string('out', os.path.join(os.path.dirname(os.path.abspath(_
                            'Where to write the results ('' to skip).')
 
 # Work an algorithm does beyond sync's by design (section 1 names it next to its ratio).
+_SERVER_COPY = 'a server copy beside each stale view: the server update, then the view kept, refreshed or set to W_t'
 INHERENT = {
     'kbatch_sync': 'a while loop over the mini-batches each worker finished (0..K)',
-    'kbatch_async': 'a while loop over the mini-batches each worker finished (0..K)',
+    'kbatch_async': f'a while loop over the mini-batches each worker finished (0..K); {_SERVER_COPY}',
+    'kasync': _SERVER_COPY,
+    'async': _SERVER_COPY,
+    'ringmaster': _SERVER_COPY,
     'adasync': 'with a K-batch base: a while loop over the mini-batches each worker finished',
     'wagma': 'log2 S exchanges per iteration instead of one all-reduce (and a lost-worker mask)',
     'lap_sgd': 'Q thread views per node',

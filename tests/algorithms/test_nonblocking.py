@@ -193,6 +193,17 @@ def _fastest_first(rule, workers, first, **kwargs):
 
 class NonBlockingRuleTest(parameterized.TestCase):
 
+  @parameterized.parameters(('fastest', -1), ('deadline', -1), ('fastest', 2))
+  def test_host_totals_are_the_divisors(self, trigger, fail_worker):
+    config = harness.synthetic_config('nonblocking', microbatches=4, **{
+        'algorithm.trigger': trigger, 'algorithm.deadline_s': 0.02, 'stragglers.kind': 'exponential', 'stragglers.fail_worker': fail_worker,
+        'stragglers.fail_at_s': 0.05})
+    run = train.build(config)
+    schedule = train.make_clock(run, 1e3).next_block(40).schedule
+    np.testing.assert_array_equal(schedule.microbatches_total, schedule.microbatches_done.sum(axis=1))
+    np.testing.assert_array_equal(schedule.contributors, (schedule.microbatches_done > 0).sum(axis=1))
+    self.assertTrue((schedule.microbatches_done < 4).any())  # partial rounds: the totals are not constant
+
   def test_reports_microbatches_and_abandoned_share(self):
     a = nonblocking.NonBlocking(3).activation_latency_s
     clock = helpers.clock(nonblocking.NonBlocking(3), workers=4, base_s=X, slow_workers=(0,), slow_factor=2.5)

@@ -128,7 +128,8 @@ def replay(test, traj, config, variant, block):
       got_w, got_b = reference.unpack(traj.params[t // block], i)
       np.testing.assert_allclose(got_w, server.views[i][0], rtol=1e-10, atol=1e-12, err_msg=f'iteration {t} {i}')
       np.testing.assert_allclose(got_b, server.views[i][1], rtol=1e-10, atol=1e-12)
-  final = jax.device_get(traj.final_state.opt_state.server)
+  state = traj.final_state
+  final = jax.device_get(state.params if state.opt_state.server is None else state.opt_state.server)  # fresh views
   for i in range(config.workers):
     got_w, got_b = reference.unpack(final, i)
     np.testing.assert_allclose(got_w, server.model[0], rtol=1e-10, atol=1e-12)
@@ -230,6 +231,44 @@ class ParameterServerTest(parameterized.TestCase):
     server = jax.device_get(traj.final_state.opt_state.server)
     jax.tree.map(lambda c, s: np.testing.assert_array_equal(c, s[0]), consensus, server)
     jax.tree.map(lambda s: np.testing.assert_array_equal(s, np.broadcast_to(s[0], s.shape)), server)
+
+
+class FreshViewsTest(parameterized.TestCase):
+  """The synchronous rules declare `fresh_views`: their schedules must have every learner fetch the new model
+  (also with a worker lost for good), and then no server copy is kept; the stale variants keep one."""
+
+  @parameterized.parameters(
+      ('ksync,k=3', True), ('kbatch_sync,k=3', True), ('adasync,base=ksync,k0=3', True),
+      ('adasync,base=kbatch_sync,k0=3', True), ('kasync,k=3', False), ('kbatch_async,k=3', False),
+      ('async', False), ('adasync,base=kasync,k0=3', False))
+  def test_declared_fresh_views_hold(self, arg, fresh):
+    for fail_worker in (-1, 2):
+      config = harness.synthetic_config(arg, **{'stragglers.kind': 'exponential',
+                                                'stragglers.fail_worker': fail_worker,
+                                                'stragglers.fail_at_s': 0.05})
+      run = train.build(config)
+      self.assertEqual(run.rule.fresh_views, fresh)
+      schedule = train.make_clock(run, 1e3).next_block(60).schedule
+      every_fetch = bool(schedule.refresh_view.all()) and not schedule.fetch_current.any()
+      self.assertEqual(every_fetch, fresh, f'{arg} fail_worker={fail_worker}')
+      self.assertEqual(train.init_state(run).opt_state.server is None, fresh)
+
+  @parameterized.parameters('ksync,k=3', 'kbatch_sync,k=3', 'kasync,k=2', 'kbatch_async,k=3', 'async',
+                            'async,max_delay=2', 'adasync,base=kbatch_async,k0=2')
+  def test_host_total_is_the_pushed_microbatches(self, arg):
+    # The divisor the step reads instead of all-reducing a count: K mini-batches of m micro-batches.
+    for fail_worker in (-1, 2):
+      config = harness.synthetic_config(arg, microbatches=2, **{'stragglers.kind': 'exponential',
+                                                                 'stragglers.fail_worker': fail_worker,
+                                                                 'stragglers.fail_at_s': 0.05})
+      run = train.build(config)
+      schedule = train.make_clock(run, 1e3).next_block(60).schedule
+      np.testing.assert_array_equal(schedule.microbatches_total, schedule.microbatches_done.sum(axis=1))
+      np.testing.assert_array_equal(schedule.microbatches_total, 2 * schedule.k)
+
+  def test_fresh_views_require_fresh_learning_rates(self):
+    with self.assertRaisesRegex(ValueError, 'staleness-adaptive learning rate needs stale views'):
+      parameter_server.parameter_server(optax.sgd(0.1), adaptive_lr_c=1.0, eta_max=0.1, fresh_views=True)
 
 
 class LibraryAndLoopTest(parameterized.TestCase):
