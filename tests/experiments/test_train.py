@@ -63,6 +63,19 @@ class TrainTest(parameterized.TestCase):
     # Constant 10 ms per micro-batch, ideal network: sync takes exactly 10 ms per iteration.
     self.assertAlmostEqual(saved['sim_time'], 300 * 0.01, places=9)
 
+  def test_a_rows_parameter_norm_is_the_one_at_its_step(self):
+    # Two blocks per metrics row: l2_params is measured after each block and the row keeps the last one, so it
+    # equals the (identical) sync workers' final norm; a mean over the window's blocks would not.
+    config = digits.get_config('sync')
+    config.num_steps, config.steps_per_call, config.log_every = 20, 5, 10
+    config.eval_every = config.checkpoint_every = 20
+    workdir = self.create_tempdir().full_path
+    summary = train.train_and_evaluate(config, workdir)
+    rows = metrics_io.read_rows(workdir)
+    self.assertEqual([r['step'] for r in rows], [10, 20])
+    self.assertAlmostEqual(rows[-1]['l2_params'], summary['param_norm'], delta=1e-6 * summary['param_norm'])
+    self.assertNotAlmostEqual(rows[0]['l2_params'], rows[-1]['l2_params'], delta=1e-4 * summary['param_norm'])
+
   def test_resume_from_an_earlier_checkpoint_replays_the_same_run(self):
     config = harness.synthetic_config('local_sgd,local_steps=3', num_steps=40, checkpoint_every=10, log_every=5,
                                       eval_every=20, steps_per_call=4)
