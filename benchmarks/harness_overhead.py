@@ -112,9 +112,10 @@ def reference_seconds(steps: int) -> float:
 
 
 def _pair_rate(seconds_of, steps: int) -> float:
-  """Steps/s from the difference of runs of `steps` and `steps // 2` iterations (start-up cancels)."""
+  """Steps/s from the difference of runs of `steps` and `steps // 2` iterations (start-up cancels); NaN when
+  the longer run was not slower (the training took less time than the noise: use more steps)."""
   short, long = seconds_of(steps // 2), seconds_of(steps)
-  return (steps - steps // 2) / max(long - short, 1e-9)
+  return (steps - steps // 2) / (long - short) if long > short else float('nan')
 
 
 def paired_rates(steps: int, repeats: int = 5) -> tuple[float, float, np.ndarray]:
@@ -133,12 +134,18 @@ def paired_rates(steps: int, repeats: int = 5) -> tuple[float, float, np.ndarray
     for _ in range(repeats):
       harness.append(_pair_rate(harness_seconds, steps))
       reference.append(_pair_rate(reference_seconds, steps))
-  return float(np.median(harness)), float(np.median(reference)), np.asarray(harness) / np.asarray(reference)
+  return (float(np.nanmedian(harness)), float(np.nanmedian(reference)),
+          np.asarray(harness) / np.asarray(reference))
 
 
 def describe_ratio(ratios: np.ndarray) -> str:
-  return (f'{np.median(ratios):.2f}x, the median of {len(ratios)} rounds\' ratios (range {ratios.min():.2f}x to '
-          f'{ratios.max():.2f}x)')
+  valid = ratios[np.isfinite(ratios)]
+  if not len(valid):
+    return 'no valid round: each long run took no longer than its short one (use more --steps)'
+  dropped = len(ratios) - len(valid)
+  dropped = f'; {dropped} round(s) dropped: the long run was not slower' if dropped else ''
+  return (f'{np.median(valid):.2f}x, the median of {len(valid)} rounds\' ratios (range {valid.min():.2f}x to '
+          f'{valid.max():.2f}x{dropped})')
 
 
 def main(argv):
