@@ -252,12 +252,12 @@ def advance(run: Run, block_step, state, clock, positions: np.ndarray, step: int
   """Runs iterations step .. step+n-1: samples their schedules, reads each worker's micro-batches, steps.
 
   Returns:
-    (new state, measurements on the host (name -> (n, P)), the clock's Block, new data positions).
+    (new state, measurements on the host (`step.unpack_measurements`), the clock's Block, new data positions).
   """
   block = clock.next_block(n)
   inputs, positions = block_inputs(run, block, positions, step)
   state, measured = block_step(state, *inputs)
-  return state, to_host(measured), block, positions
+  return state, step_lib.unpack_measurements(to_host(measured)), block, positions
 
 
 def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workdir: str):
@@ -450,7 +450,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           state, next_measured = block_step(state, *next_inputs)
           following_dispatched = (next_block, next_measured)
 
-      measured = to_host(measured)
+      measured = step_lib.unpack_measurements(to_host(measured))
       done = block.schedule.microbatches_done
       contributed = done > 0
       losses = np.where(contributed, measured['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
