@@ -90,12 +90,10 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
       weighted = grads  # G_i = n_i (G_i / n_i): no per-worker multiply
     else:
       weighted = jax.tree.map(lambda g: g * weight.astype(g.dtype), grads)
-    if schedule is None:  # one collective for the numerator and the count (exact in float32 up to 2^24)
-      total, count = collectives.worker_sum((weighted, weight.astype(jnp.float32)), axis_name)
-    else:  # the schedule's divisor, summed on the host
-      total = collectives.worker_sum(weighted, axis_name)
-      count = (schedule.microbatches_total if weighting == 'microbatch' else schedule.contributors)
-      count = jnp.asarray(count).astype(jnp.float32)
+    host_total = None  # a library loop without a schedule: the float32 count is exact up to 2^24 micro-batches
+    if schedule is not None:
+      host_total = schedule.microbatches_total if weighting == 'microbatch' else schedule.contributors
+    total, count = collectives.worker_sum_and_count(weighted, weight.astype(jnp.float32), axis_name, host_total)
     # The rule never ends a round with no finished micro-batch; max(., 1) only keeps 0/0 out of a failed run.
     g = jax.tree.map(lambda s: s / jnp.maximum(count, 1.0).astype(s.dtype), total)
     updates, inner_state = inner.update(g, state.inner, params)
@@ -134,11 +132,8 @@ class NonBlockingSchedule(NamedTuple):
 
 
 def round_schedule(done: np.ndarray, m: int) -> NonBlockingSchedule:
-  """The schedule of rounds whose workers finished `done` (..., P) micro-batches of m.
-
-  The divisors are summed here, on the host, so that the all-reduce carries the gradients only: a scalar
-  count in the same collective made a non-blocking step 1.2x a synchronous one on 8 CPU devices.
-  """
+  """The schedule of rounds whose workers finished `done` (..., P) micro-batches of m, with both weightings'
+  divisors summed here, on the host (`collectives.worker_sum_and_count`)."""
   done = np.asarray(done, np.int32)
   return NonBlockingSchedule(microbatches_done=done, abandoned=done < m,
                              microbatches_total=done.sum(axis=-1, dtype=np.int32),

@@ -14,8 +14,8 @@ nothing) and g_i the mean gradient of those micro-batches:
 
 Fresh views (K-sync, K-batch-sync, and AdaSync over them, whose rules declare `fresh_views`): every learner
 fetches W_{t+1} after every update, so each view IS the server model. The state then keeps no copy of W
-(`server` is None) and U(g) is applied to the view itself: the cost of synchronous SGD plus the count in the
-all-reduce, and views that equal W exactly (W + (W_new - W) would round).
+(`server` is None) and U(g) is applied to the view itself: the cost of synchronous SGD, and views that equal
+W exactly (W + (W_new - W) would round).
 
 lambda_i = 1 unless the staleness-adaptive learning rate is on (C = `adaptive_lr_c` > 0): then
 lambda_i = min(C / ||W_t - view_i||^2, eta_max) / eta, so that with plain SGD of learning rate eta the
@@ -79,9 +79,8 @@ class ServerSchedule(NamedTuple):
   discarded: np.ndarray          # bool (P,), learner i's in-flight gradient was discarded (its delay reached
   #                                `max_delay`, Ringmaster) and it fetched W_t: any gradient it pushes in this
   #                                update was computed at W_t; with no push, its view becomes W_t (fetch_current)
-  microbatches_total: np.ndarray  # int32 (), sum_i microbatches_done = K m: the divisor, summed on the host so
-  #                                that the all-reduce carries the gradients only (a scalar count in the same
-  #                                collective made the step 1.2x a synchronous one on 8 CPU devices)
+  microbatches_total: np.ndarray  # int32 (), sum_i microbatches_done = K m: the divisor, summed on the host
+  #                                (`collectives.worker_sum_and_count`)
   UNIFORM = ('k', 'microbatches_total')
 
 
@@ -147,8 +146,8 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     A transformation whose `update(grads, state, params, schedule=...)` takes this learner's gradient (mean
     over its finished micro-batches) and its view `params`, and returns updates that move the view to its
     new value. `schedule` is a `ServerSchedule` (fields read: `microbatches_done`, `microbatches_total`,
-    `refresh_view`, `fetch_current`, `discarded`); without one every learner pushes one gradient and fetches the new W (synchronous SGD
-    through a server).
+    `refresh_view`, `fetch_current`, `discarded`); without one every learner pushes one gradient and fetches
+    the new W (synchronous SGD through a server).
 
   Example:
     >>> tx = parameter_server(optax.sgd(0.01), axis_name='workers')  # inside shard_map over 'workers'
@@ -187,10 +186,8 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
       factor = staleness_factor(server, view, adaptive_lr_c, eta_max, learning_rate).astype(dtype)
       weight = factor if weight is None else weight * factor
     weighted = grads if weight is None else jax.tree.map(lambda g: weight * g, grads)  # n_i g_i (x lambda_i)
-    if schedule is None:  # every learner pushed one gradient: count them with the gradients
-      total, count = collectives.worker_sum((weighted, done), axis_name)
-    else:
-      total, count = collectives.worker_sum(weighted, axis_name), jnp.asarray(schedule.microbatches_total)
+    total, count = collectives.worker_sum_and_count(
+        weighted, done, axis_name, host_total=None if schedule is None else schedule.microbatches_total)
     g = jax.tree.map(lambda s: s / jnp.maximum(count, 1).astype(s.dtype), total)
     if fresh_views:  # the view is W: W + U(g) is the new view
       updates, inner_state = inner.update(g, state.inner, params)

@@ -65,6 +65,11 @@ def to_host(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
+def measurements_to_host(packed) -> dict[str, np.ndarray]:
+  """The block step's packed measurements as the host dict of `step.unpack_measurements`."""
+  return step_lib.unpack_measurements(to_host(packed))
+
+
 def _next_boundary(step: int, config) -> int:
   candidates = [config.num_steps]
   for every in (config.log_every, config.eval_every, config.checkpoint_every):
@@ -204,14 +209,16 @@ def init_state(run: Run) -> step_lib.TrainState:
   return jax.jit(init, out_shardings=run.layout.sharding())()
 
 
-def _per_iteration_arrays(layout, local: dict[str, np.ndarray], uniform: frozenset[str] = frozenset()):
-  """Global arrays from this process's host arrays (n, P_local, ...): the worker dimension (axis 1) sharded,
-  except the `uniform` entries (n,), replicated. On one process, one batched transfer for all of them."""
-  per_worker = layout.sharding(None)
+def _to_devices(layout, per_worker, uniform):
+  """(`per_worker` as global arrays sharded on the worker dimension, axis 1, from this process's workers'
+  rows; `uniform` replicated). On one process, one batched transfer for both trees."""
+  sharding = layout.sharding(None)
   if jax.process_count() == 1:
-    return jax.device_put(local, {k: layout.replicated() if k in uniform else per_worker for k in local})
-  return {k: jnp.asarray(v) if k in uniform else jax.make_array_from_process_local_data(
-      per_worker, v, v.shape[:1] + (layout.workers,) + v.shape[2:]) for k, v in local.items()}
+    shardings = (jax.tree.map(lambda _: sharding, per_worker), jax.tree.map(lambda _: layout.replicated(), uniform))
+    return jax.device_put((per_worker, uniform), shardings)
+  shape = lambda v: v.shape[:1] + (layout.workers,) + v.shape[2:]
+  return (jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)), per_worker),
+          jax.tree.map(jnp.asarray, uniform))
 
 
 def block_inputs(run: Run, block, positions: np.ndarray, step: int):
@@ -227,12 +234,11 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
     slots = min(slots, 1 << max(int(done.max()) - 1, 0).bit_length())
   batches = run.dataset.train.read(local_ids, starts[:, local_ids], slots)
   uniform = rules_lib.base.uniform_fields(type(block.schedule))
-  fields = {name: v if name in uniform else v[:, local_ids] for name, v in block.schedule._asdict().items()}
-  arrays = _per_iteration_arrays(run.layout, {**{('batch', k): v for k, v in batches.items()},
-                                              **{('schedule', k): v for k, v in fields.items()}},
-                                 frozenset(('schedule', k) for k in uniform))
-  batches = {k: arrays['batch', k] for k in batches}
-  schedules = type(block.schedule)(*(arrays['schedule', k] for k in fields))
+  fields = block.schedule._asdict()
+  per_worker = {name: v[:, local_ids] for name, v in fields.items() if name not in uniform}
+  (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker),
+                                            {name: fields[name] for name in uniform})
+  schedules = type(block.schedule)(**per_worker, **same)
   steps = np.arange(step, step + len(done), dtype=np.int32)  # on the host: BlockStep picks the program by it
   return (batches, schedules, steps), positions + done.sum(axis=0)
 
@@ -257,7 +263,7 @@ def advance(run: Run, block_step, state, clock, positions: np.ndarray, step: int
   block = clock.next_block(n)
   inputs, positions = block_inputs(run, block, positions, step)
   state, measured = block_step(state, *inputs)
-  return state, step_lib.unpack_measurements(to_host(measured)), block, positions
+  return state, measurements_to_host(measured), block, positions
 
 
 def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workdir: str):
@@ -450,7 +456,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           state, next_measured = block_step(state, *next_inputs)
           following_dispatched = (next_block, next_measured)
 
-      measured = step_lib.unpack_measurements(to_host(measured))
+      measured = measurements_to_host(measured)
       done = block.schedule.microbatches_done
       contributed = done > 0
       losses = np.where(contributed, measured['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
