@@ -80,7 +80,8 @@ class AlgorithmSpec:
       a device into the gradient's own reduction; the parameter server, non-blocking SGD). Their `build` must
       build the transformation for sums.
     round_length: config -> R, the fixed period of an algorithm whose events repeat every R iterations from
-      step 0, or None. With R, the step runs aligned blocks as whole rounds and calls
+      step 0, or None. With R, the step runs aligned blocks as whole rounds on accelerators (on CPU only when
+      asked: `experiments.train.BlockStep`) and calls
       `update(..., round_position=r)` with a static r in 0..R-1 (step = k R + r); other blocks, and library
       users, call it without `round_position`, and both must give the same result.
   """

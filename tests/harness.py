@@ -35,15 +35,20 @@ class Trajectory:
   schedules: list[Any]                     # the clock's schedule (NamedTuple) of each iteration
   losses: np.ndarray                       # (iterations, P)
   final_state: Any = None
+  block_step: train.BlockStep | None = None  # the programs that ran (e.g. `block_step.rounds`)
 
 
-def run_iterations(config, iterations: int, block: int = 1) -> Trajectory:
-  """Runs the harness's own `train.advance`, `block` iterations per jitted call, recording each block's params."""
+def run_iterations(config, iterations: int, block: int = 1, rounds: bool = True) -> Trajectory:
+  """Runs the harness's own `train.advance`, `block` iterations per jitted call, recording each block's params.
+
+  `rounds`: blocks of whole rounds run the round-structured program (`train.BlockStep`), as on accelerators, so
+  that the tests compare it with the per-iteration path (block=1) on CPU too, where training does not use it.
+  """
   run = train.build(config)
   state = train.init_state(run)
   _, model_bytes = train.param_count_and_bytes(state.params)
   clock = train.make_clock(run, model_bytes)
-  block_step = train.make_block_step(run)
+  block_step = train.make_block_step(run, rounds=rounds)
   positions = np.zeros(config.workers, np.int64)
   out = Trajectory(run=run, initial_params=jax.device_get(state.params), params=[], positions=[], schedules=[],
                    losses=np.zeros((iterations, config.workers)))
@@ -61,6 +66,7 @@ def run_iterations(config, iterations: int, block: int = 1) -> Trajectory:
     clock.feedback(train_loss=float(measured['loss'].mean()))
     step += n
   out.final_state = state
+  out.block_step = block_step
   return out
 
 

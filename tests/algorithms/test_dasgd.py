@@ -103,6 +103,7 @@ class DaSGDTest(parameterized.TestCase):
                     **{'optimizer.momentum': 0.9, 'devices': devices})
       runs = {block: harness.run_iterations(config, 12, block=block) for block in (1, 4, 6)}
     self.assertEqual(runs[6].run.round_length, 3)
+    self.assertEqual(runs[6].block_step.rounds._cache_size(), 1)  # pylint: disable=protected-access
     for block in (4, 6):
       _assert_trees_close(runs[block].params[-1], runs[1].params[-1])
       _assert_trees_close(runs[block].final_state.opt_state.buffer, runs[1].final_state.opt_state.buffer)
@@ -170,7 +171,7 @@ def _compiled_text(arg: str, workers: int, devices: int, n: int) -> str:
   _, nbytes = train.param_count_and_bytes(state.params)
   block = train.make_clock(run, nbytes).next_block(n)
   inputs, _ = train.block_inputs(run, block, np.zeros(workers, np.int64), 0)
-  return train.make_block_step(run).lower(state, *inputs).compile().as_text()
+  return train.make_block_step(run, rounds=True).lower(state, *inputs).compile().as_text()
 
 
 def _instructions(text: str, computation: str) -> list[tuple[str, str, list[str]]]:
@@ -223,7 +224,7 @@ class RoundProgramTest(parameterized.TestCase):
     state = train.init_state(run)
     _, nbytes = train.param_count_and_bytes(state.params)
     clock = train.make_clock(run, nbytes)
-    block_step = train.make_block_step(run)
+    block_step = train.make_block_step(run, rounds=True)
     positions = np.zeros(config.workers, np.int64)
     for step in range(0, 24, 6):
       state, _, _, positions = train.advance(run, block_step, state, clock, positions, step, 6)

@@ -143,6 +143,7 @@ class StreamingDiLoCoTest(parameterized.TestCase):
                     **{'optimizer.momentum': 0.9, 'devices': devices})
       runs = {block: harness.run_iterations(config, 16, block=block) for block in (1, 3, 8)}
     self.assertEqual(runs[8].run.round_length, 4)
+    self.assertEqual(runs[8].block_step.rounds._cache_size(), 1)  # pylint: disable=protected-access
     for block in (3, 8):
       test_diloco.assert_trees_close(runs[block].params[-1], runs[1].params[-1], rtol=1e-12, atol=1e-14)
     self.assertGreater(np.abs(runs[1].params[-1]['Dense_0']['kernel'][0]

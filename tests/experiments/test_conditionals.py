@@ -7,6 +7,8 @@ and with two workers per device. The same step fed a per-worker counter instead 
 harness did before) loses the conditional: the check can fail.
 """
 
+import types
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
@@ -25,7 +27,8 @@ def without_step(tx: optax.GradientTransformationExtraArgs) -> optax.GradientTra
   return optax.GradientTransformationExtraArgs(tx.init, update)
 
 
-def compiled_block_step(arg: str, workers: int, devices: int, drop_step: bool = False, n: int = 4) -> hlo.Hlo:
+def compiled_block_step(arg: str, workers: int, devices: int, drop_step: bool = False, n: int = 4,
+                        rounds: bool | None = None) -> hlo.Hlo:
   config = harness.synthetic_config(arg, workers=workers, devices=devices, steps_per_call=n)
   run = train.build(config)
   if drop_step:
@@ -34,7 +37,7 @@ def compiled_block_step(arg: str, workers: int, devices: int, drop_step: bool = 
   _, nbytes = train.param_count_and_bytes(state.params)
   block = train.make_clock(run, nbytes).next_block(n)
   inputs, _ = train.block_inputs(run, block, np.zeros(workers, np.int64), 0)
-  return hlo.compiled(train.make_block_step(run), state, *inputs)
+  return hlo.compiled(train.make_block_step(run, rounds=rounds), state, *inputs)
 
 
 class ConditionalCollectivesTest(parameterized.TestCase):
@@ -56,10 +59,28 @@ class ConditionalCollectivesTest(parameterized.TestCase):
   def test_a_block_of_whole_rounds_averages_once_per_round_without_a_conditional(self, devices):
     # Two rounds of H = 4: the round body is unrolled with static positions; the average, at position 3 only,
     # needs no conditional, so XLA may schedule it freely (DaSGD overlaps its delayed average this way).
-    program = compiled_block_step('local_sgd,local_steps=4', workers=4, devices=devices, n=8)
+    program = compiled_block_step('local_sgd,local_steps=4', workers=4, devices=devices, n=8, rounds=True)
     self.assertEqual(program.conditionals, 0)
     reduces = [op for op in program.collectives(program.ops) if op.removesuffix('-start') == 'all-reduce']
     self.assertEqual(len(reduces), 1)  # once in the scanned round body
+
+  def test_on_cpu_whole_rounds_run_the_per_iteration_program(self):
+    # XLA:CPU overlaps nothing and the unrolled round is slower there: by default the same two rounds run the
+    # per-iteration program, its average inside a conditional.
+    program = compiled_block_step('local_sgd,local_steps=4', workers=4, devices=2, n=8)
+    self.assertGreaterEqual(program.conditionals, 1)
+    self.assertEqual(program.collectives_outside_conditionals(), [])
+
+  def test_rounds_pay_off_on_accelerators_only(self):
+    def layout(platform):
+      return types.SimpleNamespace(mesh=types.SimpleNamespace(devices=np.array([types.SimpleNamespace(
+          platform=platform)])))
+    self.assertEqual({p: train.rounds_pay_off(layout(p)) for p in ('cpu', 'gpu', 'tpu')},
+                     {'cpu': False, 'gpu': True, 'tpu': True})
+    run = train.build(harness.synthetic_config('local_sgd,local_steps=4', workers=4, devices=2))
+    self.assertIsNone(train.make_block_step(run).rounds)
+    self.assertIsNotNone(train.make_block_step(run, rounds=True).rounds)
+    self.assertIsNone(train.make_block_step(train.build(harness.synthetic_config('sync')), rounds=True).rounds)
 
   def test_sync_all_reduces_unconditionally(self):
     program = compiled_block_step('sync', workers=4, devices=2)
