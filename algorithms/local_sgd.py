@@ -9,8 +9,9 @@ Time per round: max_i sum_h X_{i,h} + allreduce(P) (`PeriodicAverage` below).
 
 The harness passes the replicated step number (`step=`), so the average is a real conditional also when
 several workers are vmapped on one device; without it (a library user's loop) the step comes from the state's
-own counter. Without post-local warmup the period is fixed: blocks of whole rounds of H steps pass the static
-`round_position`, and the average is then no conditional at all, issued at position H - 1 of each round.
+own counter. Without post-local warmup the period is fixed: on accelerators, blocks of whole rounds of H steps
+pass the static `round_position`, and the average is then no conditional at all, issued at position H - 1 of
+each round (`experiments.train.rounds_pay_off`).
 
 Reference: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020.
 """
