@@ -247,11 +247,9 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
   if run.finished_only:  # the same on every process: the schedule is
     slots = min(slots, 1 << max(int(done.max()) - 1, 0).bit_length())
   batches = run.dataset.train.read(local_ids, starts[:, local_ids], slots)
-  uniform = rules_lib.base.uniform_fields(type(block.schedule))
-  fields = block.schedule._asdict()
-  per_worker = {name: v[:, local_ids] for name, v in fields.items() if name not in uniform}
-  (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker),
-                                            {name: fields[name] for name in uniform})
+  per_worker, same = rules_lib.base.split(block.schedule)
+  per_worker = {name: v[:, local_ids] for name, v in per_worker.items()}
+  (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker), same)
   schedules = type(block.schedule)(**per_worker, **same)
   steps = np.arange(step, step + len(done), dtype=np.int32)  # on the host: BlockStep picks the program by it
   return (batches, schedules, steps), positions + done.sum(axis=0)
