@@ -21,7 +21,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from ml_collections import config_flags
 
-from experiments import compare
+from experiments import compare_plan
 from experiments import validation
 from experiments.configs import common
 
@@ -109,7 +109,7 @@ class DocsCommandsTest(parameterized.TestCase):
     validation.validate(config)
     if algorithms:
       pairs = [p for p in common.split_arg(arg) if '=' in p]
-      for entry in compare.parse_entries(algorithms):
+      for entry in compare_plan.parse_entries(algorithms):
         with self.subTest(entry=entry):
           validation.validate(_load(path, ','.join([entry, *pairs]), overrides))
 

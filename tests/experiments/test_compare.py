@@ -17,7 +17,10 @@ import config_errors as errors
 from algorithms import registry
 from cluster import factory as cluster_factory
 from data import registry as data_registry
-from experiments import compare
+from experiments import compare_plan
+from experiments import compare_runs
+from experiments import report as report_lib
+from experiments import statistics
 from experiments import sim_budget
 from experiments.configs import digits
 
@@ -62,10 +65,10 @@ class ParseTest(parameterized.TestCase):
       ('brackets', 'sync,wagma,stragglers.slow_workers=(0,1)', ['sync', 'wagma,stragglers.slow_workers=(0,1)']),
       ('same_algorithm_twice', 'ksync,k=2,ksync,k=6', ['ksync,k=2', 'ksync,k=6']))
   def test_entries(self, text, expected):
-    self.assertEqual(compare.parse_entries(text), expected)
+    self.assertEqual(compare_plan.parse_entries(text), expected)
 
   def test_all_is_every_registered_algorithm(self):
-    self.assertEqual(compare.parse_entries('all'), list(registry.names()))
+    self.assertEqual(compare_plan.parse_entries('all'), list(registry.names()))
 
   @parameterized.named_parameters(
       ('unknown', 'sync,bogus', 'algorithm.name=.bogus. is not allowed: known algorithms'),
@@ -75,38 +78,38 @@ class ParseTest(parameterized.TestCase):
       ('empty', ' ', 'name at least one algorithm'))
   def test_bad_entries_name_the_flag(self, text, message):
     with self.assertRaisesRegex(errors.ConfigError, message):
-      compare.parse_entries(text)
+      compare_plan.parse_entries(text)
 
   def test_sweeps_are_a_grid(self):
-    self.assertEqual(compare.parse_sweeps([]), [()])
-    self.assertEqual(compare.parse_sweeps(['optimizer.learning_rate=0.02,0.1', 'k=(1,2),3']), [
+    self.assertEqual(compare_plan.parse_sweeps([]), [()])
+    self.assertEqual(compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1', 'k=(1,2),3']), [
         (('optimizer.learning_rate', '0.02'), ('k', '(1,2)')), (('optimizer.learning_rate', '0.02'), ('k', '3')),
         (('optimizer.learning_rate', '0.1'), ('k', '(1,2)')), (('optimizer.learning_rate', '0.1'), ('k', '3'))])
     for bad in ('optimizer.learning_rate', '=0.1', 'x='):
       with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
-        compare.parse_sweeps([bad])
+        compare_plan.parse_sweeps([bad])
 
   def test_keys_joined_by_a_colon_move_together(self):
     lr, mom = 'optimizer.learning_rate', 'optimizer.momentum'
-    self.assertEqual(compare.parse_sweeps([f'{lr}:{mom}=0.2:0.9,0.1:0.0', 'k=1,2']), [
+    self.assertEqual(compare_plan.parse_sweeps([f'{lr}:{mom}=0.2:0.9,0.1:0.0', 'k=1,2']), [
         ((lr, '0.2'), (mom, '0.9'), ('k', '1')), ((lr, '0.2'), (mom, '0.9'), ('k', '2')),
         ((lr, '0.1'), (mom, '0.0'), ('k', '1')), ((lr, '0.1'), (mom, '0.0'), ('k', '2'))])
     for bad in (f'{lr}:{mom}=0.2', f'{lr}:{mom}=0.2:0.9:1', f'{lr}:=0.2:0.9'):
       with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
-        compare.parse_sweeps([bad])
+        compare_plan.parse_sweeps([bad])
 
   def test_slugs_are_directory_names(self):
-    self.assertEqual(compare.slug('ksync,k=6'), 'ksync_k=6')
-    self.assertEqual(compare.slug('wagma,stragglers.slow_workers=(0,1)'), 'wagma_stragglers.slow_workers=_0_1')
+    self.assertEqual(compare_plan.slug('ksync,k=6'), 'ksync_k=6')
+    self.assertEqual(compare_plan.slug('wagma,stragglers.slow_workers=(0,1)'), 'wagma_stragglers.slow_workers=_0_1')
 
 
 class PlanTest(absltest.TestCase):
 
   def test_workdirs_seeds_and_precedence(self):
     root = '/cmp'
-    runs, skipped = compare.plan(
+    runs, skipped = compare_plan.plan(
         digits.get_config, ['sync', 'ksync,k=6,optimizer.learning_rate=0.3'],
-        compare.parse_sweeps(['optimizer.momentum=0.0,0.5']), 2, root, common_pairs=['num_steps=20'],
+        compare_plan.parse_sweeps(['optimizer.momentum=0.0,0.5']), 2, root, common_pairs=['num_steps=20'],
         overrides={'optimizer.learning_rate': 0.2, 'optimizer.momentum': 0.9, 'algorithm.k': 2, 'seed': 5})
     self.assertEqual(skipped, {})
     self.assertLen(runs, 8)
@@ -128,25 +131,25 @@ class PlanTest(absltest.TestCase):
 
   def test_a_duration_in_epochs_is_resolved_to_steps_or_replaced_by_the_budget(self):
     size = data_registry.make_dataset(digits.get_config('sync')).train_size
-    runs, _ = compare.plan(digits.get_config, ['sync', 'local_sgd'], [()], 1, '/cmp', common_pairs=['num_epochs=2'])
+    runs, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd'], [()], 1, '/cmp', common_pairs=['num_epochs=2'])
     for run in runs:  # 2 epochs of 8 workers x 16 examples
       self.assertEqual((run.config.num_steps, run.config.num_epochs), (-(-2 * size // 128), None))
-    runs, _ = compare.plan(digits.get_config, ['sync'], [()], 1, '/cmp', common_pairs=['num_epochs=2'],
+    runs, _ = compare_plan.plan(digits.get_config, ['sync'], [()], 1, '/cmp', common_pairs=['num_epochs=2'],
                            sim_time=0.5, evals=5)
     self.assertEqual((runs[0].config.num_steps, runs[0].config.num_epochs), (50, None))  # 10 ms per iteration
 
   def test_invalid_entry_raises_before_anything_runs_or_is_skipped_under_all(self):
     with self.assertRaisesRegex(errors.ConfigError, r'ksync,k=99: algorithm.k=99 is not allowed'):
-      compare.plan(digits.get_config, ['sync', 'ksync,k=99'], [()], 1, '/cmp')
-    runs, skipped = compare.plan(digits.get_config, ['sync', 'ksync,k=99'], [()], 2, '/cmp', skip_invalid=True)
+      compare_plan.plan(digits.get_config, ['sync', 'ksync,k=99'], [()], 1, '/cmp')
+    runs, skipped = compare_plan.plan(digits.get_config, ['sync', 'ksync,k=99'], [()], 2, '/cmp', skip_invalid=True)
     self.assertEqual([r.entry for r in runs], ['sync', 'sync'])
     self.assertIn('algorithm.k=99', skipped['ksync,k=99'])
     with self.assertRaisesRegex(errors.ConfigError, '--seeds'):
-      compare.plan(digits.get_config, ['sync'], [()], 0, '/cmp')
+      compare_plan.plan(digits.get_config, ['sync'], [()], 0, '/cmp')
 
   def test_same_seed_same_trace_and_data_order_for_every_algorithm(self):
     entries = ['sync', 'ksync,k=6', 'local_sgd', 'async', 'wagma']
-    runs, _ = compare.plan(digits.get_config, entries, compare.parse_sweeps(['optimizer.learning_rate=0.02,0.1']),
+    runs, _ = compare_plan.plan(digits.get_config, entries, compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1']),
                            2, '/cmp', common_pairs=HETEROGENEOUS)
     p = runs[0].config.workers
     workers = np.repeat(np.arange(p), 50)
@@ -216,20 +219,20 @@ class FiguresTest(absltest.TestCase):
   def test_crossing_interpolates_between_evaluations(self):
     rows = [{'step': 10, 'sim_time': 1.0, 'acc': 0.5}, {'step': 20, 'sim_time': 2.0, 'acc': None},
             {'step': 30, 'sim_time': 3.0, 'acc': 0.7}, {'step': 40, 'sim_time': 5.0, 'acc': 0.95}]
-    t, at_eval = compare.crossing(rows, 'acc', 0.9, above=True)
+    t, at_eval = statistics.crossing(rows, 'acc', 0.9, above=True)
     self.assertAlmostEqual(t, 3.0 + (0.9 - 0.7) / (0.95 - 0.7) * 2.0)
     self.assertEqual(at_eval, 5.0)
-    self.assertAlmostEqual(compare.crossing(rows, 'acc', 0.9, True, x='step')[0], 30 + 0.8 * 10)
-    self.assertEqual(compare.crossing(rows, 'acc', 0.4, True), (1.0, 1.0))  # the first evaluation already
-    self.assertEqual(compare.crossing(rows, 'acc', 0.99, True), (None, None))
+    self.assertAlmostEqual(statistics.crossing(rows, 'acc', 0.9, True, x='step')[0], 30 + 0.8 * 10)
+    self.assertEqual(statistics.crossing(rows, 'acc', 0.4, True), (1.0, 1.0))  # the first evaluation already
+    self.assertEqual(statistics.crossing(rows, 'acc', 0.99, True), (None, None))
     loss = [{'sim_time': 1.0, 'l': 2.0}, {'sim_time': 2.0, 'l': 1.0}]
-    self.assertAlmostEqual(compare.crossing(loss, 'l', 1.5, above=False)[0], 1.5)
+    self.assertAlmostEqual(statistics.crossing(loss, 'l', 1.5, above=False)[0], 1.5)
 
   def test_a_ten_percent_difference_between_evaluations_is_visible(self):
     # Both runs evaluate at the same times and cross between the same two evaluations, 10% apart in time.
     slow = [{'sim_time': 1.0, 'a': 0.0}, {'sim_time': 2.0, 'a': 1.0}]
     fast = [{'sim_time': 1.0, 'a': 0.0}, {'sim_time': 2.0, 'a': 1.0 / 0.9}]
-    t_slow, t_fast = (compare.crossing(r, 'a', 0.5, True)[0] for r in (slow, fast))
+    t_slow, t_fast = (statistics.crossing(r, 'a', 0.5, True)[0] for r in (slow, fast))
     self.assertAlmostEqual(t_slow - 1.0, 0.5)
     self.assertAlmostEqual((t_fast - 1.0) / (t_slow - 1.0), 0.9)
 
@@ -237,7 +240,7 @@ class FiguresTest(absltest.TestCase):
     rows = [{'step': 10, 'sim_time': 1.0, 'idle_fraction': 0.0, 'staleness': 1.0, 'bytes_communicated': 5.0},
             {'step': 40, 'sim_time': 2.0, 'idle_fraction': 0.4, 'staleness': 3.0, 'bytes_communicated': 7.0,
              'eval_accuracy': 0.5, 'eval_loss': 1.0}]
-    f = compare.run_figures(rows, None, 0.9, 2.0)
+    f = statistics.run_figures(rows, None, 0.9, 2.0)
     self.assertAlmostEqual(f['idle_fraction'], 0.3)
     self.assertAlmostEqual(f['staleness'], 2.5)
     self.assertEqual(f['bytes_communicated'], 12.0)
@@ -249,8 +252,8 @@ class FiguresTest(absltest.TestCase):
 class ReportTest(absltest.TestCase):
 
   def _runs(self, root):
-    runs, _ = compare.plan(digits.get_config, ['sync', 'ksync,k=6'],
-                           compare.parse_sweeps(['optimizer.learning_rate=0.05,0.1']), 2, root)
+    runs, _ = compare_plan.plan(digits.get_config, ['sync', 'ksync,k=6'],
+                           compare_plan.parse_sweeps(['optimizer.learning_rate=0.05,0.1']), 2, root)
     curves = {  # (entry, lr) -> eval points (step, sim_time, accuracy, loss); ksync is faster at 0.1
         ('sync', '0.05'): [(10, 1.0, 0.5, 1.0), (20, 2.0, 0.8, 0.5), (30, 3.0, 0.95, 0.2)],
         ('sync', '0.1'): [(10, 1.0, 0.5, 1.0), (20, 2.0, 0.7, 0.6), (30, 3.0, 0.85, 0.3)],
@@ -266,7 +269,7 @@ class ReportTest(absltest.TestCase):
   def test_table_agrees_with_every_summary_and_picks_the_best_sweep_value(self):
     root = self.create_tempdir().full_path
     runs = self._runs(root)
-    report = compare.write_report(runs, root, 'test', target_accuracy=0.9)
+    report = report_lib.write_report(runs, root, 'test', target_accuracy=0.9)
     for record in report['runs']:
       with open(os.path.join(record['workdir'], 'summary.json')) as f:
         summary = json.load(f)
@@ -298,14 +301,14 @@ class ReportTest(absltest.TestCase):
 
   def test_unfinished_and_diverged_runs_are_marked(self):
     root = self.create_tempdir().full_path
-    runs, _ = compare.plan(digits.get_config, ['sync', 'async'], [()], 1, root)
+    runs, _ = compare_plan.plan(digits.get_config, ['sync', 'async'], [()], 1, root)
     _write_run(runs[0].workdir, [(10, 1.0, 0.95, 0.2)])
     _write_run(runs[1].workdir, [(10, 0.2, 0.5, 1.0)], summary=False)
-    self.assertIsNone(compare.run_status(runs[1].workdir))
-    with open(os.path.join(runs[1].workdir, compare.FAILED_FILE), 'w') as f:
+    self.assertIsNone(compare_runs.run_status(runs[1].workdir))
+    with open(os.path.join(runs[1].workdir, compare_runs.FAILED_FILE), 'w') as f:
       json.dump({'status': 'diverged', 'error': 'loss is nan'}, f)
-    self.assertEqual(compare.run_status(runs[1].workdir), 'diverged')
-    report = compare.write_report(runs, root, 'test', target_accuracy=0.9)
+    self.assertEqual(compare_runs.run_status(runs[1].workdir), 'diverged')
+    report = report_lib.write_report(runs, root, 'test', target_accuracy=0.9)
     text = open(os.path.join(root, 'comparison.md')).read()
     self.assertIn('| async (diverged) | not reached |', text)
     self.assertEqual([a['entry'] for a in report['algorithms']], ['sync', 'async'])
@@ -316,7 +319,7 @@ class CompareRunTest(absltest.TestCase):
 
   def _plan(self, root):
     pairs = HETEROGENEOUS + ('checkpoint_every=20', 'steps_per_call=5')
-    return compare.plan(digits.get_config, ['sync', 'ksync,k=5'], [()], 1, root, common_pairs=pairs,
+    return compare_plan.plan(digits.get_config, ['sync', 'ksync,k=5'], [()], 1, root, common_pairs=pairs,
                         sim_time=1.0, evals=10)[0]
 
   def test_rerun_skips_finished_runs_and_resumes_a_partial_one_to_the_same_table(self):
@@ -328,13 +331,13 @@ class CompareRunTest(absltest.TestCase):
       self.assertEqual(c.eval_every, c.log_every)
       self.assertEqual((c.num_steps % c.eval_every, c.checkpoint_every % c.eval_every,
                         c.eval_every % c.steps_per_call), (0, 0, 0))
-    compare.run_all(runs)
+    compare_runs.run_all(runs)
     for run in runs:  # the budget: the first whole evaluation period that reaches 1.0 simulated second
-      rows = compare.read_run(run)['rows']
+      rows = statistics.read_run(run)['rows']
       self.assertEqual(rows[-1]['step'] - rows[-2]['step'], run.config.eval_every)
       self.assertGreaterEqual(rows[-1]['sim_time'], 1.0)
       self.assertLess(rows[-2]['sim_time'], 1.0)
-    report = compare.write_report(runs, root, 'digits', runs[0].config.target_accuracy)
+    report = report_lib.write_report(runs, root, 'digits', runs[0].config.target_accuracy)
     table = open(os.path.join(root, 'comparison.md')).read()
     ksync = report['algorithms'][0]
     self.assertEqual(ksync['entry'], 'ksync,k=5')  # waits for 5 of 8: past the 2 slow and the delayed worker
@@ -348,9 +351,9 @@ class CompareRunTest(absltest.TestCase):
       if name.isdigit() and int(name) > 20:
         shutil.rmtree(os.path.join(partial, 'checkpoints', name))
     finished = os.path.getmtime(os.path.join(runs[0].workdir, 'metrics.jsonl'))
-    compare.run_all(runs)
+    compare_runs.run_all(runs)
     self.assertEqual(os.path.getmtime(os.path.join(runs[0].workdir, 'metrics.jsonl')), finished)  # skipped
-    again = compare.write_report(runs, root, 'digits', runs[0].config.target_accuracy)
+    again = report_lib.write_report(runs, root, 'digits', runs[0].config.target_accuracy)
     self.assertEqual(open(os.path.join(root, 'comparison.md')).read(), table)
     self.assertEqual(_without_wall(again), _without_wall(report))
 
