@@ -60,11 +60,11 @@ from experiments import compare_plan
 from experiments import compare_runs
 from experiments import compilation_cache
 from experiments import report as report_lib
+from experiments import statistics
 from experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
 
 _ALGORITHMS = flags.DEFINE_string('algorithms', None, "Entries 'ALGORITHM[,key=value...]' separated by ',' "
                                   "(a name starts an entry) or ';'; 'all': every registered algorithm.")
-_SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per run: config.seed + 0 .. N-1.')
 _SWEEP = flags.DEFINE_multi_string('sweep', [], 'KEY=V1,V2,...: run every entry at every value (repeat: grid; '
                                   "'KEY1:KEY2=A1:B1,A2:B2' moves keys together).")
 _BASELINE = flags.DEFINE_string('baseline', 'sync', 'Entry the speed-up is measured against.')
@@ -74,6 +74,10 @@ _TARGET_LOSS = flags.DEFINE_float('target_loss', None, 'Eval loss for "time to t
 _SIM_TIME = flags.DEFINE_float('sim_time', None, 'A budget of simulated seconds for every run instead of '
                                 'config.num_steps: each run gets the iterations its own clock needs to reach it.')
 _MAX_STEPS = flags.DEFINE_integer('max_steps', None, 'With --sim_time: at most this many iterations per run.')
+_TUNING_SEEDS = flags.DEFINE_integer(
+    'tuning_seeds', 0, 'With a sweep: the first K seeds choose each entry\'s sweep point and every figure of the '
+    'table is over the other seeds (0: chosen on the reported seeds themselves, an optimistic choice).')
+_CONFIDENCE = flags.DEFINE_float('confidence', 0.95, 'Level of the bootstrap intervals, in (0, 1).')
 _EVALS = flags.DEFINE_integer('evals', 50, 'With --sim_time: about this many evaluations per run (they also '
                               'set log_every, steps_per_call and checkpoint_every: see sim_budget.even_blocks).')
 flags.mark_flag_as_required('algorithms')
@@ -86,6 +90,7 @@ log = logging.getLogger('waitless')
 def _compare(argv_config: str, root: str) -> dict[str, Any]:
   import config_errors as errors  # pylint: disable=g-import-not-at-top
   from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  statistics.check_options(main_lib._SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
   devices = main_lib._CONFIG.value.devices  # pylint: disable=protected-access
   main_lib.force_host_devices(devices)  # before anything starts a JAX backend
   path, _, arg = argv_config.partition(':')
@@ -96,7 +101,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   everything = any(part.strip() == 'all' for part in re.split('[;,]', text))
   overrides = dict(config_flags.get_override_values(flags.FLAGS['config']))
   runs, skipped = compare_plan.plan(
-      module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), _SEEDS.value, root, common_pairs,
+      module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), main_lib._SEEDS.value, root, common_pairs,
       overrides, skip_invalid=everything, sim_time=_SIM_TIME.value, max_steps=_MAX_STEPS.value, evals=_EVALS.value)
   for entry, why in skipped.items():
     print(f'[compare] skipped {entry}: {why}', file=sys.stderr)
@@ -108,17 +113,18 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
     errors.require(r.config.devices == devices, 'devices', r.config.devices,
                    f'must be the same for every run of a comparison ({devices}: set it with --config.devices)')
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
-        f'{len(set(r.sweep for r in runs))} sweep points x {_SEEDS.value} seeds) in {root}', file=sys.stderr)
+        f'{len(set(r.sweep for r in runs))} sweep points x {main_lib._SEEDS.value} seeds) in {root}', file=sys.stderr)
   cache = flags.FLAGS.compilation_cache_dir  # experiments.main's flag; here on by default
   cache = os.path.join(root, 'jax_cache') if cache is None else cache
   if cache:
     compilation_cache.enable(cache)
-  compare_runs.run_all(runs)
+  compare_runs.run_all(runs, max_replicas=main_lib._MAX_REPLICAS.value)  # pylint: disable=protected-access
   budget = (f'{_SIM_TIME.value:g} simulated seconds per run' if _SIM_TIME.value is not None
             else f'{runs[0].config.num_steps} steps per run')
   title = f'{os.path.basename(path)}: {runs[0].config.workers} workers, {budget}'
   return report_lib.write_report(runs, root, title, runs[0].config.target_accuracy, _TARGET_LOSS.value,
-                                 _BASELINE.value, skipped)
+                                 _BASELINE.value, skipped, tuning_seeds=_TUNING_SEEDS.value,
+                                 confidence=_CONFIDENCE.value)
 
 
 def main(argv):

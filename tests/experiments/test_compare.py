@@ -285,15 +285,29 @@ class ReportTest(absltest.TestCase):
     self.assertEqual(best['sync']['best_sweep'], {'optimizer.learning_rate': '0.05'})   # 0.1 never reaches 0.9
     self.assertEqual(best['ksync,k=6']['best_sweep'], {'optimizer.learning_rate': '0.1'})
     t_sync = best['sync']['figures']['time_to_target_accuracy']
-    self.assertEqual((t_sync['n'], t_sync['of']), (2, 2))
-    self.assertAlmostEqual(t_sync['mean'], 2.0 + 2 / 3 + 0.05)
-    self.assertAlmostEqual(t_sync['std'], np.std([2 + 2 / 3, 2 + 2 / 3 + 0.1], ddof=1))
-    self.assertAlmostEqual(best['ksync,k=6']['speedup'], t_sync['mean'] / (0.5 + (0.9 - 0.6) / 0.35 * 0.5 + 0.05))
+    self.assertEqual((t_sync['n'], t_sync['censored']), (2, 0))
+    self.assertAlmostEqual(t_sync['median'], 2.0 + 2 / 3 + 0.05)
+    # Two seeds: the resampled medians are the faster seed, their midpoint and the slower seed.
+    self.assertAlmostEqual(t_sync['low'], 2.0 + 2 / 3)
+    self.assertAlmostEqual(t_sync['high'], 2.0 + 2 / 3 + 0.1)
+    t_ksync = best['ksync,k=6']['figures']['time_to_target_accuracy']
+    self.assertAlmostEqual(t_ksync['median'], 0.5 + (0.9 - 0.6) / 0.35 * 0.5 + 0.05)
+    self.assertAlmostEqual(best['ksync,k=6']['speedup'], t_sync['median'] / t_ksync['median'])
     self.assertAlmostEqual(best['sync']['speedup'], 1.0)
+    beats = best['ksync,k=6']['beats_baseline']['time_to_target_accuracy']
+    self.assertEqual((beats['p'], beats['low'], beats['high'], beats['seeds']), (1.0, 1.0, 1.0, [0, 1]))
+    self.assertEqual(statistics.verdicts(report), {'ksync,k=6': 'faster'})
+    self.assertEqual((best['ksync,k=6']['against_best'], best['sync']['against_best']), ('best', 'behind'))
+    self.assertEqual(report['seeds'], {'all': [0, 1], 'tuning': [], 'reporting': [0, 1], 'sweeping': True,
+                                       'chosen_on': 'reporting'})
     # The derived target loss: the highest lowest loss among the runs that reached 0.9 (ksync at 0.05: 0.25).
     self.assertAlmostEqual(report['targets']['loss'], 0.25)
     text = open(os.path.join(root, 'comparison.md')).read()
-    self.assertIn(f'| ksync,k=6 @ optimizer.learning_rate=0.1 | {best["ksync,k=6"]["figures"]["time_to_target_accuracy"]["mean"]:.3g} ± ', text)
+    self.assertIn(f'| ksync,k=6 @ optimizer.learning_rate=0.1 | {t_ksync["median"]:.3g} [{t_ksync["low"]:.3g}, '
+                  f'{t_ksync["high"]:.3g}] | 1.00 [1.00, 1.00] | faster | best |', text)
+    self.assertIn(f'| sync @ optimizer.learning_rate=0.05 | {t_sync["median"]:.3g} [', text)
+    self.assertIn('| - | baseline | behind |', text)
+    self.assertIn('that selection is optimistic', text)
     self.assertIn('| sync @ optimizer.learning_rate=0.1 | not reached |', text)
     self.assertIn('## Every sweep point', text)
     self.assertEqual(json.load(open(os.path.join(root, 'comparison.json')))['targets']['accuracy'], 0.9)
@@ -310,8 +324,9 @@ class ReportTest(absltest.TestCase):
     self.assertEqual(compare_runs.run_status(runs[1].workdir), 'diverged')
     report = report_lib.write_report(runs, root, 'test', target_accuracy=0.9)
     text = open(os.path.join(root, 'comparison.md')).read()
-    self.assertIn('| async (diverged) | not reached |', text)
+    self.assertIn('| async (diverged) | not reached | 0.00 | tied | tied |', text)  # one seed: no interval
     self.assertEqual([a['entry'] for a in report['algorithms']], ['sync', 'async'])
+    self.assertEqual(report['algorithms'][1]['figures']['time_to_target_accuracy']['censored'], 1)
 
 
 class CompareRunTest(absltest.TestCase):
@@ -343,7 +358,7 @@ class CompareRunTest(absltest.TestCase):
     self.assertEqual(ksync['entry'], 'ksync,k=5')  # waits for 5 of 8: past the 2 slow and the delayed worker
     self.assertGreater(ksync['speedup'], 1.2)
     sync = next(a for a in report['algorithms'] if a['entry'] == 'sync')
-    self.assertGreater(sync['figures']['idle_fraction']['mean'], ksync['figures']['idle_fraction']['mean'])
+    self.assertGreater(sync['figures']['idle_fraction']['median'], ksync['figures']['idle_fraction']['median'])
     # As if killed after the second run's step-20 checkpoint: no summary, no later checkpoint.
     partial = runs[1].workdir
     os.remove(os.path.join(partial, 'summary.json'))
@@ -368,7 +383,9 @@ def _compare_command(root, extra=()):
 class CommandLineTest(absltest.TestCase):
 
   def test_a_bad_config_is_one_line_and_exit_2(self):
-    for args, message in ((['--algorithms=sync', '--config.workers=6'], 'sync: workers=6 is not allowed'),):
+    for args, message in ((['--algorithms=sync', '--config.workers=6'], 'sync: workers=6 is not allowed'),
+                          (['--algorithms=sync', '--seeds=2', '--tuning_seeds=2'], '--tuning_seeds=2 is not allowed'),
+                          (['--algorithms=sync', '--confidence=1.0'], '--confidence=1.0 is not allowed')):
       result = subprocess.run([sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
                                '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
