@@ -9,9 +9,11 @@ a new entry and a `key=value` belongs to the entry before it, so `sync,local_sgd
 `;` also separates entries (`'sync;ksync,k=6'`); `all` is every registered algorithm
 (`algorithms.registry.names()`, each with its defaults; one whose config is invalid for the workload is
 skipped with a note). `--sweep KEY=V1,V2,...` (repeatable: the grid of all of them) runs every entry at every
-value (`KEY1:KEY2=A1:B1,A2:B2` moves keys together); each entry is then reported at its best value (fewest seeds missing the target accuracy, then the
-shortest mean time to it, then the lowest final eval loss), every run is kept and listed. `--seeds=N` runs
-seeds `config.seed + 0 .. N-1`. `--sim_time=T` gives every run the same budget of simulated seconds instead
+value (`KEY1:KEY2=A1:B1,A2:B2` moves keys together); each entry is then reported at its best value (the lowest
+median time to target accuracy, seeds that miss it included, then the lowest median final eval loss), every
+run is kept and listed. `--seeds=N` runs seeds `config.seed + 0 .. N-1`; with a sweep, `--tuning_seeds=K`
+chooses each entry's value on the first K of them and reports every figure on the others (default 0: chosen on
+the reported seeds themselves, which the table calls optimistic). `--sim_time=T` gives every run the same budget of simulated seconds instead
 of the same `num_steps` (an asynchronous iteration is one gradient, a synchronous one P of them): each run's
 `num_steps` is what its own seeded clock needs to reach T (computed before anything compiles; `--max_steps`
 caps it) and it is evaluated `--evals` times. `--config.FIELD=VALUE` overrides, and the `key=value` pairs of a config
@@ -38,7 +40,10 @@ not the same draws; use `trace` to replay one measured table for all.
 
 Writes in WORKDIR: `comparison.md` (the table), `comparison.json` (the same figures, per run and per
 algorithm) and `comparison.png` (eval loss and accuracy against simulated time and against steps, one line per
-algorithm at its best value, mean over seeds, shaded between the lowest and highest seed). Times to target are
+algorithm at its best value, the median over the reporting seeds, shaded by the pointwise bootstrap interval of
+that median). Figures over seeds (`experiments.statistics`): medians with `--confidence` (0.95) bootstrap
+intervals, a seed that misses a target censored at its budget (never dropped), the probability of beating
+`--baseline` on paired seeds with its interval, and a verdict (faster / slower / tied). Times to target are
 interpolated linearly between the two evaluations around the crossing (never quantised by `eval_every`);
 `time_to_target_at_eval` is the quantised value of summary.json. Exit statuses as in `experiments.main`:
 2 for a bad flag or config, 75 after SIGTERM / Ctrl-C (rerun to resume).
@@ -103,6 +108,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   runs, skipped = compare_plan.plan(
       module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), main_lib._SEEDS.value, root, common_pairs,
       overrides, skip_invalid=everything, sim_time=_SIM_TIME.value, max_steps=_MAX_STEPS.value, evals=_EVALS.value)
+  compare_plan.check_sweep_axes(_SWEEP.value, runs)
   for entry, why in skipped.items():
     print(f'[compare] skipped {entry}: {why}', file=sys.stderr)
   if not runs:

@@ -134,7 +134,8 @@ def _notes(report: dict[str, Any], loss_target: str) -> list[str]:
       f'slower if below, else tied. vs best: the same probability against the first row (the lowest median time '
       f'to target accuracy): tied if its interval contains 0.5 (the seeds cannot order the two), behind if it '
       f'lies below 0.5, ahead if above (ahead on paired seeds despite a higher median). With one seed there is '
-      f'no interval: tied.', '',
+      f'no interval: tied. A percentile bootstrap is no wider than the seeds\' own spread: with few seeds, an '
+      f'entry that wins on every seed gets [1.00, 1.00].', '',
       f'Final acc and loss: median [{level} interval]; sim time, idle, staleness, bytes: medians. idle: mean over '
       f'iterations of the share of worker time spent waiting in the iteration (not weighted by its length: a '
       f'waiting iteration is longer); staleness: mean staleness of applied contributions (iterations); bytes: all '
