@@ -185,5 +185,5 @@ SPEC = spec.AlgorithmSpec(
     defaults={'local_steps': 4, 'delay': 1, 'correction': delayed_averaging.LOCAL_PROGRESS, 'mix': 0.25},
     build=lambda config, inner, axis_name: dasgd(
         inner, local_steps=config.algorithm.local_steps, delay=config.algorithm.delay,
-        correction=config.algorithm.correction, mix=float(config.algorithm.mix), axis_name=axis_name),
-    time_rule=time_rule, validate=validate, round_length=round_length)
+        correction=config.algorithm.correction, mix=config.algorithm.mix, axis_name=axis_name),
+    time_rule=time_rule, validate=validate, round_length=round_length, hyperparameters=('mix',))

@@ -40,6 +40,7 @@ from algorithms import local_sgd
 from algorithms import spec
 
 OUTER_DEFAULTS = {'outer_learning_rate': 0.7, 'outer_momentum': 0.9, 'outer_nesterov': True}
+OUTER_HYPERPARAMETERS = ('outer_learning_rate', 'outer_momentum')  # replicas of one program may differ in these
 
 
 class DiLoCoState(NamedTuple):
@@ -51,7 +52,7 @@ class DiLoCoState(NamedTuple):
 def outer_optimizer(learning_rate: float, momentum: float = 0.0,
                     nesterov: bool = False) -> optax.GradientTransformation:
   """OuterOpt: SGD on the outer gradient Delta (PyTorch's and optax's Nesterov: update g + mu (g + mu v))."""
-  return optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov)
+  return optax.sgd(learning_rate, momentum=None if spec.is_static_zero(momentum) else momentum, nesterov=nesterov)
 
 
 def outer_step(outer: optax.GradientTransformation, outer_params, outer_state, mean):
@@ -133,4 +134,5 @@ SPEC = spec.AlgorithmSpec(
         inner, outer_from_config(config), local_steps=config.algorithm.local_steps,
         warmup_steps=config.algorithm.warmup_steps, axis_name=axis_name,
         average_opt_state=config.algorithm.average_opt_state),
-    time_rule=local_sgd.time_rule, validate=validate, round_length=local_sgd.round_length)
+    time_rule=local_sgd.time_rule, validate=validate, round_length=local_sgd.round_length,
+    hyperparameters=OUTER_HYPERPARAMETERS)

@@ -159,7 +159,7 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
   """
   inner = optax.with_extra_args_support(inner)
   adaptive = adaptive_lr_c > 0
-  if adaptive and not eta_max > 0:
+  if adaptive and spec.is_static_number(eta_max) and not eta_max > 0:
     raise ValueError(f'eta_max={eta_max!r} must be > 0 with the staleness-adaptive learning rate')
   if adaptive and fresh_views:
     raise ValueError('the staleness-adaptive learning rate needs stale views, not fresh_views')
@@ -401,7 +401,7 @@ GRADIENT_SUMS = True
 def build(config: ml_collections.ConfigDict, inner, axis_name, fresh_views: bool = False):
   a = config.algorithm
   c = float(a.get('adaptive_lr_c', 0.0))
-  lr = float(config.optimizer.learning_rate)
+  lr = config.optimizer.learning_rate  # may be a traced replica hyper-parameter (`spec`)
   eta_max = float(a.get('eta_max', 0.0)) or lr
   return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr,
                           gradient_sums=GRADIENT_SUMS, fresh_views=fresh_views)

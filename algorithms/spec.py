@@ -7,6 +7,11 @@ algorithm's state or schedule. The step calls the transformation as
 
 per worker, with `schedule` the time rule's NamedTuple (its `UNIFORM` fields unbatched) and `step` the
 replicated int32 iteration number: conditionals over either stay real conditionals when workers are vmapped.
+
+Replicas (`experiments/replicas.py`): several runs that differ only in their seed and in scalar hyper-parameters
+train in one compiled program, those values fed as inputs. `build` then receives a config whose varying fields
+are traced scalars: the optimizer's (`optimizers.HYPERPARAMETERS`) and the algorithm fields its spec lists in
+`hyperparameters`. A build uses such a field only in arithmetic, and decides structure with `is_static_zero`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from algorithms import collectives
@@ -44,6 +50,19 @@ def local_step(name: str, inner: optax.GradientTransformation, grads: Any, inner
     raise ValueError(f'{name} needs params: it averages models, not gradients.')
   updates, inner_state = inner.update(grads, inner_state, params)
   return optax.apply_updates(params, updates), inner_state
+
+
+def is_static_number(value: Any) -> bool:
+  """A number known when the program is built (not a traced replica hyper-parameter): a range check on it can
+  run in Python."""
+  return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+
+def is_static_zero(value: Any) -> bool:
+  """True for a zero known when the program is built: the term it scales is left out (no momentum buffer, no
+  weight decay). A traced value, a hyper-parameter that differs between the replicas of one program, keeps the
+  term for every replica; for those whose value is 0 it adds exactly nothing (g + 0 v = g)."""
+  return is_static_number(value) and value == 0
 
 
 def no_rounds(config: ml_collections.ConfigDict) -> None:
@@ -84,6 +103,10 @@ class AlgorithmSpec:
       asked: `experiments.train.BlockStep`) and calls
       `update(..., round_position=r)` with a static r in 0..R-1 (step = k R + r); other blocks, and library
       users, call it without `round_position`, and both must give the same result.
+    hyperparameters: the `config.algorithm.*` fields that `build` uses only in arithmetic, so that the
+      replicas of one program may differ in them (each replica's value a traced scalar; structure decided with
+      `is_static_zero`). Fields that change shapes or the time rule are not listed: runs that differ in them
+      compile programs of their own.
   """
   name: str
   defaults: Mapping[str, Any]
@@ -96,3 +119,4 @@ class AlgorithmSpec:
   gradient_params: Callable[[Any, Any, Any, jax.Array], Any] = at_own_params
   round_length: Callable[[ml_collections.ConfigDict], Optional[int]] = no_rounds
   gradient_sums: bool = False
+  hyperparameters: tuple[str, ...] = ()

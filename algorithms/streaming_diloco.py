@@ -132,7 +132,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   table = sync_table(local_steps, fragments)
   if not 0 <= delay <= local_steps:
     raise ValueError(f'need 0 <= delay <= local_steps, got delay={delay}, local_steps={local_steps}')
-  if not 0.0 <= mix <= 1.0:
+  if spec.is_static_number(mix) and not 0.0 <= mix <= 1.0:  # a traced mix was validated in its config
     raise ValueError(f'mix must be in [0, 1], got {mix}')
   inner = optax.with_extra_args_support(inner)
   positions = [int(np.flatnonzero(table == f)[0]) for f in range(fragments)]  # snapshot position of each
@@ -350,6 +350,7 @@ SPEC = spec.AlgorithmSpec(
     defaults={'local_steps': 4, 'fragments': 2, 'delay': 1, 'mix': 0.5, **diloco.OUTER_DEFAULTS},
     build=lambda config, inner, axis_name: streaming_diloco(
         inner, diloco.outer_from_config(config), local_steps=config.algorithm.local_steps,
-        fragments=config.algorithm.fragments, delay=config.algorithm.delay, mix=float(config.algorithm.mix),
+        fragments=config.algorithm.fragments, delay=config.algorithm.delay, mix=config.algorithm.mix,
         axis_name=axis_name),
-    time_rule=time_rule, validate=validate, round_length=round_length)
+    time_rule=time_rule, validate=validate, round_length=round_length,
+    hyperparameters=('mix', *diloco.OUTER_HYPERPARAMETERS))
