@@ -63,10 +63,16 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, meta: dict[str, Any], copy: bool = True) -> None:
+    """Saves `state` and `meta` at `step` (asynchronously). `copy=False` for a state no program will donate (a
+    replica's slice of a group's state is a new array already)."""
     # The training step donates its state: the next call may reuse these buffers while the asynchronous save
     # is still reading them (on CPU the "host copy" can alias the device buffer). Save a private copy.
-    state = _copy_tree(state)
+    if copy:
+      state = _copy_tree(state)
     # The same for `meta`: the save serialises it later, and the loop keeps mutating what it holds (the metrics
     # window's sums). A JSON copy now is what the checkpoint means: the state of the loop at `step`.
     meta = json.loads(json.dumps(meta))
@@ -80,25 +86,20 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return restored['state'], restored['meta']
 
-  def restore_latest(self, like_state: Any,
-                     quarantine: Optional[Callable[[int], None]] = None) -> Optional[tuple[int, Any, dict]]:
-    """(step, state, meta) of the newest checkpoint that reads back, or None if there is none.
-
-    A checkpoint that fails to restore is logged in one line, handed to `quarantine(step)` (which moves it
-    away), and the next older one is tried.
-    """
-    for step in sorted(self._manager.all_steps(), reverse=True):
-      try:
-        state, meta = self.restore(step, like_state)
-        return step, state, meta
-      except Exception as e:  # pylint: disable=broad-except  # orbax / tensorstore / JSON errors alike
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        log.warning('checkpoint at step %d is unreadable (%s: %s); trying the previous one',
-                    step, type(e).__name__, reason)
-        if quarantine is not None:
-          quarantine(step)
-          self._manager.reload()
-    return None
+  def restore_step(self, step: int, like_state: Any,
+                   quarantine: Optional[Callable[[int], None]] = None) -> Optional[tuple[Any, dict]]:
+    """(state, meta) of the checkpoint at `step`; None if it does not read back: then it is logged in one line
+    and handed to `quarantine(step)` (which moves it away)."""
+    try:
+      return self.restore(step, like_state)
+    except Exception as e:  # pylint: disable=broad-except  # orbax / tensorstore / JSON errors alike
+      reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+      log.warning('checkpoint at step %d is unreadable (%s: %s); trying the previous one',
+                  step, type(e).__name__, reason)
+      if quarantine is not None:
+        quarantine(step)
+        self._manager.reload()
+      return None
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

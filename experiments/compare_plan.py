@@ -68,8 +68,48 @@ def parse_sweeps(specs: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
         raise errors.ConfigError('--sweep', spec, f'the value {value!r} must have {len(keys)} parts separated by '
                                  f"':', one per key of {':'.join(keys)}")
       axis.append(tuple(zip(keys, (v.strip() for v in parts))))
+    repeated = sorted({value for value in values if values.count(value) > 1})
+    if repeated:  # it would plan one workdir twice, and the table would count it as two seeds
+      raise errors.ConfigError('--sweep', spec, f'the value {repeated[0]!r} appears twice')
+    swept = {k for a in axes for k, _ in a[0]}
+    if swept & set(keys):
+      raise errors.ConfigError('--sweep', spec, f'{sorted(swept & set(keys))[0]} is swept twice: give all its '
+                               'values in one --sweep')
     axes.append(axis)
   return [tuple(pair for group in point for pair in group) for point in itertools.product(*axes)]
+
+
+def config_path(config, key: str) -> str:
+  """The dotted path a config-argument key names: a bare key is `algorithm.*` first, then top-level (`common._set`)."""
+  if '.' in key or key not in config.algorithm:
+    return key
+  return f'algorithm.{key}'
+
+
+def check_sweep_axes(specs: Sequence[str], runs: Sequence['PlannedRun']) -> None:
+  """Refuses a --sweep whose keys move together but of which some change the compiled program (workers, k, group
+  size, ...) and others are replica values (seed, learning rate, ...: `replicas.replica_fields`): each of its
+  points would need a program of its own, which is rarely what was meant; two --sweep flags make a grid, whose
+  replica values then share each program.
+
+  Raises:
+    config_errors.ConfigError: naming the --sweep flag.
+  """
+  import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from experiments import replicas  # pylint: disable=g-import-not-at-top
+  for spec in specs:
+    keys = [k.strip() for k in spec.partition('=')[0].split(':')]
+    if len(keys) < 2:
+      continue
+    for run in runs:
+      fields = set(replicas.replica_fields(run.config))
+      kinds = {config_path(run.config, k) in fields for k in keys}
+      if len(kinds) > 1:
+        scalar = [k for k in keys if config_path(run.config, k) in fields]
+        program = [k for k in keys if k not in scalar]
+        raise errors.ConfigError('--sweep', spec, f'moves {", ".join(program)} (changes the compiled program of '
+                                 f'{run.entry}) together with {", ".join(scalar)} (a replica value, an input of one '
+                                 'program): give them as two --sweep flags (a grid)')
 
 
 def slug(text: str) -> str:
@@ -136,7 +176,8 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
     skip_invalid: drop an entry whose config is invalid (reported in the returned dict) instead of raising.
     sim_time: a budget of simulated seconds instead of `num_steps`: each run's `num_steps` becomes the
       iterations its clock needs to reach it (`sim_budget.steps_for_sim_time`, at most `max_steps`), rounded up to whole
-      evaluation periods, and it is evaluated about `evals` times in blocks of one length (`sim_budget.even_blocks`).
+      evaluation periods, and it is evaluated about `evals` times in blocks of one length (`sim_budget.even_blocks`),
+      every seed of an entry and sweep point at the first seed's cadence (so that they share one program).
 
   Returns:
     (the runs, entry -> why it was skipped).
@@ -163,7 +204,7 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
       try:
         base = get_config(arg)
         _apply_overrides(base, overrides or {}, named)
-        first_seed = base.seed
+        first_seed, cadence_steps = base.seed, None
         for i in range(seeds):
           config = base.copy_and_resolve_references()
           config.seed = first_seed + i
@@ -175,7 +216,8 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
             model_bytes.setdefault(key, tasks.model_bytes(config))
             steps = sim_budget.steps_for_sim_time(config, sim_time, max_steps, model_bytes[key])
             config.num_epochs = None  # the budget is simulated seconds
-            for field, value in sim_budget.even_blocks(config, steps, evals, max_steps).items():
+            cadence_steps = steps if cadence_steps is None else cadence_steps  # the first seed's: one program
+            for field, value in sim_budget.even_blocks(config, steps, evals, max_steps, cadence_steps).items():
               config[field] = value
             validation.validate(config)
           elif config.get('num_epochs') is not None:  # the iterations, for the progress lines and the table

@@ -32,24 +32,31 @@ def run_status(workdir: str) -> Optional[str]:
 
 
 class _Progress(logging.Filter):
-  """Prefixes the training loop's lines with the run (i/N) and adds the whole comparison's ETA."""
+  """Prefixes the training loop's lines with the program (i/G) and its runs, and adds the comparison's ETA."""
 
-  def __init__(self, runs: Sequence[PlannedRun]):
+  def __init__(self, groups: Sequence[Sequence[PlannedRun]]):
     super().__init__()
-    self.runs, self.index, self.done_steps, self.done_seconds = runs, 0, 0, 0.0
+    self.groups, self.index, self.done_steps, self.done_seconds = groups, 0, 0, 0.0
+
+  def label(self) -> str:
+    group = self.groups[self.index]
+    if len(group) == 1:
+      return group[0].name
+    return f'{group[0].entry}, {len(group)} runs'
 
   def remaining_steps(self) -> int:
-    return sum(r.config.num_steps for r in self.runs[self.index + 1:] if run_status(r.workdir) is None)
+    """The iterations the loop still has to run after this program: each program runs as many as its longest run."""
+    return sum(max(r.config.num_steps for r in group) for group in self.groups[self.index + 1:])
 
   def overall_eta(self, run_eta: float = 0.0) -> str:
-    """This run's ETA plus the remaining runs' iterations at the seconds per iteration of the finished runs
-    (their start-up and compilation included)."""
+    """This program's ETA plus the remaining programs' iterations at the seconds per iteration of the finished
+    ones (their start-up and compilation included)."""
     if not self.done_steps:
-      return 'after the first run'
+      return 'after the first program'
     return format_duration(run_eta + self.remaining_steps() * self.done_seconds / self.done_steps)
 
   def filter(self, record):
-    prefix = f'[{self.index + 1}/{len(self.runs)} {self.runs[self.index].name}] '
+    prefix = f'[{self.index + 1}/{len(self.groups)} {self.label()}] '
     if isinstance(record.msg, str) and record.msg.startswith('step %d/%d') and len(record.args) == 6:
       record.msg = prefix + record.msg + '  (comparison ETA %s)'
       record.args = tuple(record.args) + (self.overall_eta(record.args[5]),)
@@ -63,37 +70,55 @@ def format_duration(seconds: float) -> str:
   return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
 
 
-def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None) -> None:
-  """Trains every unfinished run in this process, in order; finished ones are skipped.
+def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas: Optional[int] = None) -> None:
+  """Trains every unfinished run in this process; finished ones are skipped.
 
-  A run that diverges or stalls is recorded (`compare_failed.json` in its workdir) and the others go on.
-  `train.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where it stopped.
+  The runs are grouped into programs (`train.plan_groups`: seeds and sweep values that change no shape and no
+  time rule train as the replicas of one compiled program, at most `max_replicas` or as many as fit in memory),
+  one program after another. A run that diverges or stalls is recorded (`compare_failed.json` in its workdir)
+  and the others go on. `train.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
+  it stopped.
   """
   from experiments import preemption  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
-  progress = _Progress(runs)
+  pending = [run for run in runs if run_status(run.workdir) is None]
+  if len(pending) < len(runs):
+    log.info('%d of %d runs finished already (summary.json or %s in their workdirs): skipped',
+             len(runs) - len(pending), len(runs), FAILED_FILE)
+  if not pending:
+    return
+  groups = [[pending[i] for i in group] for group in
+            train.plan_groups([r.config for r in pending], [r.workdir for r in pending], max_replicas)]
+  log.info('%d runs to train in %d programs', len(pending), len(groups))
+  progress = _Progress(groups)
   log.addFilter(progress)
   try:
-    for i, run in enumerate(runs):
+    for i, group in enumerate(groups):
       progress.index = i
-      status = run_status(run.workdir)
-      if status is not None:
-        log.info('%s already (%s), skipped', status, run.workdir)
-        continue
-      log.info('-> %s, %d steps  (comparison ETA %s)', run.workdir, run.config.num_steps, progress.overall_eta())
+      steps = max(r.config.num_steps for r in group)
+      log.info('-> %s, %d steps  (comparison ETA %s)', ', '.join(r.workdir for r in group), steps,
+               progress.overall_eta())
       start = time.time()
       stop_requests = (stop_requests_factory or preemption.StopRequests)()
-      try:
-        summary = train.train_and_evaluate(run.config.copy_and_resolve_references(), run.workdir, stop_requests)
-        log.info('done in %s: eval accuracy %.4f, loss %.4f, sim time %.3g s', format_duration(time.time() - start),
-                 summary['final_eval_accuracy'], summary['final_eval_loss'], summary['sim_time'])
-      except (train.TrainingDiverged, train.ClusterStalled) as e:
-        failed = 'diverged' if isinstance(e, train.TrainingDiverged) else 'stalled'
-        with open(os.path.join(run.workdir, FAILED_FILE), 'w') as f:
-          json.dump({'status': failed, 'error': str(e)}, f)
-        log.info('%s: %s', failed, e)
-      progress.done_steps += run.config.num_steps
+      outcomes = train.train_group([r.config.copy_and_resolve_references() for r in group],
+                                   [r.workdir for r in group], stop_requests)
+      for run, outcome in zip(group, outcomes):
+        if isinstance(outcome, (train.TrainingDiverged, train.ClusterStalled)):
+          failed = 'diverged' if isinstance(outcome, train.TrainingDiverged) else 'stalled'
+          write_json(os.path.join(run.workdir, FAILED_FILE), {'status': failed, 'error': str(outcome)})
+          log.info('%s %s: %s', run.name, failed, outcome)
+        else:
+          log.info('%s done in %s: eval accuracy %.4f, loss %.4f, sim time %.3g s', run.name,
+                   format_duration(time.time() - start), outcome['final_eval_accuracy'],
+                   outcome['final_eval_loss'], outcome['sim_time'])
+      progress.done_steps += steps
       progress.done_seconds += time.time() - start
   finally:
     log.removeFilter(progress)
 
+
+def write_json(path: str, value) -> None:
+  """Writes `value` as JSON atomically: a kill leaves the old file or the new one, never a torn one."""
+  with open(path + '.tmp', 'w') as f:
+    json.dump(value, f)
+  os.replace(path + '.tmp', path)

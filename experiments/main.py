@@ -1,9 +1,12 @@
 """Runs one experiment: `python -m experiments.main --config=experiments/configs/digits.py:sync --workdir=W`.
 
 Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
-resumes from its latest checkpoint. User errors (bad config, missing data, a workdir holding another run)
-print one line and exit with status 2; a diverged run exits with status 3, a simulated cluster that cannot go
-on (the algorithm waits for a worker that failed for good) with status 4. SIGTERM or Ctrl-C (SIGINT) finish
+resumes from its latest checkpoint. `--seeds=N` (N > 1) trains seeds config.seed + 0 .. N-1 as the replicas of
+one compiled program (`experiments/replicas.py`), each in `WORKDIR/seed<S>` with the files of a run alone.
+
+User errors (bad config, missing data, a workdir holding another run) print one line and exit with status 2; a
+diverged run exits with status 3, a simulated cluster that cannot go on (the algorithm waits for a worker that
+failed for good) with status 4 (with --seeds: once every seed has run, 3 if one diverged, else 4 if one stalled). SIGTERM or Ctrl-C (SIGINT) finish
 the current block, checkpoint, and exit with status 75 (`preemption.EXIT_PREEMPTED`) and one line: rerunning
 the same command resumes; a second signal stops at once.
 
@@ -37,6 +40,12 @@ else:
   _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. experiments/configs/digits.py:sync',
                                             lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the summary.')
+_SEEDS = flags.DEFINE_integer(
+    'seeds', 1, 'Runs of each config with seeds config.seed + 0 .. N-1, trained as the replicas of one compiled '
+    'program (experiments.main: with N > 1 each in WORKDIR/seed<S>; experiments.compare: every entry and sweep point).')
+_MAX_REPLICAS = flags.DEFINE_integer(
+    'max_replicas', None, 'At most this many runs in one compiled program (default: as many as fit in memory; '
+    'more runs are split into several programs).')
 _MOCK_DATA = flags.DEFINE_bool('mock_data', False, 'Run under tfds.testing.mock_data (dry run, no dataset files).')
 _MOCK_EXAMPLES = flags.DEFINE_integer('mock_examples', 64, 'Examples per split under --mock_data.')
 # Multi-process runs (experiments/distributed.py); none of these set: one process, as before.
@@ -63,13 +72,48 @@ def force_host_devices(count: int) -> None:
   os.environ['XLA_FLAGS'] = ' '.join(existing + [flag])
 
 
-def _run(config, workdir, stop_requests):
+def _train(config, workdir, stop_requests):
+  """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
+  replicas (`train.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
   from experiments import train  # imported after XLA_FLAGS is set
-  if not _MOCK_DATA.value:
+  import config_errors as errors
+  errors.require_int(_SEEDS.value, '--seeds', 1)
+  if _SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests)
+  configs = []
+  for i in range(_SEEDS.value):
+    seeded = config.copy_and_resolve_references()
+    seeded.seed = config.seed + i
+    configs.append(seeded)
+  workdirs = [os.path.join(workdir, f'seed{c.seed}') for c in configs]
+  outcomes = {}
+  for group in train.plan_groups(configs, workdirs, _MAX_REPLICAS.value):
+    results = train.train_group([configs[i] for i in group], [workdirs[i] for i in group], stop_requests)
+    outcomes.update({workdirs[i]: result for i, result in zip(group, results)})
+  return {w: outcomes[w] for w in workdirs}
+
+
+def _run(config, workdir, stop_requests):
+  if not _MOCK_DATA.value:
+    return _train(config, workdir, stop_requests)
   import tensorflow_datasets as tfds
   with tfds.testing.mock_data(num_examples=_MOCK_EXAMPLES.value):
-    return train.train_and_evaluate(config, workdir, stop_requests)
+    return _train(config, workdir, stop_requests)
+
+
+def _report_seeds(outcomes) -> None:
+  """Each seed's summary or failure, one line each; exits 3 if one diverged, else 4 if one stalled."""
+  from experiments import train  # pylint: disable=g-import-not-at-top
+  progress = std_logging.getLogger('waitless')
+  for workdir, outcome in outcomes.items():
+    if isinstance(outcome, Exception):
+      print(f'error: {workdir}: {outcome}', file=sys.stderr)
+    else:
+      progress.info('summary %s: %s', workdir, json.dumps(outcome))
+  if any(isinstance(o, train.TrainingDiverged) for o in outcomes.values()):
+    sys.exit(3)
+  if any(isinstance(o, train.ClusterStalled) for o in outcomes.values()):
+    sys.exit(4)
 
 
 def _is_jax_runtime_error(e: BaseException) -> bool:
@@ -157,7 +201,10 @@ def main(argv):
   finally:
     if watchdog is not None:
       watchdog.finish()
-  progress.info('summary: %s', json.dumps(summary))
+  if _SEEDS.value > 1:
+    _report_seeds(summary)
+  else:
+    progress.info('summary: %s', json.dumps(summary))
 
 
 def _one_line(message: str) -> str:

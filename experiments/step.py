@@ -10,6 +10,14 @@ state donated.
 The schedule's per-worker fields are vmapped with the workers that share a device; its uniform fields
 (`Schedule.UNIFORM`) and the step number are not, so conditionals over them stay conditionals.
 
+Replicas (`experiments/replicas.py`): with a `ReplicaAxis` the program trains R runs at once. Every state leaf
+is (R, P, ...), every per-worker input (R, n, P, ...), and one replica's block is vmapped over the leading axis
+inside the same `shard_map` (the collectives name the worker axes only, so replicas never mix). What differs
+between replicas arrives as inputs: their traced values (seed, learning rate, ...), from which each replica's
+transformation is built inside the program, and their schedules. A uniform schedule field that every replica
+shares in a block is passed once, (n,), and stays unbatched, so a conditional over it stays a conditional; one
+that differs, (R, n), is batched (its conditionals then run both branches).
+
 Rounds: an algorithm with a fixed period R declares `round_length` (its spec). A block of whole rounds then
 scans over rounds, each round's R iterations unrolled with a static `round_position=r` passed to `tx.update`:
 the algorithm may issue a collective at a fixed position, with no conditional around it, and consume it
@@ -20,8 +28,9 @@ training loop asks for the round program on accelerators only (`train.rounds_pay
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -112,45 +121,64 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
   return iteration
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplicaAxis:
+  """R runs in one program (`experiments/replicas.py`).
+
+  Attributes:
+    count: R.
+    build: the traced values of one replica (dotted config path -> scalar, the fields that differ between the
+      replicas) -> (its transformation, its seed); called inside the program, once per trace.
+  """
+  count: int
+  build: Callable[[Mapping[str, jax.Array]], tuple[optax.GradientTransformationExtraArgs, Any]]
+
+
 def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int,
                     schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None,
-                    finished_only: bool = False, gradient_sums: bool = False):
-  """The jitted `(state, batches, schedules, steps) -> (state, measurements)` for a block of n iterations.
+                    finished_only: bool = False, gradient_sums: bool = False,
+                    replicas: Optional[ReplicaAxis] = None):
+  """The jitted `(state, batches, schedules, steps, values) -> (state, measurements)` for a block of n iterations.
 
   Args (of the returned function):
-    state: TrainState, every leaf (P, ...) sharded over the workers (donated).
-    batches: dict of (n, P, m, b/m, ...) arrays, worker dimension sharded.
+    state: TrainState, every leaf (P, ...) sharded over the workers (donated); with `replicas`, (R, P, ...).
+    batches: dict of (n, P, m, b/m, ...) arrays, worker dimension sharded; with `replicas`, (R, n, P, ...).
     schedules: a `schedule_type` (the time rule's NamedTuple): per-worker fields (n, P) sharded over the
-      workers, uniform fields (n,) replicated.
-    steps: int32 (n,), the global step of each iteration (replicated).
+      workers, uniform fields (n,) replicated; with `replicas`, per-worker fields (R, n, P) and each uniform
+      field (n,) when every replica shares it, else (R, n).
+    steps: int32 (n,), the global step of each iteration (replicated; the same for every replica).
+    values: with `replicas`, the per-replica inputs of `ReplicaAxis.build`, path -> (R,) replicated; else None.
   With `round_length` R, n must be a multiple of R and steps[0] a multiple of R (whole rounds).
+  `tx`, `seed`: the run's; with `replicas`, each replica's come from `replicas.build(values)` instead.
   `finished_only`, `gradient_sums`: see `make_worker_iteration`.
 
   Returns:
-    The new state and the measurements packed in one float32 (2n + 1, P) array (`unpack_measurements` on the
-    host): `loss` and `l2_grads` (n, P), per iteration; `l2_params` (P,), the norm of each worker's
-    parameters after the block (once per block: a pass over the model per iteration cost 2% of the digits
-    step).
+    The new state and the measurements packed in one float32 (2n + 1, P) array, (R, 2n + 1, P) with replicas
+    (`unpack_measurements` on the host): `loss` and `l2_grads` (n, P), per iteration; `l2_params` (P,), the
+    norm of each worker's parameters after the block (once per block: a pass over the model per iteration
+    cost 2% of the digits step).
   """
-  iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed, gradient_params,
-                                    finished_only, gradient_sums)
   uniform = rules.base.uniform_fields(schedule_type)
 
-  def one_iteration(state, xs, round_position=None):
-    batch, schedule, step = xs
-    per_worker, same = rules.base.split(schedule)
-    lifted = layout.per_worker(
-        lambda s, b, fields: iteration(s, b, schedule_type(**fields, **same), step, round_position))
-    return lifted(state, batch, per_worker)
+  def run_block(tx, seed, state, batches, schedules, steps):
+    """One run's block on this device's workers."""
+    iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed, gradient_params,
+                                      finished_only, gradient_sums)
 
-  def one_round(state, xs):
-    measured = []
-    for r in range(round_length):  # unrolled: positions are static
-      state, m = one_iteration(state, jax.tree.map(lambda x: x[r], xs), round_position=r)
-      measured.append(m)
-    return state, jax.tree.map(lambda *ms: jnp.stack(ms), *measured)
+    def one_iteration(state, xs, round_position=None):
+      batch, schedule, step = xs
+      per_worker, same = rules.base.split(schedule)
+      lifted = layout.per_worker(
+          lambda s, b, fields: iteration(s, b, schedule_type(**fields, **same), step, round_position))
+      return lifted(state, batch, per_worker)
 
-  def device_block(state, batches, schedules, steps):
+    def one_round(state, xs):
+      measured = []
+      for r in range(round_length):  # unrolled: positions are static
+        state, m = one_iteration(state, jax.tree.map(lambda x: x[r], xs), round_position=r)
+        measured.append(m)
+      return state, jax.tree.map(lambda *ms: jnp.stack(ms), *measured)
+
     xs = (batches, schedules, steps)
     if round_length is None:
       state, measured = lax.scan(one_iteration, state, xs)
@@ -161,17 +189,38 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     l2_params = layout.per_worker(tree_l2)(state.params)  # once, after the block
     return state, jnp.concatenate([measured['loss'], measured['l2_grads'], l2_params[None]], axis=0)
 
-  worker = PartitionSpec(workers_lib.DEVICE_AXIS)
-  per_iteration = PartitionSpec(None, workers_lib.DEVICE_AXIS)
+  def device_block(state, batches, schedules, steps, values):
+    if replicas is None:
+      return run_block(tx, seed, state, batches, schedules, steps)
+    per_worker, same = rules.base.split(schedules)
+    shared = {k: v for k, v in same.items() if v.ndim == 1}  # the same for every replica: not batched
+    own = {k: v for k, v in same.items() if v.ndim == 2}
+
+    def one_replica(state, batches, per_worker, own, values):
+      replica_tx, replica_seed = replicas.build(values)
+      return run_block(replica_tx, replica_seed, state, batches, schedule_type(**per_worker, **own, **shared),
+                       steps)
+
+    return jax.vmap(one_replica)(state, batches, per_worker, own, values)
+
+  lead = () if replicas is None else (None,)
+  worker = PartitionSpec(*lead, workers_lib.DEVICE_AXIS)
+  per_iteration = PartitionSpec(*lead, None, workers_lib.DEVICE_AXIS)
   schedule_specs = schedule_type(**{f: PartitionSpec() if f in uniform else per_iteration
                                     for f in schedule_type._fields})
-  mapped = layout.shard_map(device_block, in_specs=(worker, per_iteration, schedule_specs, PartitionSpec()),
+  mapped = layout.shard_map(device_block,
+                            in_specs=(worker, per_iteration, schedule_specs, PartitionSpec(), PartitionSpec()),
                             out_specs=(worker, per_iteration))
-  return jax.jit(mapped, donate_argnums=(0,))
+
+  def block_step(state, batches, schedules, steps, values=None):
+    return mapped(state, batches, schedules, steps, values)
+
+  return jax.jit(block_step, donate_argnums=(0,))
 
 
 def unpack_measurements(packed: np.ndarray) -> dict[str, np.ndarray]:
   """The block step's measurements on the host, from its one packed (2n + 1, P) array: `loss` and `l2_grads`
-  (n, P), `l2_params` (P,). One array to fetch per block, not three (each fetch is one copy per device)."""
-  n = (packed.shape[0] - 1) // 2
-  return {'loss': packed[:n], 'l2_grads': packed[n:2 * n], 'l2_params': packed[2 * n]}
+  (n, P), `l2_params` (P,); with replicas, from (R, 2n + 1, P), each with a leading R. One array to fetch per
+  block, not three (each fetch is one copy per device)."""
+  n = (packed.shape[-2] - 1) // 2
+  return {'loss': packed[..., :n, :], 'l2_grads': packed[..., n:2 * n, :], 'l2_params': packed[..., 2 * n, :]}

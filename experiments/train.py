@@ -4,6 +4,11 @@ Each block of iterations: the clock samples the schedules (who finished what, ho
 streams serve every worker the micro-batches at its own positions, one jitted call runs the block, and the
 host logs, evaluates the consensus model and checkpoints at fixed step boundaries. Block lengths depend only on
 absolute step numbers, so a resumed run executes the same programs on the same inputs as an uninterrupted one.
+
+Several runs can share the loop and its program (`experiments/replicas.py`): `train_runs` groups runs whose
+configs differ only in their seed, budget and scalar hyper-parameters, and `train_group` trains a group as R
+replicas of one compiled block step, each with its own clock, data positions, budget and workdir (metrics,
+summary, TensorBoard, checkpoints: the files a run alone writes). `train_and_evaluate` is a group of one.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import jax
 from jax.experimental import multihost_utils
@@ -22,6 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+import config_errors as errors
 from algorithms import optimizers
 from algorithms import registry
 from cluster import calibration
@@ -32,6 +38,7 @@ from data import registry as data_registry
 from experiments import checkpointing
 from experiments import metrics_io
 from experiments import preemption
+from experiments import replicas as replicas_lib
 from experiments import step as step_lib
 from experiments import tasks
 from experiments import validation
@@ -44,7 +51,6 @@ RESUMABLE_CHANGES = frozenset({'progress_every_s', 'devices', 'eval_batch_size',
 
 
 log = logging.getLogger('waitless')
-
 
 class TrainingDiverged(RuntimeError):
   """The training loss became NaN or infinite; the last good checkpoint is kept."""
@@ -127,6 +133,12 @@ class Run:
     return self.microbatches > self.config.microbatches
 
 
+def make_tx(config: ml_collections.ConfigDict, spec, axis_name) -> Any:
+  """The algorithm's per-worker transformation around the config's inner optimizer."""
+  inner = optimizers.make_optimizer(config.optimizer, config.num_steps)
+  return spec.build(config, inner, axis_name)
+
+
 def build(config: ml_collections.ConfigDict) -> Run:
   """Validates the config and builds the pieces of a run.
 
@@ -145,10 +157,50 @@ def build(config: ml_collections.ConfigDict) -> Run:
              dataset.train_size, config.workers, config.batch_size)
   spec = registry.get(config.algorithm.name)
   model = model_registry.make_model(config.model, dataset.num_classes)
-  inner = optimizers.make_optimizer(config.optimizer, config.num_steps)
-  tx = spec.build(config, inner, layout.axis_name)
   return Run(config=config, spec=spec, layout=layout, dataset=dataset, task=tasks.get(dataset.task),
-             model=model, tx=tx, rule=spec.time_rule(config))
+             model=model, tx=make_tx(config, spec, layout.axis_name), rule=spec.time_rule(config))
+
+
+@dataclasses.dataclass
+class Group:
+  """R runs trained by one program (`experiments/replicas.py`).
+
+  Attributes:
+    runs: one `Run` per replica: its config, its dataset (its seed's data order), its transformation.
+    values: the replica fields that differ between the runs (dotted path -> (R,)): the program's inputs. Empty
+      for a group of one, which is a plain run: its state has no replica axis and its program is a single run's.
+  """
+  runs: list[Run]
+  values: dict[str, np.ndarray]
+
+  @property
+  def lead(self) -> Run:
+    return self.runs[0]
+
+  @property
+  def size(self) -> int:
+    return len(self.runs)
+
+  @property
+  def batched(self) -> bool:
+    """Whether the state has a replica axis: every leaf (R, P, ...)."""
+    return len(self.runs) > 1
+
+
+def build_group(configs: Sequence[ml_collections.ConfigDict]) -> Group:
+  """Validates and builds the runs of `configs`, which must be able to share one program (`replicas.partition`)."""
+  runs = [build(config) for config in configs]
+  if len(runs) == 1:
+    return Group(runs, {})
+  keys = {replicas_lib.program_key(run.config) for run in runs}
+  if None in keys or len(keys) > 1:
+    raise ValueError('these runs cannot share one program: their configs differ beyond the replica fields '
+                     '(experiments.replicas.partition groups runs that can)')
+  return Group(runs, replicas_lib.varying_values([run.config for run in runs]))
+
+
+def as_group(run_or_group) -> Group:
+  return run_or_group if isinstance(run_or_group, Group) else Group([run_or_group], {})
 
 
 def rounds_pay_off(layout: workers_lib.WorkerLayout) -> bool:
@@ -162,20 +214,30 @@ def rounds_pay_off(layout: workers_lib.WorkerLayout) -> bool:
 
 
 class BlockStep:
-  """The run's jitted block step (`experiments.step.make_block_step`) with the algorithm's declared hooks.
+  """The jitted block step (`experiments.step.make_block_step`) of a run or a group, with the algorithm's hooks.
 
   `(state, batches, schedules, steps) -> (state, measurements)`, `steps` a host int32 array: a block of whole
   rounds of the algorithm's `round_length` runs the round-structured program where `rounds` is true (default:
   `rounds_pay_off`, i.e. on accelerators), any other block the per-iteration one. The two programs compute the
   same update (the tests check it in float64); in float32 they round differently. Each program compiles once
-  per block length (and, for `run.finished_only`, once per power-of-two batch size).
+  per block length (and, for `run.finished_only`, once per power-of-two batch size). For a group of R > 1 the
+  programs carry a replica axis and take the group's differing values as inputs (`step.ReplicaAxis`).
   """
 
-  def __init__(self, run: Run, rounds: bool | None = None):
+  def __init__(self, run_or_group, rounds: bool | None = None):
+    group = as_group(run_or_group)
+    run = group.lead
+    replica_axis, self.values = None, None
+    if group.batched:
+      def build_replica(values):
+        config = replicas_lib.traced_config(run.config, values)
+        return make_tx(config, run.spec, run.layout.axis_name), values.get('seed', run.config.seed)
+      replica_axis = step_lib.ReplicaAxis(group.size, build_replica)
+      self.values = jax.device_put({k: jnp.asarray(v) for k, v in group.values.items()}, run.layout.replicated())
     make = functools.partial(
         step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
         schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params,
-        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums)
+        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis)
     if rounds is None:
       rounds = rounds_pay_off(run.layout)
     self.round_length = run.round_length if rounds else None
@@ -191,15 +253,15 @@ class BlockStep:
     return self.rounds if self.whole_rounds(steps) else self.per_iteration
 
   def __call__(self, state, batches, schedules, steps):
-    return self.program(steps)(state, batches, schedules, steps)
+    return self.program(steps)(state, batches, schedules, steps, self.values)
 
   def lower(self, state, batches, schedules, steps):
-    return self.program(steps).lower(state, batches, schedules, steps)
+    return self.program(steps).lower(state, batches, schedules, steps, self.values)
 
 
-def make_block_step(run: Run, rounds: bool | None = None) -> BlockStep:
-  """The run's block step; `rounds`: see `BlockStep` (None: the round-structured program on accelerators only)."""
-  return BlockStep(run, rounds)
+def make_block_step(run_or_group, rounds: bool | None = None) -> BlockStep:
+  """The block step of a run or group; `rounds`: see `BlockStep` (None: the round program on accelerators)."""
+  return BlockStep(run_or_group, rounds)
 
 
 def make_clock(run: Run, model_bytes: float):
@@ -207,32 +269,138 @@ def make_clock(run: Run, model_bytes: float):
   return cluster_factory.make_clock(run.config, run.rule, model_bytes)
 
 
-def init_state(run: Run) -> step_lib.TrainState:
-  """Identical initial parameters on every worker (from the seed), each worker's algorithm state."""
+def init_state(run_or_group) -> step_lib.TrainState:
+  """Identical initial parameters on every worker (from the seed), each worker's algorithm state.
+
+  For a group of R > 1 every leaf gets a leading replica axis (R, P, ...), replica r initialised from its own
+  seed exactly as that run alone.
+  """
+  group = as_group(run_or_group)
+  run = group.lead
   example = jax.tree.map(lambda x: np.asarray(x)[None], run.dataset.example)
   inputs = run.task.model_inputs(example)
 
-  def init():
-    variables = run.model.init(jax.random.key(run.config.seed), inputs, train=False)
+  def init(seed, tx):
+    variables = run.model.init(jax.random.key(seed), inputs, train=False)
     params = variables['params']
     model_state = {k: v for k, v in variables.items() if k != 'params'}
     stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (run.config.workers,) + x.shape), tree)
     params, model_state = stack(params), stack(model_state)
-    return step_lib.TrainState(params=params, opt_state=jax.vmap(run.tx.init)(params), model_state=model_state)
+    return step_lib.TrainState(params=params, opt_state=jax.vmap(tx.init)(params), model_state=model_state)
 
-  return jax.jit(init, out_shardings=run.layout.sharding())()
+  if not group.batched:
+    return jax.jit(lambda: init(run.config.seed, run.tx), out_shardings=run.layout.sharding())()
+
+  def init_replica(seed, values):
+    config = replicas_lib.traced_config(run.config, values)
+    return init(seed, make_tx(config, run.spec, run.layout.axis_name))
+
+  seeds = np.array([r.config.seed for r in group.runs])
+  return jax.jit(jax.vmap(init_replica), out_shardings=run.layout.sharding(None))(seeds, group.values)
 
 
-def _to_devices(layout, per_worker, uniform):
-  """(`per_worker` as global arrays sharded on the worker dimension, axis 1, from this process's workers'
-  rows; `uniform` replicated). On one process, one batched transfer for both trees."""
-  sharding = layout.sharding(None)
+def replica_memory_bytes(run: Run) -> tuple[float, float]:
+  """(training state, block inputs) bytes of one replica of `run` on one device's memory, from shapes only
+  (`jax.eval_shape`: nothing is allocated). CPU devices share the host's memory: there, all of them."""
+  state = jax.eval_shape(lambda: init_state(run))
+  _, state_bytes = param_count_and_bytes(state)
+  example = jax.tree.map(np.asarray, run.dataset.example)
+  _, example_bytes = param_count_and_bytes(example)
+  input_bytes = example_bytes * run.config.batch_size * run.config.workers * run.config.steps_per_call
+  share = 1 if run.layout.mesh.devices.flat[0].platform == 'cpu' else run.layout.devices
+  return state_bytes / share, input_bytes / share
+
+
+def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
+                max_replicas: Optional[int] = None) -> list[list[int]]:
+  """The runs split into the groups that `train_group` trains as one program each (indices into `configs`).
+
+  `replicas.partition`, with at most `max_replicas` runs per program, or, unset, as many as fit in memory
+  (`replicas.replicas_that_fit`, said in one line when a set of runs is split for it). Checked before
+  anything compiles.
+
+  Raises:
+    config_errors.ConfigError: `max_replicas` is not a positive integer, or more replicas than fit.
+  """
+  if max_replicas is not None:
+    errors.require_int(max_replicas, '--max_replicas', 1)
+  counts: dict[Optional[str], int] = {}
+  for config in configs:
+    key = replicas_lib.program_key(config)
+    counts[key] = counts.get(key, 0) + 1
+  limits: dict[str, Optional[int]] = {}
+  for config in configs:
+    key = replicas_lib.program_key(config)
+    if key is None or key in limits or (counts[key] == 1 and max_replicas is None):
+      continue
+    run = build(config)
+    state_bytes, input_bytes = replica_memory_bytes(run)
+    available = replicas_lib.available_memory_bytes(run.layout.mesh.devices.flat[0])
+    fit = replicas_lib.replicas_that_fit(state_bytes, input_bytes, available)
+    name = f'{config.algorithm.name} (seed {config.seed})'
+    if max_replicas is not None:
+      errors.require(fit is None or max_replicas <= fit, '--max_replicas', max_replicas,
+                     f'only {fit} replicas of {name} fit in memory ({available / 1e9:.1f} GB available, about '
+                     f'{(state_bytes + input_bytes) / 1e6:.1f} MB of state and inputs each): lower it, or leave it '
+                     'unset to split the runs into programs that fit')
+      limits[key] = max_replicas
+    else:
+      limits[key] = fit
+      if fit is not None and counts[key] > fit:
+        log.info('%d runs of %s share a program, but only %d fit in memory (%.1f GB available): %d programs',
+                 counts[key], name, fit, available / 1e9, -(-counts[key] // fit))
+  return replicas_lib.partition(configs, workdirs, lambda config: limits.get(replicas_lib.program_key(config)))
+
+
+_replica_of = jax.jit(lambda state, r: jax.tree.map(lambda x: x[r], state))
+
+
+def replica_state(group: Group, state, r: int):
+  """Replica r's state (P, ...), a new array (the group's state itself for a group of one)."""
+  if not group.batched:
+    return state
+  return jax.jit(_replica_of, out_shardings=group.lead.layout.sharding())(state, r)
+
+
+def stack_replicas(group: Group, states: Sequence[Any]):
+  """The group's state from each replica's (P, ...) state."""
+  if not group.batched:
+    return states[0]
+  stack = lambda *trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+  return jax.jit(stack, out_shardings=group.lead.layout.sharding(None))(*states)
+
+
+def _to_devices(layout, per_worker, uniform, leading: int = 1):
+  """(`per_worker` as global arrays sharded on the worker dimension, after `leading` others, from this process's
+  workers' rows; `uniform` replicated). On one process, one batched transfer for both trees."""
+  sharding = layout.sharding(*([None] * leading))
   if jax.process_count() == 1:
     shardings = (jax.tree.map(lambda _: sharding, per_worker), jax.tree.map(lambda _: layout.replicated(), uniform))
     return jax.device_put((per_worker, uniform), shardings)
-  shape = lambda v: v.shape[:1] + (layout.workers,) + v.shape[2:]
+  shape = lambda v: v.shape[:leading] + (layout.workers,) + v.shape[leading + 1:]
   return (jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)), per_worker),
           jax.tree.map(jnp.asarray, uniform))
+
+
+def batch_slots(run: Run, blocks) -> int:
+  """Micro-batch slots in each worker's batch of these blocks: all of them, or for `run.finished_only` the most
+  any worker finished in one iteration rounded up to a power of two (the same on every process)."""
+  if not run.finished_only:
+    return run.microbatches
+  done = max(int(block.schedule.microbatches_done.max()) for block in blocks)
+  return min(run.microbatches, 1 << max(done - 1, 0).bit_length())
+
+
+def host_inputs(run: Run, block, positions: np.ndarray, slots: int):
+  """This process's host arrays for `block`: (batches, per-worker schedule fields, uniform ones), every worker's
+  micro-batches read at its own positions, and the data positions after the block."""
+  done = block.schedule.microbatches_done.astype(np.int64)
+  starts = positions[None] + np.cumsum(done, axis=0) - done
+  local_ids = run.layout.local_worker_ids()
+  batches = run.dataset.train.read(local_ids, starts[:, local_ids], slots)
+  per_worker, same = rules_lib.base.split(block.schedule)
+  per_worker = {name: v[:, local_ids] for name, v in per_worker.items()}
+  return (batches, per_worker, same), positions + done.sum(axis=0)
 
 
 def block_inputs(run: Run, block, positions: np.ndarray, step: int):
@@ -240,19 +408,37 @@ def block_inputs(run: Run, block, positions: np.ndarray, step: int):
 
   Returns the three arguments after the state, and the data positions after the block.
   """
-  done = block.schedule.microbatches_done.astype(np.int64)
-  starts = positions[None] + np.cumsum(done, axis=0) - done
-  local_ids = run.layout.local_worker_ids()
-  slots = run.microbatches
-  if run.finished_only:  # the same on every process: the schedule is
-    slots = min(slots, 1 << max(int(done.max()) - 1, 0).bit_length())
-  batches = run.dataset.train.read(local_ids, starts[:, local_ids], slots)
-  per_worker, same = rules_lib.base.split(block.schedule)
-  per_worker = {name: v[:, local_ids] for name, v in per_worker.items()}
+  (batches, per_worker, same), positions = host_inputs(run, block, positions, batch_slots(run, [block]))
   (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker), same)
   schedules = type(block.schedule)(**per_worker, **same)
-  steps = np.arange(step, step + len(done), dtype=np.int32)  # on the host: BlockStep picks the program by it
-  return (batches, schedules, steps), positions + done.sum(axis=0)
+  steps = np.arange(step, step + len(block.duration), dtype=np.int32)  # on the host: BlockStep picks the program
+  return (batches, schedules, steps), positions
+
+
+def stacked_inputs(group: Group, blocks: Sequence[Any], positions: Sequence[np.ndarray], step: int):
+  """The step's (batches, schedules, steps) for replica r's `blocks[r]` at `positions[r]`, stacked on a leading
+  replica axis, and each replica's data positions after its block.
+
+  A replica with no block (`None`: frozen, its budget spent or its run failed) gets a copy of the first
+  replica's inputs: it computes what is never read, and the uniform fields stay shared. A uniform field that
+  every replica shares goes in once, (n,), so the program's conditionals over it stay conditionals.
+  """
+  run = group.lead
+  live = [b for b in blocks if b is not None]
+  slots = batch_slots(run, live)
+  made = [None if b is None else host_inputs(group.runs[r], b, positions[r], slots) for r, b in enumerate(blocks)]
+  first = next(m for m in made if m is not None)
+  host = [first[0] if m is None else m[0] for m in made]
+  after = [positions[r] if m is None else m[1] for r, m in enumerate(made)]
+  stack = lambda *xs: np.stack(xs)
+  batches = jax.tree.map(stack, *[h[0] for h in host])
+  per_worker = jax.tree.map(stack, *[h[1] for h in host])
+  same = {k: host[0][2][k] if all(np.array_equal(h[2][k], host[0][2][k]) for h in host[1:])
+          else np.stack([h[2][k] for h in host]) for k in host[0][2]}
+  (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker), same, leading=2)
+  schedules = type(live[0].schedule)(**per_worker, **same)
+  steps = np.arange(step, step + len(live[0].duration), dtype=np.int32)
+  return (batches, schedules, steps), after
 
 
 def prepare_block(run: Run, clock, positions: np.ndarray, step: int):
@@ -304,31 +490,45 @@ def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workd
   return calibration.calibrated(config.stragglers, seconds)
 
 
-def make_evaluator(run: Run):
+def make_evaluator(run_or_group):
   """Returns evaluate(state) -> {'eval_loss', 'eval_accuracy', 'param_norm', and the task's extra metrics} of
-  the algorithm's consensus model."""
+  the algorithm's consensus model; for a group of R > 1, a list of R such dicts, one evaluation program for all
+  of them (the evaluation split does not depend on the seed)."""
+  group = as_group(run_or_group)
+  run = group.lead
+
   def consensus_and_norm(state):
     params = run.spec.consensus(state.params, state.opt_state)
     model_state = jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype), state.model_state)
     return params, model_state, step_lib.tree_l2(params)  # the norm here: no op-by-op compiles on the host
 
+  def sums_fn(params, model_state, batch):
+    return run.task.eval_sums(run.model, params, model_state, batch)
+
+  if group.batched:
+    consensus_and_norm, sums_fn = jax.vmap(consensus_and_norm), jax.vmap(sums_fn, in_axes=(0, 0, None))
   consensus = jax.jit(consensus_and_norm, out_shardings=run.layout.replicated())
-  sums = jax.jit(lambda params, model_state, batch: run.task.eval_sums(run.model, params, model_state, batch))
+  sums = jax.jit(sums_fn)
+  place = lambda x: jax.device_put(x, run.layout.replicated())
 
   def evaluate(state):
     params, model_state, param_norm = consensus(state)
     total = {'loss_sum': 0.0, 'correct': 0.0, 'count': 0.0}
     for batch in run.dataset.eval_batches(run.config.eval_batch_size):
-      batch = jax.device_put(batch, run.layout.replicated())
-      for k, v in to_host(sums(params, model_state, batch)).items():
-        total[k] += float(v)
-    count = max(total['count'], 1.0)
-    metrics = {'eval_loss': total['loss_sum'] / count, 'eval_accuracy': total['correct'] / count,
-               'param_norm': float(to_host(param_norm))}
-    if run.task.extra_eval is not None:
-      place = lambda x: jax.device_put(x, run.layout.replicated())
-      metrics.update(run.task.extra_eval(run.model, params, run.dataset, run.config, place))
-    return metrics
+      for k, v in to_host(sums(params, model_state, place(batch))).items():
+        total[k] = total[k] + np.asarray(v, np.float64)
+    norms = np.asarray(to_host(param_norm), np.float64)
+    per_replica = []
+    for r in range(group.size):
+      pick = (lambda x: x) if not group.batched else (lambda x, r=r: x[r])
+      count = max(float(pick(total['count'])), 1.0)
+      metrics = {'eval_loss': float(pick(total['loss_sum'])) / count,
+                 'eval_accuracy': float(pick(total['correct'])) / count, 'param_norm': float(pick(norms))}
+      if run.task.extra_eval is not None:
+        replica = jax.tree.map(pick, (params, model_state))
+        metrics.update(run.task.extra_eval(run.model, *replica, run.dataset, group.runs[r].config, place))
+      per_replica.append(metrics)
+    return per_replica if group.batched else per_replica[0]
 
   return evaluate
 
@@ -382,6 +582,297 @@ class _Window:
     return out
 
 
+@dataclasses.dataclass
+class _Replica:
+  """The host side of one replica of a group: its run's clock, data positions, metrics, checkpoints, outcome."""
+  run: Run
+  workdir: str
+  clock: Any
+  checkpointer: checkpointing.Checkpointer
+  positions: np.ndarray
+  window: _Window
+  writer: Any = None
+  wall_offset: float = 0.0
+  time_to_target: Optional[float] = None
+  last_eval: dict = dataclasses.field(default_factory=dict)
+  last_train_loss: float = float('nan')
+  sim_time: float = 0.0
+  summary: Optional[dict] = None       # set when the run finished
+  failure: Optional[Exception] = None  # TrainingDiverged or ClusterStalled: the run stopped there
+
+  @property
+  def config(self):
+    return self.run.config
+
+  @property
+  def done(self) -> bool:
+    return self.summary is not None or self.failure is not None
+
+
+def _restore(group: Group, replicas: list[_Replica], state):
+  """Restores every replica from the newest checkpoint step they all have (a kill between the replicas' saves
+  leaves some a checkpoint ahead: they go back one); the group's state and that step, or (state, 0) if none.
+
+  A checkpoint that does not read back is moved aside (`checkpointing.quarantine_step`) and the choice made again.
+  """
+  like = replica_state(group, state, 0) if group.batched else state
+  while True:
+    steps = [set(r.checkpointer.all_steps()) for r in replicas]
+    if not any(steps):
+      return state, 0
+    common = set.intersection(*steps)
+    if not common:
+      raise ValueError('the runs of this group have no checkpoint step in common (latest: '
+                       + ', '.join(f'{r.workdir}: {max(s) if s else None}' for r, s in zip(replicas, steps))
+                       + '): train them in separate groups (experiments.replicas.partition does)')
+    step = max(common)
+    restored = [r.checkpointer.restore_step(step, like, checkpointing.quarantine_step(r.workdir)) for r in replicas]
+    if all(x is not None for x in restored):
+      break
+  for r, (_, meta) in zip(replicas, restored):
+    r.wall_offset = float(meta['wall_time'])
+    r.positions = np.asarray(meta['positions'], np.int64)
+    r.clock.load_state_dict(meta['clock'])
+    r.time_to_target, r.last_eval = meta['time_to_target'], meta['last_eval']
+    r.window = _Window(r.run.rule.reports, meta['window'])
+    r.last_train_loss = float(meta['train_loss'])
+    r.sim_time = r.clock.sim_time
+    log.info('Resumed from the checkpoint at step %d in %s', step, r.workdir)
+  return stack_replicas(group, [s for s, _ in restored]), step
+
+
+def _summary(r: _Replica, step: int, wall: float, num_params: int, group_size: int) -> dict[str, Any]:
+  last_eval = r.last_eval
+  return {
+      'steps': step, 'sim_time': r.sim_time, 'wall_time': wall,
+      'final_train_loss': r.last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
+      'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
+      'time_to_target': r.time_to_target, 'num_params': num_params, 'replicas': group_size,
+      **{f'final_{k}': v for k, v in last_eval.items() if k not in ('eval_loss', 'eval_accuracy', 'param_norm')},
+  }
+
+
+def _write_json(path: str, value: Any) -> None:
+  """Writes `value` as JSON atomically: a kill leaves the old file or the new one, never a torn one."""
+  with open(path + '.tmp', 'w') as f:
+    json.dump(value, f, indent=2)
+  os.replace(path + '.tmp', path)
+
+
+@dataclasses.dataclass
+class _Prepared:
+  """A block ready to dispatch: each replica's clock Block (None: frozen) and the step's inputs."""
+  step: int
+  blocks: list
+  inputs: tuple
+  stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
+
+
+def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
+                stop_requests: preemption.StopRequests | None = None) -> list[Any]:
+  """Trains the runs of `configs` in `workdirs` as the replicas of one program, resuming from their checkpoints.
+
+  The configs must be able to share a program (`replicas.partition`): the same workload, algorithm and cadence,
+  differing only in seed, budget (`num_steps`) and scalar hyper-parameters. Each replica writes in its workdir
+  what a run alone writes (metrics.jsonl, summary.json, config.json, TensorBoard events, orbax checkpoints of its
+  own state, at the same steps as the others); its trajectory is the one it has alone (float64: to rounding;
+  float32: XLA may round the batched program differently). A replica that has spent its budget, or that
+  diverged or stalled, is frozen (it computes what is never read) while the others go on.
+
+  Returns:
+    Per run, its summary dict, or the TrainingDiverged / ClusterStalled it stopped with.
+
+  Raises:
+    preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; every unfinished replica
+      finished its block and checkpointed, and the same call resumes them.
+  """
+  group = build_group(configs)
+  lead = jax.process_index() == 0
+  for config, workdir in zip(configs, workdirs):
+    _check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
+    checkpointing.check_writable(workdir)
+  if lead:
+    for config, workdir in zip(configs, workdirs):
+      os.makedirs(workdir, exist_ok=True)
+      path = os.path.join(workdir, 'config.json')
+      with open(path + '.tmp', 'w') as f:  # atomic: other processes may be reading it in _check_workdir
+        f.write(config.to_json_best_effort(indent=2))
+      os.replace(path + '.tmp', path)
+  run = group.lead  # num_steps resolved (config.json keeps the duration as given)
+
+  state = init_state(group)
+  num_params, model_bytes = param_count_and_bytes(state.params)
+  num_params, model_bytes = (num_params // (run.config.workers * group.size),
+                             model_bytes // (run.config.workers * group.size))
+  block_step = make_block_step(group)
+  if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
+    run.config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
+  _, state_bytes = param_count_and_bytes(state)
+  replicas = []
+  for r, workdir in zip(group.runs, workdirs):
+    checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / group.size / jax.process_count())
+    replicas.append(_Replica(
+        run=r, workdir=workdir, clock=make_clock(r, model_bytes),
+        checkpointer=checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints')),
+        positions=np.zeros(r.config.workers, np.int64), window=_Window(r.rule.reports)))
+  try:
+    state, step = _restore(group, replicas, state)
+    for r in replicas:
+      r.writer = metrics_io.MetricsWriter(r.workdir, keep_through_step=step or None, enabled=lead)
+    _train_loop(group, replicas, block_step, state, step, num_params, stop_requests)
+  finally:
+    for r in replicas:
+      r.checkpointer.close()
+      if r.writer is not None:
+        r.writer.close()
+  return [r.summary if r.failure is None else r.failure for r in replicas]
+
+
+def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step: int, num_params: int,
+                stop_requests: preemption.StopRequests | None) -> None:
+  """The block loop of `train_group`, from `step`: fills each replica's metrics, checkpoints and outcome."""
+  run = group.lead
+  lead = jax.process_index() == 0
+  num_steps = max(r.config.num_steps for r in replicas)
+  names = ', '.join(os.path.basename(os.path.normpath(r.workdir)) for r in replicas)
+  log.info('%s: %d workers on %d %s device(s), %d parameters per worker, %d steps%s',
+           run.config.algorithm.name, run.config.workers, run.layout.devices, jax.devices()[0].platform,
+           num_params, num_steps, f'; {group.size} runs in one program ({names})' if group.batched else '')
+  evaluate = make_evaluator(group)
+  start_wall, start_step, last_progress = time.time(), step, time.time()
+  wall = lambda r: r.wall_offset + time.time() - start_wall  # pylint: disable=unnecessary-lambda-assignment
+
+  def finish(r: _Replica, at: int) -> None:
+    r.summary = _summary(r, at, wall(r), num_params, group.size)
+    if lead:
+      _write_json(os.path.join(r.workdir, 'summary.json'), r.summary)
+
+  def running(at: int) -> list[int]:
+    return [i for i, r in enumerate(replicas) if not r.done and r.config.num_steps > at]
+
+  def prepare(at: int) -> Optional[_Prepared]:
+    """Samples every running replica's next block and reads its data, moving its clock and data positions past
+    the block (never across a checkpoint: see `lookahead`); None when no replica goes on."""
+    live = running(at)
+    if not live:
+      return None
+    n = min(block_length(at, replicas[i].config, run.round_length) for i in live)
+    blocks, stalled = [None] * len(replicas), {}
+    for i in live:
+      try:
+        blocks[i] = replicas[i].clock.next_block(n)
+      except clock_lib.StalledError as e:
+        stalled[i] = e
+    if all(b is None for b in blocks):
+      return _Prepared(at, blocks, (), stalled)
+    if group.batched:
+      inputs, after = stacked_inputs(group, blocks, [r.positions for r in replicas], at)
+    else:
+      inputs, position = block_inputs(run, blocks[0], replicas[0].positions, at)
+      after = [position]
+    for r, position in zip(replicas, after):
+      r.positions = position
+    return _Prepared(at, blocks, inputs, stalled)
+
+  def stall(i: int, error: Exception, at: int, first: bool) -> None:
+    r = replicas[i]
+    where = f'Stopped at step {at}.' if first else f'Stopped after step {at}; its metrics are in {r.workdir}.'
+    r.failure = ClusterStalled(f'{error} {where}')
+    log.info('%s: %s', r.workdir, r.failure)
+
+  for i, r in enumerate(replicas):  # a run resumed at its end (killed before its summary was written)
+    if r.config.num_steps <= step:
+      finish(r, step)
+
+  # Keep the device busy: while it runs a block, the host samples the next block's schedules and reads its
+  # data; between boundaries the next block is even dispatched before this one's results are read. Not across
+  # a checkpoint (the saved clocks and data positions must be those after the saved step), not before an
+  # evaluation (it reads this block's state, which the next block would donate), and not at all for a rule
+  # that adapts to this block's loss (AdaSync): the schedules, and so the trajectory, stay exactly the same.
+  lookahead = not run.rule.uses_feedback
+  stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
+  try:
+    stop_requests.install()
+    current = prepare(step)
+    measured = None
+    while current is not None:
+      for i, e in current.stalled.items():
+        stall(i, e, step, first=True)
+      if all(b is None for b in current.blocks):
+        break
+      if measured is None:
+        state, measured = block_step(state, *current.inputs)
+      live = [i for i, b in enumerate(current.blocks) if b is not None]
+      n = len(current.blocks[live[0]].duration)
+      end = step + n
+      is_eval = {i: end % replicas[i].config.eval_every == 0 or end == replicas[i].config.num_steps for i in live}
+      stop = stop_requests.agreed(step)  # then this block is the last: checkpoint after it, no lookahead
+      is_checkpoint = {i: end % replicas[i].config.checkpoint_every == 0 or end == replicas[i].config.num_steps
+                       or stop for i in live}
+      following = next_measured = None
+      if lookahead and not any(is_checkpoint.values()):
+        following = prepare(end)
+        if following is not None and not any(is_eval.values()) and any(b is not None for b in following.blocks):
+          state, next_measured = block_step(state, *following.inputs)
+
+      host = measurements_to_host(measured)
+      evaluated = None
+      for i in live:
+        r = replicas[i]
+        mine = host if not group.batched else {k: v[i] for k, v in host.items()}
+        block = current.blocks[i]
+        contributed = block.schedule.microbatches_done > 0
+        losses = np.where(contributed, mine['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
+        if not np.all(np.isfinite(losses)):
+          bad = step + int(np.argmin(np.isfinite(losses)))
+          r.failure = TrainingDiverged(
+              f'training loss is {losses[bad - step]} at step {bad + 1}; stopped, the last good checkpoint '
+              f'(step {r.checkpointer.latest_step()}) is kept in {r.workdir}')
+          log.info('%s', r.failure)
+          continue
+        r.window.add(block, train_loss=losses, l2_grads=mine['l2_grads'].mean(1), l2_params=mine['l2_params'].mean())
+        r.clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
+        r.sim_time, r.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
+        if is_eval[i] or end % r.config.log_every == 0:
+          row = {'step': end, 'sim_time': r.sim_time, 'wall_time': wall(r), **r.window.row()}
+          if is_eval[i]:
+            if evaluated is None:
+              evaluated = evaluate(state)
+            r.last_eval = evaluated[i] if group.batched else evaluated
+            row.update({k: v for k, v in r.last_eval.items() if k != 'param_norm'})
+            if r.time_to_target is None and r.last_eval['eval_accuracy'] >= r.config.target_accuracy:
+              r.time_to_target = row['sim_time']
+          r.writer.write(row)
+        if is_checkpoint[i]:
+          meta = {'step': end, 'wall_time': wall(r), 'positions': r.positions.tolist(),
+                  'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
+                  'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
+          r.checkpointer.save(end, replica_state(group, state, i), meta, copy=not group.batched)
+        if end == r.config.num_steps:
+          finish(r, end)
+      step = end
+      if time.time() - last_progress >= run.config.progress_every_s or not running(step):
+        last_progress = time.time()
+        rate = (step - start_step) / max(time.time() - start_wall, 1e-9)
+        losses = [replicas[i].last_train_loss for i in live if not replicas[i].failure]
+        log.info('step %d/%d  loss %.4f  sim %.2fs  %.1f steps/s  ETA %.0fs', step, num_steps,
+                 float(np.mean(losses)) if losses else float('nan'), max(replicas[i].sim_time for i in live),
+                 rate, (num_steps - step) / max(rate, 1e-9))
+      if stop and running(step):
+        raise preemption.Preempted(step, ', '.join(replicas[i].workdir for i in running(step)),
+                                   stop_requests.signal_name)
+      if following is None:
+        current = prepare(step) if running(step) else None
+        measured = None
+      else:
+        for i, e in following.stalled.items():  # found while this block ran: it stops after this block
+          stall(i, e, step, first=False)
+        following.stalled = {}
+        current, measured = following, next_measured
+  finally:
+    stop_requests.uninstall()
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        stop_requests: preemption.StopRequests | None = None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
@@ -389,148 +880,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   Writes metrics.jsonl, summary.json, config.json, TensorBoard events and orbax checkpoints in `workdir`.
 
   Raises:
+    TrainingDiverged, ClusterStalled: the run stopped there (its metrics up to then and its last good
+      checkpoint are kept).
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; the run finished its
       block and checkpointed, and the same call resumes it.
   """
-  run = build(config)
-  lead = jax.process_index() == 0
-  _check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
-  checkpointing.check_writable(workdir)
-  if lead:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, 'config.json')
-    with open(path + '.tmp', 'w') as f:  # atomic: other processes may be reading it in _check_workdir
-      f.write(config.to_json_best_effort(indent=2))
-    os.replace(path + '.tmp', path)
-  config = run.config  # num_steps resolved (config.json keeps the duration as given)
-
-  state = init_state(run)
-  num_params, model_bytes = param_count_and_bytes(state.params)
-  num_params, model_bytes = num_params // config.workers, model_bytes // config.workers
-  block_step = make_block_step(run)
-  if config.stragglers.calibrate:
-    config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdir)
-  clock = make_clock(run, model_bytes)
-  _, state_bytes = param_count_and_bytes(state)
-  checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / jax.process_count())
-  checkpointer = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
-  positions = np.zeros(config.workers, np.int64)
-  step, wall_offset, time_to_target, window = 0, 0.0, None, _Window(run.rule.reports)
-  last_train_loss = float('nan')
-  last_eval: dict[str, float] = {}
-  restored = checkpointer.restore_latest(state, checkpointing.quarantine_step(workdir))
-  latest = None if restored is None else restored[0]
-  if restored is not None:
-    _, state, meta = restored
-    step, wall_offset = int(meta['step']), float(meta['wall_time'])
-    positions = np.asarray(meta['positions'], np.int64)
-    clock.load_state_dict(meta['clock'])
-    time_to_target, last_eval = meta['time_to_target'], meta['last_eval']
-    window = _Window(run.rule.reports, meta['window'])
-    last_train_loss = float(meta['train_loss'])
-    log.info('Resumed from the checkpoint at step %d in %s', step, workdir)
-  writer = metrics_io.MetricsWriter(workdir, keep_through_step=latest, enabled=lead)
-  log.info('%s: %d workers on %d %s device(s), %d parameters per worker, %d steps',
-               config.algorithm.name, config.workers, run.layout.devices, jax.devices()[0].platform,
-               num_params, config.num_steps)
-
-  evaluate = make_evaluator(run)
-  start_wall, start_step, last_progress = time.time(), step, time.time()
-  sim_time = clock.sim_time
-  # Keep the device busy: while it runs a block, the host samples the next block's schedule and reads its
-  # data; between boundaries the next block is even dispatched before this one's results are read. Not across
-  # a checkpoint (the saved clock and data positions must be those after the saved step), not before an
-  # evaluation (it reads this block's state, which the next block would donate), and not at all for a rule
-  # that adapts to this block's loss (AdaSync): the schedules, and so the trajectory, stay exactly the same.
-  lookahead = not run.rule.uses_feedback
-  stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
-  try:
-    stop_requests.install()
-    if step < config.num_steps:  # else: a finished run, resumed
-      try:
-        block, inputs, positions = prepare_block(run, clock, positions, step)
-      except clock_lib.StalledError as e:
-        raise ClusterStalled(f'{e} Stopped at step {step}.') from None
-      state, measured = block_step(state, *inputs)
-    while step < config.num_steps:
-      end = step + len(block.duration)
-      is_eval = end % config.eval_every == 0 or end == config.num_steps
-      stop = stop_requests.agreed(step)  # then this block is the last: checkpoint after it, no lookahead
-      is_checkpoint = end % config.checkpoint_every == 0 or end == config.num_steps or stop
-      following = following_dispatched = stalled = None
-      if lookahead and not is_checkpoint:
-        try:
-          following = prepare_block(run, clock, positions, end)
-        except clock_lib.StalledError as e:
-          stalled = e  # raised once this block is logged
-        if following is not None and not is_eval:
-          next_block, next_inputs, _ = following
-          state, next_measured = block_step(state, *next_inputs)
-          following_dispatched = (next_block, next_measured)
-
-      measured = measurements_to_host(measured)
-      done = block.schedule.microbatches_done
-      contributed = done > 0
-      losses = np.where(contributed, measured['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
-      if not np.all(np.isfinite(losses)):
-        bad = step + int(np.argmin(np.isfinite(losses)))
-        raise TrainingDiverged(f'training loss is {losses[bad - step]} at step {bad + 1}; stopped, the last good '
-                               f'checkpoint (step {checkpointer.latest_step()}) is kept in {workdir}')
-      window.add(block, train_loss=losses, l2_grads=measured['l2_grads'].mean(1),
-                 l2_params=measured['l2_params'].mean())
-      clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
-      step, sim_time = end, float(block.sim_time[-1])
-      last_train_loss = float(losses[-1])
-      wall = wall_offset + time.time() - start_wall
-
-      if is_eval or step % config.log_every == 0:
-        row = {'step': step, 'sim_time': sim_time, 'wall_time': wall, **window.row()}
-        if is_eval:
-          last_eval = evaluate(state)
-          row.update({k: v for k, v in last_eval.items() if k != 'param_norm'})
-          if time_to_target is None and last_eval['eval_accuracy'] >= config.target_accuracy:
-            time_to_target = row['sim_time']
-        writer.write(row)
-      if is_checkpoint:
-        checkpointer.save(step, state, {
-            'step': step, 'wall_time': wall, 'positions': positions.tolist(), 'clock': clock.state_dict(),
-            'time_to_target': time_to_target, 'window': window.sums, 'last_eval': last_eval,
-            'train_loss': last_train_loss})
-      if time.time() - last_progress >= config.progress_every_s or step == config.num_steps:
-        last_progress = time.time()
-        rate = (step - start_step) / max(time.time() - start_wall, 1e-9)
-        log.info('step %d/%d  loss %.4f  sim %.2fs  %.1f steps/s  ETA %.0fs', step, config.num_steps,
-                 last_train_loss, sim_time, rate, (config.num_steps - step) / max(rate, 1e-9))
-      if stop and step < config.num_steps:
-        raise preemption.Preempted(step, workdir, stop_requests.signal_name)
-      if step >= config.num_steps:
-        break  # the end: nothing more to prepare
-      if following_dispatched is not None:
-        block, measured = following_dispatched
-        positions = following[2]
-      else:
-        try:
-          if stalled is not None:
-            raise stalled
-          if following is None:
-            following = prepare_block(run, clock, positions, step)
-        except clock_lib.StalledError as e:
-          raise ClusterStalled(f'{e} Stopped after step {step}; its metrics are in {workdir}.') from None
-        block, inputs, positions = following
-        state, measured = block_step(state, *inputs)
-  finally:
-    stop_requests.uninstall()
-    checkpointer.close()
-    writer.close()
-
-  summary = {
-      'steps': step, 'sim_time': sim_time, 'wall_time': wall_offset + time.time() - start_wall,
-      'final_train_loss': last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
-      'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
-      'time_to_target': time_to_target, 'num_params': num_params,
-      **{f'final_{k}': v for k, v in last_eval.items() if k not in ('eval_loss', 'eval_accuracy', 'param_norm')},
-  }
-  if lead:
-    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump(summary, f, indent=2)
-  return summary
+  outcome, = train_group([config], [workdir], stop_requests)
+  if isinstance(outcome, Exception):
+    raise outcome
+  return outcome

@@ -74,3 +74,26 @@ def worker_batch(run: train.Run, worker: int, position: int, count: int):
   """The micro-batches `position .. position+count-1` of `worker` as float64/int arrays (count, mb, ...)."""
   batch = run.dataset.train.read(np.array([worker]), np.array([[position]]), count)
   return {k: v[0, 0] for k, v in batch.items()}
+
+
+def run_group_iterations(configs, iterations: int, block: int = 1, rounds: bool = True) -> list[Any]:
+  """Trains `configs` as the replicas of one program (`train.Group`) for `iterations`, `block` per jitted call,
+  through the harness's own stacked inputs; returns each replica's host params (P, ...) after the last block."""
+  group = train.build_group(configs)
+  state = train.init_state(group)
+  _, model_bytes = train.param_count_and_bytes(train.replica_state(group, state, 0).params)
+  clocks = [train.make_clock(run, model_bytes) for run in group.runs]
+  block_step = train.make_block_step(group, rounds=rounds)
+  positions = [np.zeros(c.workers, np.int64) for c in configs]
+  step = 0
+  while step < iterations:
+    n = min(block, iterations - step)
+    blocks = [clock.next_block(n) for clock in clocks]
+    inputs, positions = train.stacked_inputs(group, blocks, positions, step)
+    state, measured = block_step(state, *inputs)
+    losses = train.measurements_to_host(measured)['loss']
+    for clock, loss in zip(clocks, losses):
+      clock.feedback(train_loss=float(loss.mean()))
+    step += n
+  params = jax.device_get(state.params)
+  return [jax.tree.map(lambda x, r=r: x[r], params) for r in range(len(configs))]
