@@ -8,6 +8,12 @@
 5,210 parameters for 10 classes (the paper: about 5k). Differences from the PyTorch original: Flax's default
 initialisation (LeCun normal weights, zero biases) instead of PyTorch's uniform, and the flattened features
 are ordered (position, channel) instead of (channel, position): a fixed permutation of the read-out weights.
+
+Each convolution is computed as its patches times the kernel (`StridedConv1D`): the same function as
+`nn.Conv`, with its parameters (names, shapes, initialisation), but a matrix product. XLA:CPU runs these small
+1-D convolutions slowly, and with a replica axis (`experiments/replicas.py`) a convolution with per-replica
+kernels becomes a grouped convolution; as a matrix product the step of MNIST-1D's 8 workers took 0.039 s per
+10 iterations against 0.127 s, and 10 replicas 0.22 s against 1.10 s.
 """
 
 from __future__ import annotations
@@ -18,6 +24,31 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models import common
+
+
+class StridedConv1D(nn.Module):
+  """`nn.Conv(features, (k,), strides=(s,), padding=[(lo, hi)])` on (batch, length, channels), as a matrix
+  product of the input's patches (batch, out, k * channels) and the kernel reshaped to (k * channels, features).
+
+  The parameters are `nn.Conv`'s: `kernel` (k, channels, features), LeCun normal, and `bias` (features,), zeros.
+  """
+  features: int
+  kernel_size: int
+  stride: int
+  padding: tuple[int, int]
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    k, s, channels = self.kernel_size, self.stride, x.shape[-1]
+    kernel = self.param('kernel', nn.initializers.lecun_normal(), (k, channels, self.features), self.param_dtype)
+    bias = self.param('bias', nn.initializers.zeros_init(), (self.features,), self.param_dtype)
+    x = jnp.pad(x, ((0, 0), self.padding, (0, 0)))
+    out = (x.shape[1] - k) // s + 1
+    patches = jnp.stack([x[:, j:j + s * (out - 1) + 1:s] for j in range(k)], axis=2)  # (batch, out, k, channels)
+    y = patches.reshape(patches.shape[:2] + (k * channels,)) @ kernel.reshape(k * channels, -1).astype(self.dtype)
+    return y + bias.astype(self.dtype)
 
 
 class CNN1D(nn.Module):
@@ -43,9 +74,9 @@ class CNN1D(nn.Module):
     x = x.astype(self.dtype)
     if x.ndim == 2:
       x = x[..., None]  # one input channel
-    for k in self.kernel_sizes:
-      x = nn.relu(nn.Conv(self.channels, (k,), strides=(2,), padding=[(1, 1)], dtype=self.dtype,
-                          param_dtype=self.param_dtype)(x))
+    for i, k in enumerate(self.kernel_sizes):  # named as nn.Conv's would be: the same parameter tree
+      x = nn.relu(StridedConv1D(self.channels, k, stride=2, padding=(1, 1), dtype=self.dtype,
+                                param_dtype=self.param_dtype, name=f'Conv_{i}')(x))
     x = x.reshape((x.shape[0], -1))
     return nn.Dense(self.num_outputs, dtype=self.dtype, param_dtype=self.param_dtype)(x)
 

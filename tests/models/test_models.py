@@ -3,6 +3,7 @@
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -103,6 +104,29 @@ class TinyModelTest(parameterized.TestCase):
     run = lambda k: model.apply(variables, x, train=True, mutable=['batch_stats'], rngs={'dropout': k})[0]
     np.testing.assert_array_equal(run(jax.random.key(1)), run(jax.random.key(1)))
     self.assertFalse(np.allclose(run(jax.random.key(1)), run(jax.random.key(2))))
+
+
+class StridedConv1DTest(parameterized.TestCase):
+
+  @parameterized.parameters((5, 2, (1, 1), 40), (3, 2, (1, 1), 19), (3, 1, (0, 2), 7))
+  def test_equals_flax_conv_with_the_same_parameters(self, k, stride, padding, length):
+    from models import cnn1d  # pylint: disable=g-import-not-at-top
+    with jax.enable_x64(True):
+      x = jax.random.normal(jax.random.key(1), (3, length, 4), jnp.float64)
+      ours = cnn1d.StridedConv1D(6, k, stride, padding, dtype=jnp.float64, param_dtype=jnp.float64)
+      flax_conv = nn.Conv(6, (k,), strides=(stride,), padding=[padding], dtype=jnp.float64, param_dtype=jnp.float64)
+      params = ours.init(jax.random.key(0), x)
+      reference = flax_conv.init(jax.random.key(0), x)
+      jax.tree.map(np.testing.assert_array_equal, params, reference)  # same names, shapes and initial values
+      params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.key(2), p.shape, p.dtype), params)
+      np.testing.assert_allclose(ours.apply(params, x), flax_conv.apply(params, x), rtol=1e-12, atol=1e-12)
+
+  def test_the_cnn_keeps_the_parameter_tree_of_flax_convolutions(self):
+    from models import cnn1d  # pylint: disable=g-import-not-at-top
+    shapes = jax.eval_shape(lambda: cnn1d.CNN1D().init(jax.random.key(0), jnp.zeros((1, 40))))['params']
+    self.assertEqual(sorted(shapes), ['Conv_0', 'Conv_1', 'Conv_2', 'Dense_0'])
+    self.assertEqual(shapes['Conv_0']['kernel'].shape, (5, 1, 25))
+    self.assertEqual(sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes)), 5210)
 
 
 if __name__ == '__main__':
