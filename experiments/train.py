@@ -213,6 +213,15 @@ def rounds_pay_off(layout: workers_lib.WorkerLayout) -> bool:
   return layout.mesh.devices.flat[0].platform != 'cpu'
 
 
+def vectorize_evaluation(layout: workers_lib.WorkerLayout) -> bool:
+  """Whether a group's evaluation vectorises its replicas (`jax.vmap`) or runs them one after another in its
+  program (`lax.map`). On XLA:CPU one after another: vectorised, a convolution with per-replica kernels becomes
+  a grouped convolution, and MNIST-1D's CNN evaluated 10 replicas on a batch of 512 in 0.185 s against 0.017 s
+  one after another. (Its training step, batch 32 per worker, measured the other way round, 1.11 s vectorised
+  against 1.29 s per block: training stays vectorised.) On accelerators, vectorised."""
+  return layout.mesh.devices.flat[0].platform != 'cpu'
+
+
 class BlockStep:
   """The jitted block step (`experiments.step.make_block_step`) of a run or a group, with the algorithm's hooks.
 
@@ -224,7 +233,7 @@ class BlockStep:
   programs carry a replica axis and take the group's differing values as inputs (`step.ReplicaAxis`).
   """
 
-  def __init__(self, run_or_group, rounds: bool | None = None):
+  def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True):
     group = as_group(run_or_group)
     run = group.lead
     replica_axis, self.values = None, None
@@ -232,7 +241,7 @@ class BlockStep:
       def build_replica(values):
         config = replicas_lib.traced_config(run.config, values)
         return make_tx(config, run.spec, run.layout.axis_name), values.get('seed', run.config.seed)
-      replica_axis = step_lib.ReplicaAxis(group.size, build_replica)
+      replica_axis = step_lib.ReplicaAxis(group.size, build_replica, vectorized)
       self.values = jax.device_put({k: jnp.asarray(v) for k, v in group.values.items()}, run.layout.replicated())
     make = functools.partial(
         step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
@@ -259,9 +268,10 @@ class BlockStep:
     return self.program(steps).lower(state, batches, schedules, steps, self.values)
 
 
-def make_block_step(run_or_group, rounds: bool | None = None) -> BlockStep:
-  """The block step of a run or group; `rounds`: see `BlockStep` (None: the round program on accelerators)."""
-  return BlockStep(run_or_group, rounds)
+def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool = True) -> BlockStep:
+  """The block step of a run or group; `rounds`: see `BlockStep` (None: the round program on accelerators);
+  `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`)."""
+  return BlockStep(run_or_group, rounds, vectorized)
 
 
 def make_clock(run: Run, model_bytes: float):
@@ -490,10 +500,25 @@ def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workd
   return calibration.calibrated(config.stragglers, seconds)
 
 
-def make_evaluator(run_or_group):
-  """Returns evaluate(state) -> {'eval_loss', 'eval_accuracy', 'param_norm', and the task's extra metrics} of
-  the algorithm's consensus model; for a group of R > 1, a list of R such dicts, one evaluation program for all
-  of them (the evaluation split does not depend on the seed)."""
+class Evaluator:
+  """evaluate(state) -> {'eval_loss', 'eval_accuracy', 'param_norm', and the task's extra metrics} of the
+  algorithm's consensus model; for a group of R > 1, a list of R such dicts, one evaluation program for all of
+  them (the evaluation split does not depend on the seed).
+
+  In two halves: `consensus(state)` dispatches the consensus model's computation, a new array (the loop may then
+  dispatch the next block, which donates `state`: the runtime lets this read finish first), and `measure` of
+  that snapshot evaluates it while the next block runs.
+  """
+
+  def __init__(self, consensus, measure):
+    self.consensus, self.measure = consensus, measure
+
+  def __call__(self, state):
+    return self.measure(self.consensus(state))
+
+
+def make_evaluator(run_or_group) -> Evaluator:
+  """The `Evaluator` of a run or group."""
   group = as_group(run_or_group)
   run = group.lead
 
@@ -506,16 +531,30 @@ def make_evaluator(run_or_group):
     return run.task.eval_sums(run.model, params, model_state, batch)
 
   if group.batched:
-    consensus_and_norm, sums_fn = jax.vmap(consensus_and_norm), jax.vmap(sums_fn, in_axes=(0, 0, None))
-  consensus = jax.jit(consensus_and_norm, out_shardings=run.layout.replicated())
-  sums = jax.jit(sums_fn)
-  place = lambda x: jax.device_put(x, run.layout.replicated())
+    vectorized = vectorize_evaluation(run.layout)
+    one_sums = sums_fn
+    consensus_and_norm = step_lib.map_replicas(consensus_and_norm, vectorized)
 
-  def evaluate(state):
-    params, model_state, param_norm = consensus(state)
+    def sums_fn(params, model_state, batch):  # every replica on the same batch
+      return step_lib.map_replicas(lambda p, m: one_sums(p, m, batch), vectorized)(params, model_state)
+  consensus = jax.jit(consensus_and_norm, out_shardings=run.layout.replicated())
+  sums = jax.jit(sums_fn, out_shardings=run.layout.replicated())
+  place = lambda x: jax.device_put(x, run.layout.replicated())
+  devices = run.layout.devices
+
+  def spread(batch):
+    """The batch split over the devices (each evaluates its share; the sums are all-reduced), padded with
+    masked examples to a multiple of the device count: not every device evaluating all of it."""
+    pad = -len(batch['mask']) % devices
+    if pad:
+      batch = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+    return jax.device_put(batch, run.layout.sharding())
+
+  def measure(snapshot):
+    params, model_state, param_norm = snapshot
     total = {'loss_sum': 0.0, 'correct': 0.0, 'count': 0.0}
     for batch in run.dataset.eval_batches(run.config.eval_batch_size):
-      for k, v in to_host(sums(params, model_state, place(batch))).items():
+      for k, v in to_host(sums(params, model_state, spread(batch))).items():
         total[k] = total[k] + np.asarray(v, np.float64)
     norms = np.asarray(to_host(param_norm), np.float64)
     per_replica = []
@@ -530,7 +569,7 @@ def make_evaluator(run_or_group):
       per_replica.append(metrics)
     return per_replica if group.batched else per_replica[0]
 
-  return evaluate
+  return Evaluator(consensus, measure)
 
 
 def _check_workdir(workdir: str, config) -> None:
@@ -785,10 +824,10 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
       finish(r, step)
 
   # Keep the device busy: while it runs a block, the host samples the next block's schedules and reads its
-  # data; between boundaries the next block is even dispatched before this one's results are read. Not across
-  # a checkpoint (the saved clocks and data positions must be those after the saved step), not before an
-  # evaluation (it reads this block's state, which the next block would donate), and not at all for a rule
-  # that adapts to this block's loss (AdaSync): the schedules, and so the trajectory, stay exactly the same.
+  # data, and dispatches it before this one's results are read (an evaluation first takes its consensus model
+  # of this block's state, which the next block donates). Not across a checkpoint (the saved clocks and data
+  # positions must be those after the saved step), and not at all for a rule that adapts to this block's loss
+  # (AdaSync): the schedules, and so the trajectory, stay exactly the same.
   lookahead = not run.rule.uses_feedback
   stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
   try:
@@ -810,9 +849,11 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
       is_checkpoint = {i: end % replicas[i].config.checkpoint_every == 0 or end == replicas[i].config.num_steps
                        or stop for i in live}
       following = next_measured = None
+      # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
+      snapshot = evaluate.consensus(state) if any(is_eval.values()) else None
       if lookahead and not any(is_checkpoint.values()):
         following = prepare(end)
-        if following is not None and not any(is_eval.values()) and any(b is not None for b in following.blocks):
+        if following is not None and any(b is not None for b in following.blocks):
           state, next_measured = block_step(state, *following.inputs)
 
       host = measurements_to_host(measured)
@@ -837,7 +878,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
           row = {'step': end, 'sim_time': r.sim_time, 'wall_time': wall(r), **r.window.row()}
           if is_eval[i]:
             if evaluated is None:
-              evaluated = evaluate(state)
+              evaluated = evaluate.measure(snapshot)
             r.last_eval = evaluated[i] if group.batched else evaluated
             row.update({k: v for k, v in r.last_eval.items() if k != 'param_norm'})
             if r.time_to_target is None and r.last_eval['eval_accuracy'] >= r.config.target_accuracy:
