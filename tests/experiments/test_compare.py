@@ -385,7 +385,14 @@ class CommandLineTest(absltest.TestCase):
   def test_a_bad_config_is_one_line_and_exit_2(self):
     for args, message in ((['--algorithms=sync', '--config.workers=6'], 'sync: workers=6 is not allowed'),
                           (['--algorithms=sync', '--seeds=2', '--tuning_seeds=2'], '--tuning_seeds=2 is not allowed'),
-                          (['--algorithms=sync', '--confidence=1.0'], '--confidence=1.0 is not allowed')):
+                          (['--algorithms=sync', '--confidence=1.0'], '--confidence=1.0 is not allowed'),
+                          (['--algorithms=ksync', '--sweep=k:optimizer.learning_rate=2:0.1,4:0.2'],
+                           '--sweep=.* moves k .*changes the compiled program of ksync.* together with '
+                           'optimizer.learning_rate'),
+                          (['--algorithms=sync', '--sweep=optimizer.learning_rate=0.1,0.1'], 'appears twice'),
+                          (['--algorithms=sync', '--sweep=optimizer.learning_rate=0.1',
+                            '--sweep=optimizer.learning_rate=0.2'], 'is swept twice'),
+                          (['--algorithms=sync', '--seeds=2', '--max_replicas=0'], '--max_replicas=0 is not allowed')):
       result = subprocess.run([sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
                                '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)

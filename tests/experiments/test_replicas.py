@@ -151,6 +151,33 @@ class TrainGroupTest(parameterized.TestCase):
     self.assertFalse(os.path.exists(os.path.join(root, 'r0', 'summary.json')))
 
 
+class MainSeedsTest(absltest.TestCase):
+
+  def test_seeds_train_in_one_program_each_in_its_own_workdir(self):
+    workdir = self.create_tempdir().full_path
+    result = test_train._main(['--config=experiments/configs/digits.py:sync,num_steps=20,eval_every=10',
+                               f'--workdir={workdir}', '--seeds=2'], timeout=600)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn('2 runs in one program', result.stderr)
+    for seed in (0, 1):
+      summary = test_train._summary_without_wall(os.path.join(workdir, f'seed{seed}'))
+      self.assertEqual((summary['steps'], summary['replicas']), (20, 2))
+    self.assertNotEqual(metrics_io.read_rows(os.path.join(workdir, 'seed0'))[-1]['train_loss'],
+                        metrics_io.read_rows(os.path.join(workdir, 'seed1'))[-1]['train_loss'])
+
+  def test_bad_seeds_and_max_replicas_are_one_line_and_exit_2(self):
+    for flags, message in ((['--seeds=0'], '--seeds=0 is not allowed'),
+                           (['--seeds=2', '--max_replicas=0'], '--max_replicas=0 is not allowed')):
+      workdir = self.create_tempdir().full_path
+      result = test_train._main(['--config=experiments/configs/digits.py:sync', f'--workdir={workdir}', *flags],
+                                timeout=300)
+      self.assertEqual(result.returncode, 2, result.stderr)
+      lines = [line for line in result.stderr.splitlines() if line.strip()]
+      self.assertLen(lines, 1, result.stderr)
+      self.assertRegex(lines[0], '^error: ' + message)
+      self.assertEqual(os.listdir(workdir), [])  # nothing written
+
+
 class PartitionTest(parameterized.TestCase):
 
   def _config(self, arg='sync', **fields):
