@@ -21,19 +21,26 @@ lambda_i = 1 unless the staleness-adaptive learning rate is on (C = `adaptive_lr
 lambda_i = min(C / ||W_t - view_i||^2, eta_max) / eta, so that with plain SGD of learning rate eta the
 gradient of learner i is applied with eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max) (Dutta et al. 2018).
 
-Which learners push how many gradients, and who fetches, comes from the variant's time rule
-(its module): the math is the same for every variant; the variants differ only in
-their schedules. The data contract of the harness does the rest: a learner's data position advances only by
-what it pushed, so a learner still computing recomputes the same gradient on the same view and micro-batches
-next iteration, and cancelled work (K-sync, K-batch-sync) consumes no samples.
+Which learners push how many gradients, and who fetches, comes from the variant's time rule (its module): the
+math is the same for every variant; the variants differ only in their schedules. The data contract of the
+harness does the rest: a learner's data position advances only by what it pushed, and cancelled work (K-sync,
+K-batch-sync) consumes no samples.
+
+What is computed. The real cluster takes one gradient per job, when the job starts, on the learner's view and
+the job's micro-batches, and pushes it when it finishes. The emulator takes it when the job is pushed, on the
+same view and micro-batches (a learner's view changes only at its own pushes and fetches, its data position
+only by what it pushed, so both are still the job's): the step computes a gradient only for the learners that
+push in the iteration (`microbatches_done` > 0; `experiments.step.make_block_step` skips the others), one per
+pushed job, as the cluster does. The cluster also computes work it throws away, which the emulator does not:
+the jobs K-sync and K-batch-sync cancel, and Ringmaster's discarded gradients.
 
 A K-batch learner can push several mini-batch gradients in one update: its first is computed on its view, the
 later ones on W_t (it fetched W_t after its first push). Ringmaster (`max_delay` on `async` / `kbatch_async`):
 a learner whose gradient was discarded (`discarded`) fetched W_t first, so all of its gradients in that update
 are computed on W_t, and without a push its view becomes W_t; the discarded gradient is never applied and its
-micro-batches are not consumed (`microbatches_done` counts pushed gradients only). The spec's `gradient_params` hook tells the step where to
-differentiate each micro-batch (`gradient_params` below): micro-batches of the first job at the view, later
-ones at the server copy W_t.
+micro-batches are not consumed (`microbatches_done` counts pushed gradients only). The spec's
+`gradient_params` hook tells the step where to differentiate each micro-batch (`gradient_params` below):
+micro-batches of the first job at the view, later ones at the server copy W_t.
 
 Every variant shares the schedule `ServerSchedule` and this module's math; each variant's module
 (`ksync`, `kbatch_sync`, `kasync`, `kbatch_async` with `async`, `adasync`) holds its time rule and spec.

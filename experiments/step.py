@@ -39,7 +39,6 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from algorithms import collectives
 from algorithms import spec as spec_lib
 from cluster import rules
 from experiments import workers as workers_lib
@@ -58,42 +57,36 @@ def tree_l2(tree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
 
 
-def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs, axis_name, microbatches: int,
-                          seed: int, gradient_params=spec_lib.at_own_params, finished_only: bool = False,
-                          gradient_sums: bool = False):
-  """One iteration of one worker: (state, batch (m, b/m, ...), schedule, step) -> (state, measurements).
+def make_worker_gradient(task, model, microbatches: int, gradient_params=spec_lib.at_own_params,
+                         finished_only: bool = False):
+  """One worker's gradient: (params, opt_state, model_state, batch (m, b/m, ...), schedule, rng) ->
+  (sum of the gradients of the micro-batches it finished, sum of their losses, its model state after them).
 
-  Measurements: `loss` (the mean over the finished micro-batches) and `l2_grads` (the norm of their mean
-  gradient). With one micro-batch per worker, done is 0 or 1 and the sum is the mean: no division.
-
-  `finished_only`: loop over the micro-batches the worker finished (`microbatches_done`, a while loop; vmapped
-  workers run as many trips as the most any of them finished) instead of scanning every slot of the buffer
-  and masking the rest. The same trajectory (the masked slots add exact zeros); for buffers much larger than
-  what a worker finishes (K-batch rules: K mini-batches per worker, about K / P of them used).
-  `gradient_sums`: hand `tx.update` the sum over the finished micro-batches, not their mean (the spec's
-  `gradient_sums`); the measured `l2_grads` is the mean's norm either way.
+  The micro-batches beyond `microbatches_done` are masked out (they add exact zeros). `finished_only`: loop over
+  the finished micro-batches only (a while loop; vmapped workers run as many trips as the most any of them
+  finished) instead of scanning every slot of the buffer: the same sums, for buffers much larger than what a
+  worker finishes (K-batch rules: K mini-batches per worker, about K / P of them used). Each micro-batch's
+  gradient is taken where `gradient_params` says (default: the worker's own parameters).
   """
   grad_fn = jax.value_and_grad(functools.partial(task.loss, model), has_aux=True)
 
-  def iteration(state: TrainState, batch, schedule, step, round_position=None):
-    worker = collectives.worker_index(axis_name)
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), worker)
+  def gradient(params, opt_state, model_state, batch, schedule, rng):
     done = schedule.microbatches_done
 
     def micro(carry, xs):
       grad_sum, loss_sum, model_state = carry
       mb, k = xs
-      params = gradient_params(state.params, state.opt_state, schedule, k)
-      (loss, new_model_state), grads = grad_fn(params, model_state, mb, jax.random.fold_in(rng, k))
+      at = gradient_params(params, opt_state, schedule, k)
+      (loss, new_model_state), grads = grad_fn(at, model_state, mb, jax.random.fold_in(rng, k))
       used = k < done
       grad_sum = jax.tree.map(lambda s, g: s + jnp.where(used, g, jnp.zeros_like(g)), grad_sum, grads)
       model_state = jax.tree.map(lambda new, old: jnp.where(used, new, old), new_model_state, model_state)
       loss_sum = loss_sum + jnp.where(used, loss, 0.0).astype(loss_sum.dtype)
       return (grad_sum, loss_sum, model_state), None
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
     # zeros_like keeps the per-worker (varying) type that the scan's carry must keep under shard_map's check.
-    carry = (zeros, jnp.zeros_like(done, jnp.float32), state.model_state)
+    carry = (zeros, jnp.zeros_like(done, jnp.float32), model_state)
     if microbatches == 1:
       carry, _ = micro(carry, (jax.tree.map(lambda x: x[0], batch), jnp.zeros((), jnp.int32)))
     elif finished_only:
@@ -105,11 +98,26 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
       _, carry = lax.while_loop(lambda loop: loop[0] < done, trip, (jnp.zeros_like(done), carry))
     else:
       carry, _ = lax.scan(micro, carry, (batch, jnp.arange(microbatches)))
-    grad_sum, loss_sum, model_state = carry
+    return carry
+
+  return gradient
+
+
+def make_worker_update(tx: optax.GradientTransformationExtraArgs, microbatches: int, gradient_sums: bool = False):
+  """One worker's update from its gradient sum: (state, grad_sum, loss_sum, model_state, schedule, step) ->
+  (state, measurements); `tx.update` communicates over the worker axes.
+
+  Measurements: `loss` (the mean over the finished micro-batches) and `l2_grads` (the norm of their mean
+  gradient). With one micro-batch per worker, done is 0 or 1 and the sum is the mean: no division.
+  `gradient_sums`: hand `tx.update` the sum over the finished micro-batches, not their mean (the spec's
+  `gradient_sums`); the measured `l2_grads` is the mean's norm either way.
+  """
+
+  def update(state: TrainState, grad_sum, loss_sum, model_state, schedule, step, round_position=None):
     if microbatches == 1:  # done is 0 or 1: the sum is the mean
       grads, loss, count = grad_sum, loss_sum, jnp.ones((), jnp.float32)
     else:
-      count = jnp.maximum(done, 1).astype(jnp.float32)
+      count = jnp.maximum(schedule.microbatches_done, 1).astype(jnp.float32)
       grads = grad_sum if gradient_sums else jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
       loss = loss_sum / count
     l2_grads = tree_l2(grad_sum) / count  # the mean's norm, without a pass over the mean
@@ -118,7 +126,7 @@ def make_worker_iteration(task, model, tx: optax.GradientTransformationExtraArgs
     params = optax.apply_updates(state.params, updates)
     return TrainState(params, opt_state, model_state), {'loss': loss, 'l2_grads': l2_grads}
 
-  return iteration
+  return update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +138,7 @@ class ReplicaAxis:
     build: the traced values of one replica (dotted config path -> scalar, the fields that differ between the
       replicas) -> (its transformation, its seed); called inside the program, once per trace.
     vectorized: replicas as one vectorised computation (`jax.vmap`), or one after another inside the program
-      (`lax.map`: the same program, dispatched once). `replica_mapping` chooses.
+      (`lax.map`: the same program, dispatched once).
   """
   count: int
   build: Callable[[Mapping[str, jax.Array]], tuple[optax.GradientTransformationExtraArgs, Any]]
@@ -146,11 +154,54 @@ def map_replicas(fn: Callable[..., Any], vectorized: bool) -> Callable[..., Any]
   return lambda *args: lax.map(lambda xs: fn(*xs), args)
 
 
+def gradient_slots(done: np.ndarray, devices: int) -> Optional[int]:
+  """The static number of gradients each device computes per iteration of a block, from the host's
+  `microbatches_done` of the block, (n, P) or (R, n, P) (device-major workers): None when every worker of every
+  replica finished work in every iteration (no slot to skip), else the most slots with work that one device
+  has in one iteration, rounded up to a power of two (so that few programs compile), at least 1."""
+  done = np.asarray(done)
+  if done.ndim == 2:
+    done = done[None]
+  if np.all(done > 0):
+    return None
+  replicas, n, workers = done.shape
+  busy = (done > 0).reshape(replicas, n, devices, workers // devices).sum(axis=(0, 3)).max()
+  return min(replicas * workers // devices, 1 << max(int(busy) - 1, 0).bit_length())
+
+
+def gradients_computed(done: np.ndarray, devices: int, microbatches: int, finished_only: bool) -> int:
+  """Micro-batch gradients the block step computes for a block of `microbatches_done`, (n, P) or (R, n, P),
+  counted on the host as the program does: per iteration and device, every slot when none is skipped
+  (`gradient_slots` None), else `gradient_slots` of them on a device with work and none on a device without;
+  each slot scans all `microbatches` (masked beyond its own), or with `finished_only` as many as the most that
+  a slot of the device finished. Against `done.sum()`, the micro-batch gradients the cluster pushes."""
+  done = np.asarray(done)
+  if done.ndim == 2:
+    done = done[None]
+  replicas, n, workers = done.shape
+  slots = gradient_slots(done, devices)
+  per_device = np.moveaxis(done.reshape(replicas, n, devices, workers // devices), 0, 2)  # (n, devices, R, L)
+  per_device = per_device.reshape(n, devices, -1)
+  everyone = np.full(per_device.shape[:2], per_device.shape[2])
+  computing = everyone if slots is None else np.where(per_device.max(-1) > 0, slots, 0)
+  trips = per_device.max(-1) if finished_only else microbatches
+  return int(np.sum(computing * trips))
+
+
 def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int,
                     schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None,
                     finished_only: bool = False, gradient_sums: bool = False,
                     replicas: Optional[ReplicaAxis] = None):
-  """The jitted `(state, batches, schedules, steps, values) -> (state, measurements)` for a block of n iterations.
+  """The jitted `(state, batches, schedules, steps, values, slots) -> (state, measurements)` for a block of n
+  iterations.
+
+  Per iteration, every device first takes the gradients of its workers that finished work (of every replica),
+  then every worker updates (`tx.update`, which communicates). A worker that finished nothing in an iteration
+  (a learner still computing, a cancelled one) gets a zero gradient sum without computing one: with `slots`
+  the device gathers its busy (replica, worker) slots, at most `slots` of them, computes their gradients and
+  scatters the sums back, and a device with none skips the computation (a real conditional). That is the
+  arithmetic of the real cluster: one gradient per job, taken when it is pushed, on the view and micro-batches
+  it started with (they do not change in between).
 
   Args (of the returned function):
     state: TrainState, every leaf (P, ...) sharded over the workers (donated); with `replicas`, (R, P, ...).
@@ -160,9 +211,10 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       field (n,) when every replica shares it, else (R, n).
     steps: int32 (n,), the global step of each iteration (replicated; the same for every replica).
     values: with `replicas`, the per-replica inputs of `ReplicaAxis.build`, path -> (R,) replicated; else None.
+    slots: static, `gradient_slots` of the block's `microbatches_done`: None, every slot computes (no skip).
   With `round_length` R, n must be a multiple of R and steps[0] a multiple of R (whole rounds).
   `tx`, `seed`: the run's; with `replicas`, each replica's come from `replicas.build(values)` instead.
-  `finished_only`, `gradient_sums`: see `make_worker_iteration`.
+  `gradient_params`, `finished_only`: see `make_worker_gradient`; `gradient_sums`: see `make_worker_update`.
 
   Returns:
     The new state and the measurements packed in one float32 (2n + 1, P) array, (R, 2n + 1, P) with replicas
@@ -171,18 +223,81 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     cost 2% of the digits step).
   """
   uniform = rules.base.uniform_fields(schedule_type)
+  gradient = make_worker_gradient(task, model, microbatches, gradient_params, finished_only)
+  local = layout.local
+  count = 1 if replicas is None else replicas.count
+  slots_per_device = count * local
 
-  def run_block(tx, seed, state, batches, schedules, steps):
-    """One run's block on this device's workers."""
-    iteration = make_worker_iteration(task, model, tx, layout.axis_name, microbatches, seed, gradient_params,
-                                      finished_only, gradient_sums)
+  def device_gradients(state, batch, fields, seeds, step, slots):
+    """The gradient sums, loss sums and model states of this device's (replica, worker) slots, every leaf
+    (R, L, ...): computed for the slots with finished work only (`slots`: see `make_block_step`)."""
+    flat = lambda x: x.reshape((slots_per_device,) + x.shape[2:])  # pylint: disable=unnecessary-lambda-assignment
+    workers = lax.axis_index(workers_lib.DEVICE_AXIS) * local + jnp.arange(local)
+    grid = lambda x: jnp.broadcast_to(x, (count, local))  # pylint: disable=unnecessary-lambda-assignment
+    keys = jax.vmap(lambda s, w: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), w))(
+        flat(grid(seeds[:, None])), flat(grid(workers[None, :])))
+    inputs = (jax.tree.map(flat, (state.params, state.opt_state, state.model_state, batch)),
+              {k: flat(grid(v)) for k, v in fields.items()}, keys)
+
+    def one(params, opt_state, model_state, batch, fields, rng):
+      return gradient(params, opt_state, model_state, batch, schedule_type(**fields), rng)
+
+    def compute(inputs):
+      (params, opt_state, model_state, batch), fields, rng = inputs
+      if slots is None or slots == slots_per_device:
+        if slots_per_device == 1:
+          out = one(*jax.tree.map(lambda x: x[0], (params, opt_state, model_state, batch, fields, rng)))
+          return jax.tree.map(lambda x: x[None], out)
+        return jax.vmap(one)(params, opt_state, model_state, batch, fields, rng)
+      busy = fields['microbatches_done'] > 0
+      index = jnp.nonzero(busy, size=slots, fill_value=slots_per_device)[0]  # padding: past the end, dropped
+      take = lambda x: jnp.take(x, jnp.minimum(index, slots_per_device - 1), axis=0)  # pylint: disable=unnecessary-lambda-assignment
+      computed = jax.vmap(one)(*jax.tree.map(take, (params, opt_state, model_state, batch, fields, rng)))
+      zero = (jax.tree.map(jnp.zeros_like, params), jnp.zeros_like(fields['microbatches_done'], jnp.float32),
+              model_state)
+      return jax.tree.map(lambda base, new: base.at[index].set(new.astype(base.dtype), mode='drop'), zero, computed)
+
+    if slots is None:
+      out = compute(inputs)
+    else:
+      (params, _, model_state, _), fields, _ = inputs
+      nothing = lambda _: (jax.tree.map(jnp.zeros_like, params),  # pylint: disable=unnecessary-lambda-assignment
+                           jnp.zeros_like(fields['microbatches_done'], jnp.float32), model_state)
+      out = lax.cond(jnp.any(fields['microbatches_done'] > 0), compute, nothing, inputs)
+    return jax.tree.map(lambda x: x.reshape((count, local) + x.shape[1:]), out)
+
+  def replica_updates(state, sums, per_worker, own, shared, step, values, round_position):
+    """Every worker's update, per replica (each replica's transformation built from its values)."""
+    def one_replica(state, sums, per_worker, own, values):
+      replica_tx = tx if replicas is None else replicas.build(values)[0]
+      update = make_worker_update(replica_tx, microbatches, gradient_sums)
+      lifted = layout.per_worker(lambda s, g, l, m, fields: update(
+          s, g, l, m, schedule_type(**fields, **own, **shared), step, round_position))
+      return lifted(state, *sums, per_worker)
+
+    if replicas is None:
+      out = one_replica(*jax.tree.map(lambda x: x[0], (state, sums, per_worker, own)), values)
+      return jax.tree.map(lambda x: x[None], out)
+    return map_replicas(one_replica, replicas.vectorized)(state, sums, per_worker, own, values)
+
+  def device_block(state, batches, schedules, steps, values, slots):
+    per_worker, same = rules.base.split(schedules)
+    if replicas is None:  # one run: a replica axis of 1, squeezed away by the compiler
+      state, batches, per_worker = jax.tree.map(lambda x: x[None], (state, batches, per_worker))
+      seeds = jnp.full((1,), seed, jnp.int32)
+    else:
+      seeds = values['seed'] if 'seed' in values else jnp.full((count,), seed, jnp.int32)
+    shared = {k: v for k, v in same.items() if v.ndim == 1}  # the same for every replica: not batched
+    own = {k: v for k, v in same.items() if v.ndim == 2}      # (R, n): one value per replica
+    to_front = lambda x: jnp.moveaxis(x, 1, 0)  # pylint: disable=unnecessary-lambda-assignment  # (R, n, ...) -> (n, R, ...)
+    xs = (jax.tree.map(to_front, batches), jax.tree.map(to_front, per_worker), jax.tree.map(to_front, own),
+          shared, steps)
 
     def one_iteration(state, xs, round_position=None):
-      batch, schedule, step = xs
-      per_worker, same = rules.base.split(schedule)
-      lifted = layout.per_worker(
-          lambda s, b, fields: iteration(s, b, schedule_type(**fields, **same), step, round_position))
-      return lifted(state, batch, per_worker)
+      batch, per_worker, own, shared, step = xs
+      fields = {**per_worker, **{k: v[:, None] for k, v in own.items()}, **shared}
+      sums = device_gradients(state, batch, fields, seeds, step, slots)
+      return replica_updates(state, sums, per_worker, own, shared, step, values, round_position)
 
     def one_round(state, xs):
       measured = []
@@ -191,43 +306,32 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
         measured.append(m)
       return state, jax.tree.map(lambda *ms: jnp.stack(ms), *measured)
 
-    xs = (batches, schedules, steps)
     if round_length is None:
       state, measured = lax.scan(one_iteration, state, xs)
     else:
       rounds = jax.tree.map(lambda x: x.reshape((x.shape[0] // round_length, round_length) + x.shape[1:]), xs)
       state, measured = lax.scan(one_round, state, rounds)
       measured = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), measured)
-    l2_params = layout.per_worker(tree_l2)(state.params)  # once, after the block
-    return state, jnp.concatenate([measured['loss'], measured['l2_grads'], l2_params[None]], axis=0)
-
-  def device_block(state, batches, schedules, steps, values):
+    l2_params = jax.vmap(layout.per_worker(tree_l2))(state.params)  # once, after the block: (R, L)
+    measured = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), measured)  # (n, R, L) -> (R, n, L)
+    packed = jnp.concatenate([measured['loss'], measured['l2_grads'], l2_params[:, None]], axis=1)
     if replicas is None:
-      return run_block(tx, seed, state, batches, schedules, steps)
-    per_worker, same = rules.base.split(schedules)
-    shared = {k: v for k, v in same.items() if v.ndim == 1}  # the same for every replica: not batched
-    own = {k: v for k, v in same.items() if v.ndim == 2}
-
-    def one_replica(state, batches, per_worker, own, values):
-      replica_tx, replica_seed = replicas.build(values)
-      return run_block(replica_tx, replica_seed, state, batches, schedule_type(**per_worker, **own, **shared),
-                       steps)
-
-    return map_replicas(one_replica, replicas.vectorized)(state, batches, per_worker, own, values)
+      return jax.tree.map(lambda x: x[0], state), packed[0]
+    return state, packed
 
   lead = () if replicas is None else (None,)
   worker = PartitionSpec(*lead, workers_lib.DEVICE_AXIS)
   per_iteration = PartitionSpec(*lead, None, workers_lib.DEVICE_AXIS)
   schedule_specs = schedule_type(**{f: PartitionSpec() if f in uniform else per_iteration
                                     for f in schedule_type._fields})
-  mapped = layout.shard_map(device_block,
-                            in_specs=(worker, per_iteration, schedule_specs, PartitionSpec(), PartitionSpec()),
-                            out_specs=(worker, per_iteration))
 
-  def block_step(state, batches, schedules, steps, values=None):
+  def block_step(state, batches, schedules, steps, values=None, slots=None):
+    mapped = layout.shard_map(functools.partial(device_block, slots=slots),
+                              in_specs=(worker, per_iteration, schedule_specs, PartitionSpec(), PartitionSpec()),
+                              out_specs=(worker, per_iteration))
     return mapped(state, batches, schedules, steps, values)
 
-  return jax.jit(block_step, donate_argnums=(0,))
+  return jax.jit(block_step, donate_argnums=(0,), static_argnames=('slots',))
 
 
 def unpack_measurements(packed: np.ndarray) -> dict[str, np.ndarray]:

@@ -225,7 +225,8 @@ def vectorize_evaluation(layout: workers_lib.WorkerLayout) -> bool:
 class BlockStep:
   """The jitted block step (`experiments.step.make_block_step`) of a run or a group, with the algorithm's hooks.
 
-  `(state, batches, schedules, steps) -> (state, measurements)`, `steps` a host int32 array: a block of whole
+  `(state, batches, schedules, steps, slots) -> (state, measurements)`, `steps` a host int32 array and `slots`
+  the block's static number of gradient slots (`step.gradient_slots`; None: every worker computes): a block of whole
   rounds of the algorithm's `round_length` runs the round-structured program where `rounds` is true (default:
   `rounds_pay_off`, i.e. on accelerators), any other block the per-iteration one. The two programs compute the
   same update (the tests check it in float64); in float32 they round differently. Each program compiles once
@@ -261,11 +262,11 @@ class BlockStep:
     """The jitted program that runs the block of `steps`."""
     return self.rounds if self.whole_rounds(steps) else self.per_iteration
 
-  def __call__(self, state, batches, schedules, steps):
-    return self.program(steps)(state, batches, schedules, steps, self.values)
+  def __call__(self, state, batches, schedules, steps, slots=None):
+    return self.program(steps)(state, batches, schedules, steps, self.values, slots=slots)
 
-  def lower(self, state, batches, schedules, steps):
-    return self.program(steps).lower(state, batches, schedules, steps, self.values)
+  def lower(self, state, batches, schedules, steps, slots=None):
+    return self.program(steps).lower(state, batches, schedules, steps, self.values, slots=slots)
 
 
 def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool = True) -> BlockStep:
@@ -423,24 +424,27 @@ def host_inputs(run: Run, block, positions: np.ndarray, slots: int):
 
 
 def block_inputs(run: Run, block, positions: np.ndarray, step: int):
-  """The step's (batches, schedules, steps) for `block`: every worker's micro-batches at its own positions.
+  """The step's (batches, schedules, steps, slots) for `block`: every worker's micro-batches at its own
+  positions, and the block's gradient slots (`step.gradient_slots`).
 
-  Returns the three arguments after the state, and the data positions after the block.
+  Returns the four arguments after the state, and the data positions after the block.
   """
   (batches, per_worker, same), positions = host_inputs(run, block, positions, batch_slots(run, [block]))
   (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker), same)
   schedules = type(block.schedule)(**per_worker, **same)
   steps = np.arange(step, step + len(block.duration), dtype=np.int32)  # on the host: BlockStep picks the program
-  return (batches, schedules, steps), positions
+  slots = step_lib.gradient_slots(block.schedule.microbatches_done, run.layout.devices)
+  return (batches, schedules, steps, slots), positions
 
 
 def stacked_inputs(group: Group, blocks: Sequence[Any], positions: Sequence[np.ndarray], step: int):
-  """The step's (batches, schedules, steps) for replica r's `blocks[r]` at `positions[r]`, stacked on a leading
-  replica axis, and each replica's data positions after its block.
+  """The step's (batches, schedules, steps, slots) for replica r's `blocks[r]` at `positions[r]`, stacked on a
+  leading replica axis, and each replica's data positions after its block.
 
   A replica with no block (`None`: frozen, its budget spent or its run failed) gets a copy of the first
-  replica's inputs: it computes what is never read, and the uniform fields stay shared. A uniform field that
-  every replica shares goes in once, (n,), so the program's conditionals over it stay conditionals.
+  replica's inputs with no finished micro-batch: it takes no gradient, its update is never read, and the uniform
+  fields stay shared. A uniform field that every replica shares goes in once, (n,), so the program's
+  conditionals over it stay conditionals.
   """
   run = group.lead
   live = [b for b in blocks if b is not None]
@@ -452,12 +456,16 @@ def stacked_inputs(group: Group, blocks: Sequence[Any], positions: Sequence[np.n
   stack = lambda *xs: np.stack(xs)
   batches = jax.tree.map(stack, *[h[0] for h in host])
   per_worker = jax.tree.map(stack, *[h[1] for h in host])
+  frozen = np.array([m is None for m in made])
+  per_worker['microbatches_done'] = np.where(frozen[:, None, None], 0, per_worker['microbatches_done'])
+  done = np.stack([np.zeros_like(live[0].schedule.microbatches_done) if b is None
+                   else b.schedule.microbatches_done for b in blocks])
   same = {k: host[0][2][k] if all(np.array_equal(h[2][k], host[0][2][k]) for h in host[1:])
           else np.stack([h[2][k] for h in host]) for k in host[0][2]}
   (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker), same, leading=2)
   schedules = type(live[0].schedule)(**per_worker, **same)
   steps = np.arange(step, step + len(live[0].duration), dtype=np.int32)
-  return (batches, schedules, steps), after
+  return (batches, schedules, steps, step_lib.gradient_slots(done, run.layout.devices)), after
 
 
 def prepare_block(run: Run, clock, positions: np.ndarray, step: int):
