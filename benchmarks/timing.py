@@ -54,3 +54,18 @@ def round_robin(timers: Mapping[str, BlockTimer], base: str, repeats: int) -> di
       seconds[name].append(timer.seconds_per_iteration())
   reference = np.asarray(seconds[base])
   return {name: (float(np.median(s)), float(np.median(np.asarray(s) / reference))) for name, s in seconds.items()}
+
+
+def gradient_ratio(config, iterations: int = 2000) -> float:
+  """Micro-batch gradients the block step computes / those the simulated cluster pushes, over `iterations` of
+  the config's own clock in blocks of `steps_per_call` (host only: `step.gradients_computed` counts what the
+  program computes, `microbatches_done` what the cluster pushes)."""
+  from experiments import step as step_lib  # pylint: disable=g-import-not-at-top
+  run = train.build(config)
+  clock = train.make_clock(run, 4.0 * 10_000)
+  computed = pushed = 0
+  for _ in range(iterations // config.steps_per_call):
+    done = clock.next_block(config.steps_per_call).schedule.microbatches_done
+    computed += step_lib.gradients_computed(done, run.layout.devices, run.microbatches, run.finished_only)
+    pushed += int(done.sum())
+  return computed / max(pushed, 1)
