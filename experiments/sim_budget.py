@@ -55,15 +55,18 @@ def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
   iterations evaluated `evals` times, such that every block of the run has the same length (a block never
   crosses an evaluation or checkpoint, and each block length compiles its own program).
 
-  eval_every is a multiple of the algorithm's round (if it has one), steps_per_call the largest multiple of the
-  round that divides eval_every and is at most the config's, checkpoint_every and num_steps multiples of
-  eval_every; num_steps is `steps` rounded up (down when that would pass `max_steps`). `cadence_steps` (default
-  `steps`) sets the cadence instead: the seeds of one comparison entry take their first seed's, so that they
-  share one program (`experiments/replicas.py`) and differ only in their own `num_steps`.
+  steps_per_call is the config's (a multiple of the algorithm's round, if it has one, and at most the
+  evaluation period), eval_every the period steps // evals rounded up to a multiple of it (a period was first
+  chosen, and blocks that divide it: a prime period such as 83 left blocks of one iteration, a jitted call and a
+  transfer per iteration), checkpoint_every and num_steps multiples of eval_every; num_steps is `steps` rounded
+  up (down when that would pass `max_steps`). `cadence_steps` (default `steps`) sets the cadence instead: the
+  seeds of one comparison entry take their first seed's, so that they share one program
+  (`experiments/replicas.py`) and differ only in their own `num_steps`.
   """
   r = registry.get(config.algorithm.name).round_length(config) or 1
   every = -(-max(1, (steps if cadence_steps is None else cadence_steps) // evals) // r) * r
-  per_call = max(d for d in range(r, every + 1, r) if every % d == 0 and d <= max(r, config.steps_per_call))
+  per_call = r * max(1, min(config.steps_per_call, every) // r)
+  every = -(-every // per_call) * per_call
   num_steps = -(-steps // every) * every
   if max_steps is not None and num_steps > max_steps:
     num_steps = max(every, max_steps // every * every)

@@ -206,7 +206,9 @@ class BudgetTest(parameterized.TestCase):
       ('rounded_up', 'sync', 1001, 50, None, dict(num_steps=1020, eval_every=20, steps_per_call=10)),
       ('capped', 'sync', 1001, 50, 1010, dict(num_steps=1000, eval_every=20, steps_per_call=10)),
       ('rounds', 'local_sgd,local_steps=4', 300, 50, None, dict(num_steps=304, eval_every=8, steps_per_call=8)),
-      ('short', 'sync', 7, 50, None, dict(num_steps=7, eval_every=1, steps_per_call=1)))
+      ('short', 'sync', 7, 50, None, dict(num_steps=7, eval_every=1, steps_per_call=1)),
+      # A prime period (4150 // 50 = 83) is rounded up to whole blocks of the config's 10, not cut into 1s.
+      ('prime_period', 'async', 4150, 50, None, dict(num_steps=4230, eval_every=90, steps_per_call=10)))
   def test_even_blocks(self, entry, steps, evals, max_steps, expected):
     got = sim_budget.even_blocks(digits.get_config(entry), steps, evals, max_steps)
     self.assertEqual({k: got[k] for k in expected}, expected)
