@@ -18,10 +18,16 @@ Batch = dict[str, np.ndarray]
 
 
 class WorkerStreams(Protocol):
-  """Per-worker training streams."""
+  """Per-worker training streams.
+
+  A data set held in memory (`resident`, its arrays) may be kept on the devices by the step, which then reads
+  its micro-batches by example index (`read_indices`) instead of receiving the examples; a streamed pipeline
+  has `resident` None and is only `read`.
+  """
 
   workers: int            # P, all workers of the run
   microbatch_size: int    # samples per micro-batch (= batch_size / microbatches)
+  resident: Batch | None  # the training arrays (N, ...) when they are held in memory, else None
 
   def read(self, workers: np.ndarray, positions: np.ndarray, count: int) -> Batch:
     """Micro-batches `positions[k, j] .. positions[k, j] + count - 1` of worker `workers[j]`.
@@ -34,6 +40,10 @@ class WorkerStreams(Protocol):
     Returns:
       Arrays of shape (n, w, count, microbatch_size, ...).
     """
+
+  def read_indices(self, workers: np.ndarray, positions: np.ndarray, count: int) -> np.ndarray:
+    """What `read` would return, as example indices into `resident`: int (n, w, count, microbatch_size).
+    Only for a stream whose `resident` is not None."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,14 +56,23 @@ class InMemoryStreams:
       del self._epoch_tables[epoch]
     return out
 
-  def read(self, workers, positions, count):
+  @property
+  def resident(self) -> base.Batch:
+    """The training arrays: small enough to live on every device (`base.WorkerStreams`)."""
+    return self._arrays
+
+  def read_indices(self, workers, positions, count):
     workers = np.asarray(workers)
     positions = np.asarray(positions, np.int64)
     n, w = positions.shape
     mb = self.microbatch_size
     samples = positions[:, :, None] * mb + np.arange(count * mb)  # (n, W, count * mb)
     idx = np.moveaxis(self._indices_of(workers, np.moveaxis(samples, 1, -1)), -1, 1)
-    return {key: value[idx].reshape((n, w, count, mb) + value.shape[1:]) for key, value in self._arrays.items()}
+    return idx.reshape((n, w, count, mb))
+
+  def read(self, workers, positions, count):
+    idx = self.read_indices(workers, positions, count)
+    return {key: value[idx] for key, value in self._arrays.items()}
 
 
 def make_dataset(train: base.Batch, test: base.Batch, config, num_classes: int,

@@ -148,6 +148,7 @@ class TfdsStreams:
     max_ahead: positions further ahead than this rebuild the pipeline with `skip` instead of iterating.
     prefetch: micro-batches tf.data prepares ahead of the reader.
   """
+  resident = None  # streamed: the step receives the examples (`base.WorkerStreams`)
 
   def __init__(self, shards: Shards, preprocess: Callable[[Any, tf.Tensor], dict], workers: int,
                microbatch_size: int, seed: int, shuffle_buffer: int = 10_000, keep: int = 8,

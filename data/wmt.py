@@ -117,6 +117,7 @@ def packed_rows(side: Ragged, rows: Ragged, row_ids: np.ndarray, length: int) ->
 
 class SequenceStreams:
   """`base.WorkerStreams` over tokenized pairs: each row one pair padded to `max_len`, or packed `rows`."""
+  resident = None  # rows are built on the host (padded or packed): the step receives them
 
   def __init__(self, inputs: Ragged, targets: Ragged, max_len: int, workers: int, microbatch_size: int,
                seed: int, rows: Ragged | None = None):
@@ -128,7 +129,7 @@ class SequenceStreams:
     self.shard_size = self._order.shard_size
 
   def read(self, workers, positions, count):
-    index = self._order.read(workers, positions, count)['index']
+    index = self._order.read_indices(workers, positions, count)
     flat = index.reshape(-1)
     shape = index.shape + (self._max_len,)
     if self._rows is None:

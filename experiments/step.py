@@ -40,7 +40,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from algorithms import spec as spec_lib
-from cluster import rules
+from experiments import transfer
 from experiments import workers as workers_lib
 
 
@@ -62,34 +62,41 @@ def make_worker_gradient(task, model, microbatches: int, gradient_params=spec_li
   """One worker's gradient: (params, opt_state, model_state, batch (m, b/m, ...), schedule, rng) ->
   (sum of the gradients of the micro-batches it finished, sum of their losses, its model state after them).
 
-  The micro-batches beyond `microbatches_done` are masked out (they add exact zeros). `finished_only`: loop over
+  The micro-batches beyond `microbatches_done` are masked out: their loss is masked before differentiation, so
+  their gradient is exactly zero (for finite gradients) without a select over the gradient tree per micro-batch,
+  and with one micro-batch the gradient is the sum itself. `finished_only`: loop over
   the finished micro-batches only (a while loop; vmapped workers run as many trips as the most any of them
   finished) instead of scanning every slot of the buffer: the same sums, for buffers much larger than what a
   worker finishes (K-batch rules: K mini-batches per worker, about K / P of them used). Each micro-batch's
   gradient is taken where `gradient_params` says (default: the worker's own parameters).
   """
-  grad_fn = jax.value_and_grad(functools.partial(task.loss, model), has_aux=True)
+  def masked_loss(params, model_state, batch, rng, used):
+    loss, new_model_state = task.loss(model, params, model_state, batch, rng)
+    return jnp.where(used, loss, jnp.zeros_like(loss)), new_model_state
+
+  grad_fn = jax.value_and_grad(masked_loss, has_aux=True)
 
   def gradient(params, opt_state, model_state, batch, schedule, rng):
     done = schedule.microbatches_done
 
+    def one(model_state, mb, k):
+      at = gradient_params(params, opt_state, schedule, k)
+      used = k < done
+      (loss, new_model_state), grads = grad_fn(at, model_state, mb, jax.random.fold_in(rng, k), used)
+      model_state = jax.tree.map(lambda new, old: jnp.where(used, new, old), new_model_state, model_state)
+      return grads, loss.astype(jnp.float32), model_state
+
     def micro(carry, xs):
       grad_sum, loss_sum, model_state = carry
-      mb, k = xs
-      at = gradient_params(params, opt_state, schedule, k)
-      (loss, new_model_state), grads = grad_fn(at, model_state, mb, jax.random.fold_in(rng, k))
-      used = k < done
-      grad_sum = jax.tree.map(lambda s, g: s + jnp.where(used, g, jnp.zeros_like(g)), grad_sum, grads)
-      model_state = jax.tree.map(lambda new, old: jnp.where(used, new, old), new_model_state, model_state)
-      loss_sum = loss_sum + jnp.where(used, loss, 0.0).astype(loss_sum.dtype)
-      return (grad_sum, loss_sum, model_state), None
+      grads, loss, model_state = one(model_state, *xs)
+      return (jax.tree.map(jnp.add, grad_sum, grads), loss_sum + loss, model_state), None
 
+    if microbatches == 1:  # the sum of one gradient is that gradient
+      return one(model_state, jax.tree.map(lambda x: x[0], batch), jnp.zeros((), jnp.int32))
     zeros = jax.tree.map(jnp.zeros_like, params)
     # zeros_like keeps the per-worker (varying) type that the scan's carry must keep under shard_map's check.
     carry = (zeros, jnp.zeros_like(done, jnp.float32), model_state)
-    if microbatches == 1:
-      carry, _ = micro(carry, (jax.tree.map(lambda x: x[0], batch), jnp.zeros((), jnp.int32)))
-    elif finished_only:
+    if finished_only:
       def trip(loop):
         k, carry = loop
         mb = jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, k, keepdims=False), batch)
@@ -192,7 +199,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
                     schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None,
                     finished_only: bool = False, gradient_sums: bool = False,
                     replicas: Optional[ReplicaAxis] = None):
-  """The jitted `(state, batches, schedules, steps, values, slots) -> (state, measurements)` for a block of n
+  """The jitted `(state, packed, data, values, spec, slots) -> (state, measurements)` for a block of n
   iterations.
 
   Per iteration, every device first takes the gradients of its workers that finished work (of every replica),
@@ -205,12 +212,13 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
 
   Args (of the returned function):
     state: TrainState, every leaf (P, ...) sharded over the workers (donated); with `replicas`, (R, P, ...).
-    batches: dict of (n, P, m, b/m, ...) arrays, worker dimension sharded; with `replicas`, (R, n, P, ...).
-    schedules: a `schedule_type` (the time rule's NamedTuple): per-worker fields (n, P) sharded over the
-      workers, uniform fields (n,) replicated; with `replicas`, per-worker fields (R, n, P) and each uniform
-      field (n,) when every replica shares it, else (R, n).
-    steps: int32 (n,), the global step of each iteration (replicated; the same for every replica).
+    packed: the block's inputs (`experiments.transfer.pack`): the examples or their indices (n, P, m, b/m, ...),
+      the schedule (the time rule's NamedTuple: per-worker fields (n, P), uniform fields (n,)) and the global
+      step of each iteration (n,) (the same for every replica); with `replicas`, every per-worker array has a
+      leading R, and a uniform field that differs between replicas is (R, n) ("own"), else (n,) (shared).
+    data: the training arrays (N, ...) replicated on every device when the examples come as indices, else None.
     values: with `replicas`, the per-replica inputs of `ReplicaAxis.build`, path -> (R,) replicated; else None.
+    spec: static, the `transfer.PackSpec` of `packed`.
     slots: static, `gradient_slots` of the block's `microbatches_done`: None, every slot computes (no skip).
   With `round_length` R, n must be a multiple of R and steps[0] a multiple of R (whole rounds).
   `tx`, `seed`: the run's; with `replicas`, each replica's come from `replicas.build(values)` instead.
@@ -222,7 +230,6 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     norm of each worker's parameters after the block (once per block: a pass over the model per iteration
     cost 2% of the digits step).
   """
-  uniform = rules.base.uniform_fields(schedule_type)
   gradient = make_worker_gradient(task, model, microbatches, gradient_params, finished_only)
   local = layout.local
   count = 1 if replicas is None else replicas.count
@@ -280,15 +287,16 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       return jax.tree.map(lambda x: x[None], out)
     return map_replicas(one_replica, replicas.vectorized)(state, sums, per_worker, own, values)
 
-  def device_block(state, batches, schedules, steps, values, slots):
-    per_worker, same = rules.base.split(schedules)
+  def device_block(state, packed, data, values, spec, slots):
+    examples, per_worker, shared, own, steps = transfer.unpack(packed, spec)
+    # The data set lives on the devices: gather this device's workers' micro-batches by index.
+    batches = examples if data is None else {k: jnp.take(v, examples, axis=0) for k, v in data.items()}
     if replicas is None:  # one run: a replica axis of 1, squeezed away by the compiler
       state, batches, per_worker = jax.tree.map(lambda x: x[None], (state, batches, per_worker))
       seeds = jnp.full((1,), seed, jnp.int32)
     else:
       seeds = values['seed'] if 'seed' in values else jnp.full((count,), seed, jnp.int32)
-    shared = {k: v for k, v in same.items() if v.ndim == 1}  # the same for every replica: not batched
-    own = {k: v for k, v in same.items() if v.ndim == 2}      # (R, n): one value per replica
+    # shared: uniform fields every replica shares (not batched); own: (R, n), one value per replica.
     to_front = lambda x: jnp.moveaxis(x, 1, 0)  # pylint: disable=unnecessary-lambda-assignment  # (R, n, ...) -> (n, R, ...)
     xs = (jax.tree.map(to_front, batches), jax.tree.map(to_front, per_worker), jax.tree.map(to_front, own),
           shared, steps)
@@ -322,16 +330,16 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
   lead = () if replicas is None else (None,)
   worker = PartitionSpec(*lead, workers_lib.DEVICE_AXIS)
   per_iteration = PartitionSpec(*lead, None, workers_lib.DEVICE_AXIS)
-  schedule_specs = schedule_type(**{f: PartitionSpec() if f in uniform else per_iteration
-                                    for f in schedule_type._fields})
+  packed_specs = transfer.Packed(per_worker=per_iteration, shared=PartitionSpec(), own=PartitionSpec(),
+                                 batches=per_iteration)
 
-  def block_step(state, batches, schedules, steps, values=None, slots=None):
-    mapped = layout.shard_map(functools.partial(device_block, slots=slots),
-                              in_specs=(worker, per_iteration, schedule_specs, PartitionSpec(), PartitionSpec()),
+  def block_step(state, packed, data=None, values=None, *, spec, slots=None):
+    mapped = layout.shard_map(functools.partial(device_block, spec=spec, slots=slots),
+                              in_specs=(worker, packed_specs, PartitionSpec(), PartitionSpec()),
                               out_specs=(worker, per_iteration))
-    return mapped(state, batches, schedules, steps, values)
+    return mapped(state, packed, data, values)
 
-  return jax.jit(block_step, donate_argnums=(0,), static_argnames=('slots',))
+  return jax.jit(block_step, donate_argnums=(0,), static_argnames=('spec', 'slots'))
 
 
 def unpack_measurements(packed: np.ndarray) -> dict[str, np.ndarray]:

@@ -40,6 +40,7 @@ from experiments import metrics_io
 from experiments import preemption
 from experiments import replicas as replicas_lib
 from experiments import step as step_lib
+from experiments import transfer
 from experiments import tasks
 from experiments import validation
 from experiments import workers as workers_lib
@@ -225,8 +226,10 @@ def vectorize_evaluation(layout: workers_lib.WorkerLayout) -> bool:
 class BlockStep:
   """The jitted block step (`experiments.step.make_block_step`) of a run or a group, with the algorithm's hooks.
 
-  `(state, batches, schedules, steps, slots) -> (state, measurements)`, `steps` a host int32 array and `slots`
-  the block's static number of gradient slots (`step.gradient_slots`; None: every worker computes): a block of whole
+  `(state, packed, spec, steps, slots) -> (state, measurements)`: the block's inputs packed
+  (`experiments.transfer`) with their static spec, `steps` a host int32 array and `slots` the block's static
+  number of gradient slots (`step.gradient_slots`; None: every worker computes). A data set held in memory
+  lives on the devices (placed once, here), and the step reads its micro-batches there by index. A block of whole
   rounds of the algorithm's `round_length` runs the round-structured program where `rounds` is true (default:
   `rounds_pay_off`, i.e. on accelerators), any other block the per-iteration one. The two programs compute the
   same update (the tests check it in float64); in float32 they round differently. Each program compiles once
@@ -238,6 +241,9 @@ class BlockStep:
     group = as_group(run_or_group)
     run = group.lead
     replica_axis, self.values = None, None
+    streams = run.dataset.train
+    self.data = None if streams.resident is None else jax.device_put(
+        {k: jnp.asarray(v) for k, v in streams.resident.items()}, run.layout.replicated())  # once, every device
     if group.batched:
       def build_replica(values):
         config = replicas_lib.traced_config(run.config, values)
@@ -262,11 +268,11 @@ class BlockStep:
     """The jitted program that runs the block of `steps`."""
     return self.rounds if self.whole_rounds(steps) else self.per_iteration
 
-  def __call__(self, state, batches, schedules, steps, slots=None):
-    return self.program(steps)(state, batches, schedules, steps, self.values, slots=slots)
+  def __call__(self, state, packed, spec, steps, slots=None):
+    return self.program(steps)(state, packed, self.data, self.values, spec=spec, slots=slots)
 
-  def lower(self, state, batches, schedules, steps, slots=None):
-    return self.program(steps).lower(state, batches, schedules, steps, self.values, slots=slots)
+  def lower(self, state, packed, spec, steps, slots=None):
+    return self.program(steps).lower(state, packed, self.data, self.values, spec=spec, slots=slots)
 
 
 def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool = True) -> BlockStep:
@@ -390,16 +396,21 @@ def stack_replicas(group: Group, states: Sequence[Any]):
   return jax.jit(stack, out_shardings=group.lead.layout.sharding(None))(*states)
 
 
-def _to_devices(layout, per_worker, uniform, leading: int = 1):
-  """(`per_worker` as global arrays sharded on the worker dimension, after `leading` others, from this process's
-  workers' rows; `uniform` replicated). On one process, one batched transfer for both trees."""
+def _to_devices(layout, packed: transfer.Packed, leading: int = 1) -> transfer.Packed:
+  """`packed` on the devices, one transfer per array: the per-worker pack and the examples sharded on the worker
+  dimension (after `leading` others) from this process's workers' rows, the uniform packs replicated."""
   sharding = layout.sharding(*([None] * leading))
+  per_worker = (packed.per_worker, packed.batches)
+  uniform = (packed.shared, packed.own)
   if jax.process_count() == 1:
     shardings = (jax.tree.map(lambda _: sharding, per_worker), jax.tree.map(lambda _: layout.replicated(), uniform))
-    return jax.device_put((per_worker, uniform), shardings)
+    (per_worker, batches), (shared, own) = jax.device_put((per_worker, uniform), shardings)
+    return transfer.Packed(per_worker, shared, own, batches)
   shape = lambda v: v.shape[:leading] + (layout.workers,) + v.shape[leading + 1:]
-  return (jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)), per_worker),
-          jax.tree.map(jnp.asarray, uniform))
+  per_worker, batches = jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)),
+                                     per_worker)
+  shared, own = jax.tree.map(jnp.asarray, uniform)
+  return transfer.Packed(per_worker, shared, own, batches)
 
 
 def batch_slots(run: Run, blocks) -> int:
@@ -412,39 +423,50 @@ def batch_slots(run: Run, blocks) -> int:
 
 
 def host_inputs(run: Run, block, positions: np.ndarray, slots: int):
-  """This process's host arrays for `block`: (batches, per-worker schedule fields, uniform ones), every worker's
-  micro-batches read at its own positions, and the data positions after the block."""
+  """This process's host arrays for `block`: (the examples of every worker's micro-batches read at its own
+  positions, or their indices when the data set lives on the devices; per-worker schedule fields; uniform ones),
+  and the data positions after the block."""
   done = block.schedule.microbatches_done.astype(np.int64)
   starts = positions[None] + np.cumsum(done, axis=0) - done
   local_ids = run.layout.local_worker_ids()
-  batches = run.dataset.train.read(local_ids, starts[:, local_ids], slots)
+  streams = run.dataset.train
+  if streams.resident is not None:
+    examples = streams.read_indices(local_ids, starts[:, local_ids], slots)
+  else:
+    examples = streams.read(local_ids, starts[:, local_ids], slots)
   per_worker, same = rules_lib.base.split(block.schedule)
   per_worker = {name: v[:, local_ids] for name, v in per_worker.items()}
-  return (batches, per_worker, same), positions + done.sum(axis=0)
+  return (examples, per_worker, same), positions + done.sum(axis=0)
+
+
+def _pack(run: Run, examples, per_worker, shared, own, steps):
+  if run.dataset.train.resident is not None:
+    return transfer.pack(per_worker, shared, own, steps, indices=examples)
+  return transfer.pack(per_worker, shared, own, steps, batches=examples)
 
 
 def block_inputs(run: Run, block, positions: np.ndarray, step: int):
-  """The step's (batches, schedules, steps, slots) for `block`: every worker's micro-batches at its own
-  positions, and the block's gradient slots (`step.gradient_slots`).
+  """The step's (packed inputs, their spec, steps, slots) for `block`: every worker's micro-batches at its own
+  positions (or their indices), the schedule and the steps packed (`experiments.transfer`), the steps on the
+  host (`BlockStep` picks the program by them) and the block's gradient slots (`step.gradient_slots`).
 
   Returns the four arguments after the state, and the data positions after the block.
   """
-  (batches, per_worker, same), positions = host_inputs(run, block, positions, batch_slots(run, [block]))
-  (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker), same)
-  schedules = type(block.schedule)(**per_worker, **same)
-  steps = np.arange(step, step + len(block.duration), dtype=np.int32)  # on the host: BlockStep picks the program
+  (examples, per_worker, same), positions = host_inputs(run, block, positions, batch_slots(run, [block]))
+  steps = np.arange(step, step + len(block.duration), dtype=np.int32)
+  packed, spec = _pack(run, examples, per_worker, same, {}, steps)
   slots = step_lib.gradient_slots(block.schedule.microbatches_done, run.layout.devices)
-  return (batches, schedules, steps, slots), positions
+  return (_to_devices(run.layout, packed), spec, steps, slots), positions
 
 
 def stacked_inputs(group: Group, blocks: Sequence[Any], positions: Sequence[np.ndarray], step: int):
-  """The step's (batches, schedules, steps, slots) for replica r's `blocks[r]` at `positions[r]`, stacked on a
+  """The step's (packed inputs, spec, steps, slots) for replica r's `blocks[r]` at `positions[r]`, stacked on a
   leading replica axis, and each replica's data positions after its block.
 
   A replica with no block (`None`: frozen, its budget spent or its run failed) gets a copy of the first
   replica's inputs with no finished micro-batch: it takes no gradient, its update is never read, and the uniform
   fields stay shared. A uniform field that every replica shares goes in once, (n,), so the program's
-  conditionals over it stay conditionals.
+  conditionals over it stay conditionals; one that differs goes in as (R, n).
   """
   run = group.lead
   live = [b for b in blocks if b is not None]
@@ -453,19 +475,23 @@ def stacked_inputs(group: Group, blocks: Sequence[Any], positions: Sequence[np.n
   first = next(m for m in made if m is not None)
   host = [first[0] if m is None else m[0] for m in made]
   after = [positions[r] if m is None else m[1] for r, m in enumerate(made)]
-  stack = lambda *xs: np.stack(xs)
-  batches = jax.tree.map(stack, *[h[0] for h in host])
+  stack = lambda *xs: np.stack(xs)  # pylint: disable=unnecessary-lambda-assignment
+  examples = jax.tree.map(stack, *[h[0] for h in host])
   per_worker = jax.tree.map(stack, *[h[1] for h in host])
   frozen = np.array([m is None for m in made])
   per_worker['microbatches_done'] = np.where(frozen[:, None, None], 0, per_worker['microbatches_done'])
   done = np.stack([np.zeros_like(live[0].schedule.microbatches_done) if b is None
                    else b.schedule.microbatches_done for b in blocks])
-  same = {k: host[0][2][k] if all(np.array_equal(h[2][k], host[0][2][k]) for h in host[1:])
-          else np.stack([h[2][k] for h in host]) for k in host[0][2]}
-  (batches, per_worker), same = _to_devices(run.layout, (batches, per_worker), same, leading=2)
-  schedules = type(live[0].schedule)(**per_worker, **same)
+  shared, own = {}, {}
+  for k in host[0][2]:
+    if all(np.array_equal(h[2][k], host[0][2][k]) for h in host[1:]):
+      shared[k] = host[0][2][k]
+    else:
+      own[k] = np.stack([h[2][k] for h in host])
   steps = np.arange(step, step + len(live[0].duration), dtype=np.int32)
-  return (batches, schedules, steps, step_lib.gradient_slots(done, run.layout.devices)), after
+  packed, spec = _pack(run, examples, per_worker, shared, own, steps)
+  return (_to_devices(run.layout, packed, leading=2), spec, steps,
+          step_lib.gradient_slots(done, run.layout.devices)), after
 
 
 def prepare_block(run: Run, clock, positions: np.ndarray, step: int):
@@ -581,8 +607,8 @@ def make_evaluator(run_or_group) -> Evaluator:
       metrics = {'eval_loss': float(pick(total['loss_sum'])) / count,
                  'eval_accuracy': float(pick(total['correct'])) / count, 'param_norm': float(pick(norms))}
       if run.task.extra_eval is not None:
-        replica = jax.tree.map(pick, (params, model_state))
-        metrics.update(run.task.extra_eval(run.model, *replica, run.dataset, group.runs[r].config, place))
+        metrics.update(run.task.extra_eval(run.model, jax.tree.map(pick, params), run.dataset,
+                                           group.runs[r].config, place))
       per_replica.append(metrics)
     return per_replica if group.batched else per_replica[0]
 
