@@ -17,6 +17,7 @@ mini-batch of m micro-batches, a non-blocking round, one node update of LAP-SGD)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import numpy as np
@@ -32,6 +33,19 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
   x = (x ^ (x >> np.uint64(30))) * _M1
   x = (x ^ (x >> np.uint64(27))) * _M2
   return x ^ (x >> np.uint64(31))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _delayed_workers(seed: int, count: int, workers: int, job: int) -> np.ndarray:
+  """bool (workers,): the `count` workers that job index `job` delays, those of the smallest keys
+  splitmix64(splitmix64(seed) ^ splitmix64(job)) + w (distinct: splitmix64 is a bijection). Read-only."""
+  root = _splitmix64(np.asarray([seed % 2**64], np.uint64))
+  job_key = _splitmix64(root ^ _splitmix64(np.asarray([job], np.uint64)))
+  keys = _splitmix64(job_key + np.arange(workers, dtype=np.uint64))
+  delayed = np.zeros(workers, bool)
+  delayed[np.argsort(keys)[:count]] = True
+  delayed.setflags(write=False)
+  return delayed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +64,10 @@ class RandomDelay:
     if self.count >= self.workers:
       return np.full(workers.shape, self.delay_s, np.float64)
     jobs = np.broadcast_to(np.asarray(jobs, np.int64), workers.shape).reshape(-1)
-    # Every job index once (a block of iterations asks for many workers of few jobs): (J, P) keys, not (n, P).
+    # Every job index once (a block of iterations asks for many workers of few jobs), each from a cache: a rule
+    # that runs event by event asks for one worker's job at a time, and the P workers' j-th jobs share a row.
     unique, row = np.unique(jobs, return_inverse=True)
-    seed = _splitmix64(np.asarray([self.seed % 2**64], np.uint64))
-    job_keys = _splitmix64(seed ^ _splitmix64(unique.astype(np.uint64).reshape(-1, 1)))
-    keys = _splitmix64(job_keys + np.arange(self.workers, dtype=np.uint64)[None, :])  # (J, P), distinct per row
-    # Job j delays the `count` workers of smallest key (the keys of a row are distinct: splitmix64 is a bijection).
-    delayed = np.zeros(keys.shape, bool)
-    np.put_along_axis(delayed, np.argsort(keys, axis=1)[:, :self.count], True, axis=1)
+    delayed = np.stack([_delayed_workers(self.seed, self.count, self.workers, int(j)) for j in unique])
     return np.where(delayed[row.reshape(-1), workers.reshape(-1)], self.delay_s, 0.0).reshape(workers.shape)
 
 
