@@ -13,23 +13,21 @@ value (`KEY1:KEY2=A1:B1,A2:B2` moves keys together); each entry is then reported
 median time to target accuracy, seeds that miss it included, then the lowest median final eval loss), every
 run is kept and listed. `--seeds=N` runs seeds `config.seed + 0 .. N-1`; with a sweep, `--tuning_seeds=K`
 chooses each entry's value on the first K of them and reports every figure on the others (default 0: chosen on
-the reported seeds themselves, which the table calls optimistic). `--sim_time=T` gives every run the same budget of simulated seconds instead
-of the same `num_steps` (an asynchronous iteration is one gradient, a synchronous one P of them): each run's
-`num_steps` is what its own seeded clock needs to reach T (computed before anything compiles; `--max_steps`
-caps it) and it is evaluated `--evals` times. `--config.FIELD=VALUE` overrides, and the `key=value` pairs of a config
-argument (`--config=FILE:ARG`; its algorithm name is ignored), apply to every run; an entry's own pairs,
-then the sweep's, win over them.
+the reported seeds themselves, which the table calls optimistic). `--sim_time=T` gives every run the same
+budget of simulated seconds instead of the same `num_steps` (an asynchronous iteration is one gradient, a
+synchronous one P of them): each run's `num_steps` is what its own seeded clock needs to reach T (computed
+before anything compiles; `--max_steps` caps it) and it is evaluated `--evals` times. `--config.FIELD=VALUE`
+overrides, and the `key=value` pairs of a config argument (`--config=FILE:ARG`; its algorithm name is ignored),
+apply to every run; an entry's own pairs, then the sweep's, win over them.
 
-Each run trains with `experiments.train.train_and_evaluate` in its own workdir,
-`WORKDIR/<entry>[/<sweep value>]/seed<N>`, so every file of a run (metrics.jsonl, summary.json, checkpoints)
-is the one `experiments.main` writes. Rerunning the same command skips finished runs (summary.json present,
-or a recorded divergence or stall), resumes an interrupted one from its checkpoint (also after `kill -9`), and
-writes the same report. All runs run one after another in this process, sharing the imports, the JAX
-backend and the datasets' in-memory caches (a run after the first starts in about a second, not ten), and a
-persistent compilation cache (`--compilation_cache_dir`, default WORKDIR/jax_cache, '' for none): a resumed comparison, and
-runs whose programs are identical (entries that differ only in their time rule, e.g. `ksync,k=4` and
-`ksync,k=6`), compile once. A seed or a learning rate is a constant of the compiled step, so each seed and
-sweep value compiles its own.
+Each run has its own workdir, `WORKDIR/<entry>[/<sweep value>]/seed<N>`, and every file of a run (metrics.jsonl,
+summary.json, checkpoints) is the one `experiments.main` writes. Runs that differ only in their seed, budget and
+scalar hyper-parameters train as the replicas of one compiled program (`experiments/replicas.py`,
+`train.plan_groups`: at most `--max_replicas`, or as many as fit in memory); the programs run one after another
+in this process, sharing the imports, the JAX backend, the datasets' in-memory caches and a persistent
+compilation cache (`--compilation_cache_dir`, default WORKDIR/jax_cache, '' for none). Rerunning the same
+command skips finished runs (summary.json present, or a recorded divergence or stall), resumes interrupted ones
+from their checkpoints (also after `kill -9`), and writes the same report.
 
 Same trace for all: the clock, the data order and the initial parameters are functions of `config.seed` alone
 (`cluster/factory.py`, `data/in_memory.py`), so runs with the same seed see the same data order, the same

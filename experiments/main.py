@@ -6,9 +6,9 @@ one compiled program (`experiments/replicas.py`), each in `WORKDIR/seed<S>` with
 
 User errors (bad config, missing data, a workdir holding another run) print one line and exit with status 2; a
 diverged run exits with status 3, a simulated cluster that cannot go on (the algorithm waits for a worker that
-failed for good) with status 4 (with --seeds: once every seed has run, 3 if one diverged, else 4 if one stalled). SIGTERM or Ctrl-C (SIGINT) finish
-the current block, checkpoint, and exit with status 75 (`preemption.EXIT_PREEMPTED`) and one line: rerunning
-the same command resumes; a second signal stops at once.
+failed for good) with status 4 (with --seeds: once every seed has run, 3 if one diverged, else 4 if one
+stalled). SIGTERM or Ctrl-C (SIGINT) finish the current block, checkpoint, and exit with status 75
+(`preemption.EXIT_PREEMPTED`) and one line: rerunning the same command resumes; a second signal stops at once.
 
 `--compilation_cache_dir=DIR` (or $WAITLESS_COMPILATION_CACHE_DIR) keeps the compiled programs for later runs:
 a 10-step digits run then spends about half the CPU time (no compilation), with identical results.
