@@ -82,7 +82,7 @@ class KBatchSync(ps.KRule):
     that update was replayed at its exact S_t), then repeat from there. Trace, delays, failures: `iterate`.
     """
     del iteration
-    if not ps.Draws.supported(clock):
+    if not ps.Draws.supported(clock) or clock.delay is not None:  # `bulk` draws carry no delay
       return ps.loop_block(self, clock, n)
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
     up2 = 2 * clock.network.p2p(clock.model_bytes)

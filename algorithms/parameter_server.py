@@ -302,11 +302,12 @@ class Draws:
   """Micro-batch compute times drawn ahead from the clock's generator, handed out one job at a time.
 
   Only for models whose draws do not depend on the worker or its position (an i.i.d. distribution, optionally
-  times a fixed per-worker factor) and without transient delays or failures: `Draws.supported(clock)`. A job
-  of worker w takes the sum (`np.cumsum` order) of its m micro-batch times z * factor[w], as `Clock.work`.
-  Event loops read `rows` in order (`more()` when they run out; `seconds(row, w)` when `factors` is set,
-  else a row is already a job's seconds) and set `used`; `close()` puts back what was drawn and not used, so
-  the generator ends exactly where the event loop's would.
+  times a fixed per-worker factor) and without failures: `Draws.supported(clock)`. A job of worker w takes the
+  sum (`np.cumsum` order) of its m micro-batch times z * factor[w], its transient delay (`faults.RandomDelay`,
+  by the worker's job index) added to the first, as `Clock.work`. Event loops read `rows` in order (`more()`
+  when they run out; `seconds(row, w)` when `factors` is set, as it is with a delay, else a row is already a
+  job's seconds) and set `used`; `close()` puts back what was drawn and not used, so the generator ends
+  exactly where the event loop's would. Rules that read `bulk` alone handle no delay (`clock.delay is None`).
   """
 
   def __init__(self, clock: 'Clock', m: int, chunk: int = 0):
@@ -314,6 +315,10 @@ class Draws:
     self.factors = None
     if isinstance(compute, compute_lib.SlowWorkers):
       compute, self.factors = compute.base, np.asarray(compute.factors, np.float64).tolist()
+    self._delay = clock.delay
+    if self._delay is not None:
+      self.factors = self.factors or [1.0] * clock.workers  # x * 1.0 == x: the rows stay micro-batch times
+      self._jobs = clock.jobs.tolist()  # each worker's next job index, counted here (the rule counts the clock's)
     self._model, self._m, self._chunk = compute, m, max(int(chunk), 16)
     self._rng = clock.rng  # the clock's only source of randomness
     self._saved = self._rng.bit_generator.state
@@ -322,7 +327,7 @@ class Draws:
 
   @staticmethod
   def supported(clock: 'Clock') -> bool:
-    return not compute_lib.reads_units(clock.compute) and clock.delay is None and clock.failure is None
+    return not compute_lib.reads_units(clock.compute) and clock.failure is None
 
   def bulk(self, jobs: int) -> np.ndarray:
     """float64 (jobs, m) of base times z, drawn now (for rules that use every draw: no `close`)."""
@@ -338,11 +343,16 @@ class Draws:
       self.rows.extend(z[:, 0].tolist() if self._m == 1 else z.tolist())
 
   def seconds(self, row, worker: int) -> float:
-    """Seconds of a job of `worker` from its row (with `factors`)."""
+    """Seconds of the next job of `worker` from its row (with `factors`), its transient delay included."""
     f = self.factors[worker]
+    first = row * f if self._m == 1 else row[0] * f
+    if self._delay is not None:
+      job = self._jobs[worker]
+      self._jobs[worker] = job + 1
+      first = first + self._delay.delay_of(worker, job)
     if self._m == 1:
-      return row * f
-    total = row[0] * f
+      return first
+    total = first
     for x in row[1:]:
       total = total + x * f
     return total

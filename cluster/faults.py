@@ -56,6 +56,14 @@ class RandomDelay:
   workers: int
   seed: int
 
+  def delay_of(self, worker: int, job: int) -> float:
+    """`delays` of one worker's job, as a float (the event loops' scalar path)."""
+    if self.count <= 0 or self.delay_s == 0:
+      return 0.0
+    if self.count >= self.workers or _delayed_workers(self.seed, self.count, self.workers, job)[worker]:
+      return float(self.delay_s)
+    return 0.0
+
   def delays(self, workers: np.ndarray, jobs: np.ndarray) -> np.ndarray:
     """Extra seconds for the job `jobs[k]` of worker `workers[k]`: float64, same shape as `workers`."""
     workers = np.asarray(workers, np.int64)

@@ -3,7 +3,8 @@
 `Clock._block` runs a rule one `iterate` at a time (the event loop, kept as the float reference); the clock's
 fast path runs `iterate_block`. Both must give identical schedules, times, idle times, staleness, bytes and
 measurements, leave the generator, the unit and job counters and the rule's state identical, over thousands of
-updates, several seeds, K, micro-batches, straggler models (ties included), transient delays and failures.
+updates, several seeds, K, micro-batches, straggler models (ties included), transient delays (in the vectorised
+path too, but K-batch-sync's) and failures.
 Also: Ringmaster's event rule on a hand-computed example, and R = infinity is async.
 """
 
@@ -34,6 +35,10 @@ STRAGGLERS = {
     'slow_workers': {'kind': 'shifted_exponential', 'shift_s': 0.005, 'rate': 200.0, 'slow_fraction': 0.25,
                      'slow_factor': 3.0},
     'random_delay': {'kind': 'exponential', 'rate': 100.0, 'delayed_workers': 2, 'delay_s': 0.03},
+    # The quickstart's preset: slow workers and one delayed worker per job index, on micro-batches.
+    'slow_workers_delay_micro': {'kind': 'shifted_exponential', 'shift_s': 0.005, 'rate': 200.0,
+                                 'slow_fraction': 0.25, 'slow_factor': 2.0, 'delayed_workers': 1,
+                                 'delay_s': 0.03},
     'failure_returns': {'kind': 'exponential', 'rate': 100.0, 'fail_worker': (1, 5), 'fail_at_s': 0.2,
                         'return_at_s': 0.5},
     'failure_permanent': {'kind': 'exponential', 'rate': 100.0, 'fail_worker': (2,), 'fail_at_s': 0.3,
@@ -54,7 +59,7 @@ def _cases():
   seeds = iter(range(100))
   for rule in RULES:
     for name in STRAGGLERS:
-      k, m = (5, 1) if name != 'lognormal_micro' else (3, 2)
+      k, m = (3, 2) if name.endswith('_micro') else (5, 1)
       yield f'{rule}_{name}', rule, name, k, m, next(seeds)
 
 
@@ -70,9 +75,10 @@ class VectorisedMatchesEventLoopTest(parameterized.TestCase):
     loop = self._clock(make_rule(), stragglers, seed, network, path)
     fast = self._clock(make_rule(), stragglers, seed, network, path)
     self.assertTrue(fast.rule.vectorized)
-    # Without a trace, delays or failures (K-sync: without failures) the event loop must not run at all.
-    falls_back = 'fail_worker' in stragglers or (
-        not isinstance(fast.rule, ksync.KSync) and (path is not None or 'delayed_workers' in stragglers))
+    # Without a trace or failures (K-sync: without failures; K-batch-sync: nor delays) the event loop must not
+    # run at all.
+    falls_back = 'fail_worker' in stragglers or (not isinstance(fast.rule, ksync.KSync) and path is not None) or (
+        isinstance(fast.rule, kbatch_sync.KBatchSync) and 'delayed_workers' in stragglers)
     for n in blocks:
       a = loop._block(n)  # pylint: disable=protected-access
       if falls_back:
