@@ -903,15 +903,19 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
       evaluated = None
       for i in live:
         r = replicas[i]
+        if r.failure is not None:  # diverged in the previous block, whose successor was already dispatched
+          continue
         mine = host if not group.batched else {k: v[i] for k, v in host.items()}
         block = current.blocks[i]
         contributed = block.schedule.microbatches_done > 0
         losses = np.where(contributed, mine['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
         if not np.all(np.isfinite(losses)):
           bad = step + int(np.argmin(np.isfinite(losses)))
+          kept = r.checkpointer.latest_step()
           r.failure = TrainingDiverged(
-              f'training loss is {losses[bad - step]} at step {bad + 1}; stopped, the last good checkpoint '
-              f'(step {r.checkpointer.latest_step()}) is kept in {r.workdir}')
+              f'training loss is {losses[bad - step]} at step {bad + 1}; stopped, ' +
+              (f'the last good checkpoint (step {kept}) is kept in {r.workdir}' if kept is not None else
+               f'before its first checkpoint; its metrics are in {r.workdir}'))
           log.info('%s', r.failure)
           continue
         r.window.add(block, train_loss=losses, l2_grads=mine['l2_grads'].mean(1), l2_params=mine['l2_params'].mean())

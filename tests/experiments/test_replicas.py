@@ -145,8 +145,12 @@ class TrainGroupTest(parameterized.TestCase):
     configs = self._configs()
     configs[0].optimizer.learning_rate = 1e6
     root = self.create_tempdir().full_path
-    outcomes = train.train_group(configs, [os.path.join(root, f'r{i}') for i in range(2)])
+    with self.assertLogs('waitless', level='INFO') as logs:
+      outcomes = train.train_group(configs, [os.path.join(root, f'r{i}') for i in range(2)])
     self.assertIsInstance(outcomes[0], train.TrainingDiverged)
+    # Reported once, at its first non-finite step: the block dispatched ahead of the divergence is not read.
+    reports = [line for line in logs.output if 'training loss is' in line]
+    self.assertEqual(reports, [f'INFO:waitless:{outcomes[0]}'])
     self.assertEqual(outcomes[1]['steps'], 30)
     self.assertFalse(os.path.exists(os.path.join(root, 'r0', 'summary.json')))
 
