@@ -12,6 +12,7 @@ import os
 import time
 from typing import Optional, Sequence
 
+from experiments import atomic_files
 from experiments.compare_plan import PlannedRun
 
 FAILED_FILE = 'compare_failed.json'  # a diverged or stalled run: rerunning would fail the same way
@@ -105,7 +106,7 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
       for run, outcome in zip(group, outcomes):
         if isinstance(outcome, (train.TrainingDiverged, train.ClusterStalled)):
           failed = 'diverged' if isinstance(outcome, train.TrainingDiverged) else 'stalled'
-          write_json(os.path.join(run.workdir, FAILED_FILE), {'status': failed, 'error': str(outcome)})
+          atomic_files.write_json(os.path.join(run.workdir, FAILED_FILE), {'status': failed, 'error': str(outcome)})
           log.info('%s %s: %s', run.name, failed, outcome)
         else:
           log.info('%s done in %s: eval accuracy %.4f, loss %.4f, sim time %.3g s', run.name,
@@ -117,8 +118,3 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
     log.removeFilter(progress)
 
 
-def write_json(path: str, value) -> None:
-  """Writes `value` as JSON atomically: a kill leaves the old file or the new one, never a torn one."""
-  with open(path + '.tmp', 'w') as f:
-    json.dump(value, f)
-  os.replace(path + '.tmp', path)

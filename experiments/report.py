@@ -7,12 +7,12 @@ entry's median curve over the reporting seeds shaded by the pointwise bootstrap 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 from typing import Any, Optional, Sequence
 
+from experiments import atomic_files
 from experiments import statistics
 from experiments.compare_plan import PlannedRun
 from experiments.compare_plan import sweep_label
@@ -259,7 +259,7 @@ def plot(report: dict[str, Any], path: str, title: str) -> Optional[str]:
   fig.tight_layout()
   fig.legend(loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=10, frameon=False,
              title='fastest to target first')
-  fig.savefig(path, dpi=110, bbox_inches='tight')
+  atomic_files.save_figure(fig, path, dpi=110, bbox_inches='tight')
   plt.close(fig)
   return path
 
@@ -287,10 +287,8 @@ def write_report(runs: Sequence[PlannedRun], root: str, title: str, target_accur
   if skipped:
     text += '\n## Not run\n\n' + ''.join(f'- {e}: {why}\n' for e, why in skipped.items())
   os.makedirs(root, exist_ok=True)
-  with open(os.path.join(root, 'comparison.md'), 'w') as f:
-    f.write(text)
-  with open(os.path.join(root, 'comparison.json'), 'w') as f:
-    json.dump(report, f, indent=1)
+  atomic_files.write_text(os.path.join(root, 'comparison.md'), text)
+  atomic_files.write_json(os.path.join(root, 'comparison.json'), report, indent=1)
   report['png'] = plot(report, os.path.join(root, 'comparison.png'), title)
   return report
 

@@ -35,6 +35,7 @@ from cluster import clock as clock_lib
 from cluster import factory as cluster_factory
 from cluster import rules as rules_lib
 from data import registry as data_registry
+from experiments import atomic_files
 from experiments import checkpointing
 from experiments import metrics_io
 from experiments import preemption
@@ -537,8 +538,7 @@ def calibrated_stragglers(run: Run, block_step, state, model_bytes: float, workd
         microbatches_per_call=calibration.microbatches_per_call(config, config.steps_per_call))
     seconds = float(multihost_utils.broadcast_one_to_all(np.float64(seconds)))
     if jax.process_index() == 0:
-      with open(path, 'w') as f:
-        json.dump({'seconds_per_microbatch': seconds, 'device': str(jax.devices()[0].device_kind)}, f)
+      atomic_files.write_json(path, {'seconds_per_microbatch': seconds, 'device': str(jax.devices()[0].device_kind)})
   log.info('calibrated: %.3g s per micro-batch on this machine', seconds)
   return calibration.calibrated(config.stragglers, seconds)
 
@@ -734,13 +734,6 @@ def _summary(r: _Replica, step: int, wall: float, num_params: int, group_size: i
   }
 
 
-def _write_json(path: str, value: Any) -> None:
-  """Writes `value` as JSON atomically: a kill leaves the old file or the new one, never a torn one."""
-  with open(path + '.tmp', 'w') as f:
-    json.dump(value, f, indent=2)
-  os.replace(path + '.tmp', path)
-
-
 @dataclasses.dataclass
 class _Prepared:
   """A block ready to dispatch: each replica's clock Block (None: frozen) and the step's inputs."""
@@ -827,7 +820,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
   def finish(r: _Replica, at: int) -> None:
     r.summary = _summary(r, at, wall(r), num_params, group.size)
     if lead:
-      _write_json(os.path.join(r.workdir, 'summary.json'), r.summary)
+      atomic_files.write_json(os.path.join(r.workdir, 'summary.json'), r.summary, indent=2)
 
   def running(at: int) -> list[int]:
     return [i for i, r in enumerate(replicas) if not r.done and r.config.num_steps > at]
