@@ -194,7 +194,7 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
     errors.require_int(evals, '--evals', 1)
     if max_steps is not None:
       errors.require_int(max_steps, '--max_steps', 1)
-  runs, skipped, model_bytes, train_size = [], {}, {}, {}
+  runs, skipped, model_bytes, train_size, budget_steps = [], {}, {}, {}, {}
   for entry in entries:
     name, *pairs = entry.split(',', 1)
     for point in sweeps:
@@ -214,7 +214,12 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
                            'a --sim_time budget needs the configured times (calibration rescales them at run time)')
             key = json.dumps([config.dataset.to_dict(), config.model.to_dict()], sort_keys=True, default=str)
             model_bytes.setdefault(key, tasks.model_bytes(config))
-            steps = sim_budget.steps_for_sim_time(config, sim_time, max_steps, model_bytes[key])
+            # The clock reads no optimizer field: the sweep points of a seed share its count of iterations.
+            clock_key = json.dumps([key, {k: v for k, v in config.to_dict().items() if k != 'optimizer'}],
+                                   sort_keys=True, default=str)
+            if clock_key not in budget_steps:
+              budget_steps[clock_key] = sim_budget.steps_for_sim_time(config, sim_time, max_steps, model_bytes[key])
+            steps = budget_steps[clock_key]
             config.num_epochs = None  # the budget is simulated seconds
             cadence_steps = steps if cadence_steps is None else cadence_steps  # the first seed's: one program
             for field, value in sim_budget.even_blocks(config, steps, evals, max_steps, cadence_steps).items():

@@ -17,6 +17,9 @@ from cluster import factory as cluster_factory
 from experiments import tasks
 
 
+CHECKPOINTS_PER_RUN = 10  # at most about this many checkpoints in a run of `even_blocks`
+
+
 def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
                        model_bytes: Optional[float] = None) -> int:
   """The iterations after which the run's simulated clock first reaches `sim_time` (at most `max_steps`).
@@ -58,8 +61,10 @@ def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
   steps_per_call is the config's (a multiple of the algorithm's round, if it has one, and at most the
   evaluation period), eval_every the period steps // evals rounded up to a multiple of it (a period was first
   chosen, and blocks that divide it: a prime period such as 83 left blocks of one iteration, a jitted call and a
-  transfer per iteration), checkpoint_every and num_steps multiples of eval_every; num_steps is `steps` rounded
-  up (down when that would pass `max_steps`). `cadence_steps` (default `steps`) sets the cadence instead: the
+  transfer per iteration), num_steps a multiple of it: `steps` rounded up (down when that would pass
+  `max_steps`); checkpoint_every a multiple of it too, the config's or, if that is shorter, about a tenth of the
+  run (`CHECKPOINTS_PER_RUN`: a short run does not spend its time saving, and a kill loses at most a tenth of it;
+  SIGTERM and Ctrl-C still checkpoint where they stop). `cadence_steps` (default `steps`) sets the cadence instead: the
   seeds of one comparison entry take their first seed's, so that they share one program
   (`experiments/replicas.py`) and differ only in their own `num_steps`.
   """
@@ -70,5 +75,6 @@ def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
   num_steps = -(-steps // every) * every
   if max_steps is not None and num_steps > max_steps:
     num_steps = max(every, max_steps // every * every)
+  checkpoint_every = max(config.checkpoint_every, num_steps // CHECKPOINTS_PER_RUN)
   return {'num_steps': num_steps, 'eval_every': every, 'log_every': every, 'steps_per_call': per_call,
-          'checkpoint_every': -(-config.checkpoint_every // every) * every}
+          'checkpoint_every': -(-checkpoint_every // every) * every}

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -214,6 +215,26 @@ class BudgetTest(parameterized.TestCase):
     self.assertEqual({k: got[k] for k in expected}, expected)
     self.assertEqual(got['log_every'], got['eval_every'])
     self.assertEqual(got['checkpoint_every'] % got['eval_every'], 0)
+    # The config's checkpoint period, or a longer one: at most about CHECKPOINTS_PER_RUN saves in the run.
+    self.assertGreaterEqual(got['checkpoint_every'], digits.get_config(entry).checkpoint_every)
+    self.assertLessEqual(got['num_steps'] // got['checkpoint_every'], sim_budget.CHECKPOINTS_PER_RUN)
+
+  def test_the_sweep_points_of_a_seed_ask_its_clock_once(self):
+    calls = []
+    real = sim_budget.steps_for_sim_time
+    def counted(config, *args):
+      calls.append((config.seed, config.optimizer.learning_rate))
+      return real(config, *args)
+    with mock.patch.object(sim_budget, 'steps_for_sim_time', side_effect=counted):
+      runs, _ = compare_plan.plan(digits.get_config, ['sync', 'async'], [(('optimizer.learning_rate', 0.1),),
+                                  (('optimizer.learning_rate', 0.2),)], 2, '/tmp/unused', common_pairs=HETEROGENEOUS,
+                                  sim_time=0.5, evals=5)
+    self.assertLen(runs, 8)
+    self.assertLen(calls, 4)  # two entries x two seeds, not x two step sizes
+    steps = {(r.entry, r.seed): set() for r in runs}
+    for r in runs:
+      steps[(r.entry, r.seed)].add(r.config.num_steps)
+    self.assertTrue(all(len(v) == 1 for v in steps.values()))
 
 
 class FiguresTest(absltest.TestCase):
