@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Every comparison of REPRODUCING.md, one `experiments.compare` command per table, each seed a replica of one
+# compiled program per entry (so 5 seeds cost about 2x one, not 5x). Each writes comparison.md / .json / .png
+# under WORKDIR/<table>; REPRODUCING.md quotes those files. Rerunning skips finished runs and resumes the rest.
+#
+# Usage: bash launch/reproduce.sh [WORKDIR] [TABLE ...]
+#   WORKDIR default runs/reproduce; TABLE one or more of the names below (default: all, about 45 minutes on
+#   2 CPU cores). SEEDS=N (default 5) reporting seeds; tables with a step-size sweep tune it on 2 more seeds
+#   (TUNING_SEEDS) and report on the other N.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+OUT="${1:-runs/reproduce}"
+shift $(( $# > 0 ? 1 : 0 ))
+SEEDS="${SEEDS:-5}"
+TUNING="${TUNING_SEEDS:-2}"
+TABLES=("$@")
+[ ${#TABLES[@]} -gt 0 ] || TABLES=(nonblocking_slow nonblocking_slow_net nonblocking_random nonblocking_random_net
+                                   lap_sgd dasgd wagma wagma_constant wagma_noise2 wagma_noise20 stale_tradeoff
+                                   ringmaster diloco)
+
+compare() {  # compare TABLE FLAGS...: one table, in WORKDIR/TABLE
+  local table="$1"; shift
+  echo "[reproduce] $table"
+  python -m experiments.compare --workdir="$OUT/$table" "$@"
+}
+swept() { echo "--seeds=$((SEEDS + TUNING)) --tuning_seeds=$TUNING"; }
+
+# Section 1, non-blocking SGD: digits, 8 workers, learning rate 0.05 for all; (a) workers 0 and 1 four times
+# slower, (b) shifted-exponential batch times; each on an ideal network and on a slow alpha_beta one.
+NB_ENTRIES='sync;dpsgd;dpsgd,order=overlap;nonblocking;nonblocking,topology=ring'
+NB_M4='nonblocking,microbatches=4,MICRO;nonblocking,topology=ring,microbatches=4,MICRO'
+SLOW=(--config.stragglers.slow_workers='(0,1)' --config.stragglers.slow_factor=4.0)
+RANDOM=(--config.stragglers.kind=shifted_exponential --config.stragglers.shift_s=0.005 --config.stragglers.rate=100.0)
+NET=(--config.network.kind=alpha_beta --config.network.latency_s=1e-4 --config.network.bandwidth_gbps=0.1)
+slow_m4="${NB_M4//MICRO/stragglers.base_s=0.0025}"
+random_m4="${NB_M4//MICRO/stragglers.shift_s=0.00125,stragglers.rate=400.0}"
+random_controls='sync,microbatches=4,stragglers.shift_s=0.00125,stragglers.rate=400.0;dpsgd,order=overlap,microbatches=4,stragglers.shift_s=0.00125,stragglers.rate=400.0'
+with_activation() { echo "${1//nonblocking/nonblocking,activation_latency_s=1e-4}"; }
+
+for table in "${TABLES[@]}"; do
+  case "$table" in
+    nonblocking_slow)
+      compare "$table" --config=experiments/configs/digits.py:sync --seeds="$SEEDS" --sim_time=3 --evals=40 \
+        --algorithms="$NB_ENTRIES;$slow_m4" "${SLOW[@]}" ;;
+    nonblocking_slow_net)
+      compare "$table" --config=experiments/configs/digits.py:sync --seeds="$SEEDS" --sim_time=3.5 --evals=40 \
+        --algorithms="$(with_activation "$NB_ENTRIES;$slow_m4")" "${SLOW[@]}" "${NET[@]}" ;;
+    nonblocking_random)
+      compare "$table" --config=experiments/configs/digits.py:sync --seeds="$SEEDS" --sim_time=2.5 --evals=40 \
+        --algorithms="$NB_ENTRIES;$random_m4;$random_controls" "${RANDOM[@]}" ;;
+    nonblocking_random_net)
+      compare "$table" --config=experiments/configs/digits.py:sync --seeds="$SEEDS" --sim_time=3 --evals=40 \
+        --algorithms="$(with_activation "$NB_ENTRIES;$random_m4");$random_controls" "${RANDOM[@]}" "${NET[@]}" ;;
+    # Section 2, LAP-SGD / LPP-SGD: digits, a slow network on which the average takes 4.09 node updates.
+    lap_sgd)
+      compare "$table" --config=experiments/configs/digits.py --seeds="$SEEDS" \
+        --algorithms='sync;local_sgd,local_steps=8;lap_sgd,threads=1,local_steps=8;lap_sgd,threads=4,local_steps=8;lpp_sgd,threads=4,local_steps=8,prepass_steps=10,partial_cost=0.5;lpp_sgd,threads=4,local_steps=8,prepass_steps=50,partial_cost=0.5;lpp_sgd,threads=4,local_steps=8,prepass_steps=10,partial_cost=1.0' \
+        --config.network.kind=alpha_beta --config.network.latency_s=1e-3 --config.network.bandwidth_gbps=0.02 \
+        --config.target_accuracy=0.9 --config.eval_every=10 ;;
+    # Section 3, DaSGD: digits, the all-reduce takes 2.83 local steps.
+    dasgd)
+      compare "$table" --config=experiments/configs/digits.py --seeds="$SEEDS" \
+        --algorithms='sync;local_sgd,local_steps=4;dasgd,local_steps=4,delay=1;dasgd,local_steps=4,delay=3;dasgd,local_steps=4,delay=3,correction=mix' \
+        --config.network.kind=alpha_beta --config.network.latency_s=1e-4 --config.network.bandwidth_gbps=0.02 \
+        --config.target_accuracy=0.96 --config.eval_every=10 ;;
+    # Section 4, WAGMA-SGD: 16 workers on 8 devices, lognormal compute, 2 random workers delayed 30 ms.
+    wagma)
+      compare "$table" --config='experiments/configs/digits.py:sync,workers=16,devices=8,eval_every=10,target_accuracy=0.95,stragglers.kind=lognormal,stragglers.sigma=0.02,stragglers.delayed_workers=2,stragglers.delay_s=0.03' \
+        --seeds="$SEEDS" \
+        --algorithms='sync;local_sgd,local_steps=4;local_sgd,local_steps=10;wagma;wagma,fixed_groups=True;wagma,wait_avoiding=False' ;;
+    wagma_constant|wagma_noise2|wagma_noise20)  # what staleness costs WAGMA: no delays, only compute noise
+      case "$table" in
+        wagma_constant) noise='stragglers.kind=constant' ;;
+        wagma_noise2) noise='stragglers.kind=lognormal,stragglers.sigma=0.02' ;;
+        *) noise='stragglers.kind=lognormal,stragglers.sigma=0.2' ;;
+      esac
+      compare "$table" --config="experiments/configs/digits.py:sync,workers=16,devices=8,eval_every=10,target_accuracy=0.95,$noise" \
+        --seeds="$SEEDS" --algorithms='sync;wagma' ;;
+    # Section 5, slow and stale gradients: softmax regression, P = 8, X ~ Exp(1) s, 1,000 simulated seconds.
+    stale_tradeoff)
+      compare "$table" --config=experiments/configs/digits_stale.py --seeds="$SEEDS" --sim_time=1000 --evals=80 \
+        --max_steps=10000 --baseline='ksync,k=4' --target_loss=0.15 \
+        --algorithms='async;kbatch_async,k=4;kasync,k=4;ksync,k=1;ksync,k=2;ksync,k=4;ksync,k=8;kbatch_sync,k=4;adasync,base=ksync,k0=1;adasync,base=ksync,k0=2' ;;
+    # Section 6(a), Ringmaster ASGD: MNIST-1D, worker i's times x sqrt(i + 1), no momentum, swept step size.
+    ringmaster)
+      # shellcheck disable=SC2046
+      compare "$table" --config=experiments/configs/mnist1d.py:async,stragglers=sqrt $(swept) \
+        --algorithms='ringmaster,max_delay=4;ringmaster,max_delay=8;async;kasync,k=4;kbatch_sync,k=2;kbatch_sync,k=4' \
+        --baseline=async --sim_time=4 --max_steps=2000 --evals=40 \
+        --sweep=optimizer.learning_rate=0.05,0.15,0.4 --config.optimizer.momentum=0.0 \
+        --config.target_accuracy=0.6 ;;
+    # Section 6(b), DiLoCo and Streaming DiLoCo: homogeneous compute, a slow network, inner AdamW.
+    diloco)
+      # shellcheck disable=SC2046
+      compare "$table" --config=experiments/configs/mnist1d.py:sync $(swept) \
+        --algorithms='sync;local_sgd,local_steps=8;diloco,local_steps=8;diloco,local_steps=8,outer_learning_rate=0.3;streaming_diloco,local_steps=8,fragments=4,delay=2' \
+        --sim_time=6 --max_steps=600 --evals=30 --sweep=optimizer.learning_rate=0.003,0.01 \
+        --config.optimizer.name=adamw --config.network.kind=alpha_beta --config.network.latency_s=1e-3 \
+        --config.network.bandwidth_gbps=0.02 --config.target_accuracy=0.8 ;;
+    *) echo "unknown table '$table'; one of: nonblocking_slow nonblocking_slow_net nonblocking_random" \
+            "nonblocking_random_net lap_sgd dasgd wagma wagma_constant wagma_noise2 wagma_noise20 stale_tradeoff" \
+            "ringmaster diloco" >&2; exit 2 ;;
+  esac
+done
