@@ -116,6 +116,13 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   for r in runs:
     errors.require(r.config.devices == devices, 'devices', r.config.devices,
                    f'must be the same for every run of a comparison ({devices}: set it with --config.devices)')
+  from experiments import train  # pylint: disable=g-import-not-at-top
+  for r in runs:  # a rerun with other settings must not skip runs of the old ones and report them as the new
+    try:
+      train.check_workdir(r.workdir, r.config)
+    except train.WorkdirConflict as e:
+      raise train.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
+                                  'same flags, or give the new one its own --workdir)') from e
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
         f'{len(set(r.sweep for r in runs))} sweep points x {main_lib._SEEDS.value} seeds) in {root}', file=sys.stderr)
   cache = flags.FLAGS.compilation_cache_dir  # experiments.main's flag; here on by default

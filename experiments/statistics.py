@@ -27,7 +27,6 @@ Over seeds (`summarize`):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any, Optional, Sequence
@@ -36,6 +35,7 @@ import numpy as np
 
 from experiments.compare_plan import PlannedRun
 from experiments.compare_runs import SUMMARY_FILE
+from experiments.compare_runs import read_json
 from experiments.compare_runs import run_status
 
 INTERPOLATION = 'linear interpolation between the two evaluations around the crossing'
@@ -61,11 +61,7 @@ def crossing(rows: Sequence[dict[str, Any]], key: str, target: float, above: boo
 def read_run(run: PlannedRun) -> dict[str, Any]:
   """The run's rows and summary (None while unfinished) and its status."""
   from experiments import metrics_io  # pylint: disable=g-import-not-at-top
-  summary = None
-  path = os.path.join(run.workdir, SUMMARY_FILE)
-  if os.path.exists(path):
-    with open(path) as f:
-      summary = json.load(f)
+  summary = read_json(os.path.join(run.workdir, SUMMARY_FILE))
   return {'rows': metrics_io.read_rows(run.workdir), 'summary': summary, 'status': run_status(run.workdir)}
 
 

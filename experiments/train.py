@@ -615,12 +615,21 @@ def make_evaluator(run_or_group) -> Evaluator:
   return Evaluator(consensus, measure)
 
 
-def _check_workdir(workdir: str, config) -> None:
+def check_workdir(workdir: str, config) -> None:
+  """Raises WorkdirConflict (one line naming the fields) if `workdir` holds a run of another config, or a
+  config.json that does not read back; a workdir without one (new, or killed before it was written) is free."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    saved = json.load(f)
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise WorkdirConflict(f'workdir {workdir} holds an unreadable config.json ({type(e).__name__}); remove that '
+                          'workdir or use a new --workdir') from e
+  if not isinstance(saved, dict):
+    raise WorkdirConflict(f'workdir {workdir} holds a config.json that is not a config; remove that workdir or '
+                          'use a new --workdir')
   current = json.loads(config.to_json_best_effort())
   differ = sorted(k for k in set(saved) | set(current)
                   if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k))
@@ -764,15 +773,13 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   group = build_group(configs)
   lead = jax.process_index() == 0
   for config, workdir in zip(configs, workdirs):
-    _check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
+    check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
     checkpointing.check_writable(workdir)
   if lead:
     for config, workdir in zip(configs, workdirs):
       os.makedirs(workdir, exist_ok=True)
-      path = os.path.join(workdir, 'config.json')
-      with open(path + '.tmp', 'w') as f:  # atomic: other processes may be reading it in _check_workdir
-        f.write(config.to_json_best_effort(indent=2))
-      os.replace(path + '.tmp', path)
+      # Atomic: other processes may be reading it in check_workdir.
+      atomic_files.write_text(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   run = group.lead  # num_steps resolved (config.json keeps the duration as given)
 
   state = init_state(group)

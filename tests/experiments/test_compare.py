@@ -424,6 +424,32 @@ class CommandLineTest(absltest.TestCase):
       self.assertRegex(lines[-1], f'^error: .*{message}')
       self.assertNotIn('Traceback', result.stderr)
 
+  def test_a_rerun_with_other_settings_is_refused_not_reported_as_the_old_runs(self):
+    root = self.create_tempdir().full_path
+    command = [sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
+               '--algorithms=sync', f'--workdir={root}', '--config.num_steps=4', '--config.eval_every=2']
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    self.assertEqual(first.returncode, 0, first.stderr)
+    table = open(os.path.join(root, 'comparison.md')).read()
+    for other in ('--config.optimizer.learning_rate=0.5', '--config.stragglers.slow_fraction=0.25'):
+      again = subprocess.run(command + [other], cwd=ROOT, capture_output=True, text=True, timeout=300)
+      self.assertEqual(again.returncode, 2, again.stderr)
+      self.assertRegex(again.stderr.strip().splitlines()[-1],
+                       f'^error: workdir {root}/sync/seed0 holds a run with a different config .*'
+                       f'{other.split(".", 1)[1].split(".")[0]}.*its own --workdir')
+      self.assertEqual(open(os.path.join(root, 'comparison.md')).read(), table)  # nothing overwritten
+
+  def test_a_torn_summary_or_failure_record_is_an_unfinished_run(self):
+    workdir = self.create_tempdir().full_path
+    for name in (compare_runs.SUMMARY_FILE, compare_runs.FAILED_FILE):
+      with open(os.path.join(workdir, name), 'w') as f:
+        f.write('{"stat')
+      self.assertIsNone(compare_runs.run_status(workdir))
+      os.remove(os.path.join(workdir, name))
+    with open(os.path.join(workdir, compare_runs.FAILED_FILE), 'w') as f:
+      json.dump({'status': 'diverged', 'error': 'nan'}, f)
+    self.assertEqual(compare_runs.run_status(workdir), 'diverged')
+
   @pytest.mark.slow
   def test_kill_minus_9_and_rerun_gives_the_same_table(self):
     full = self.create_tempdir().full_path

@@ -153,6 +153,13 @@ class TrainTest(parameterized.TestCase):
     self.assertAlmostEqual(summary['sim_time'], 10 * seconds, places=9)  # constant model, ideal network
     self.assertEqual(summary['param_norm'], _summary_without_wall(plain)['param_norm'])
 
+  def test_a_workdir_with_an_unreadable_config_is_refused_in_one_line(self):
+    workdir = self.create_tempdir().full_path
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write('{"algorithm": {"na')
+    with self.assertRaisesRegex(train.WorkdirConflict, 'unreadable config.json .*use a new --workdir'):
+      train.check_workdir(workdir, harness.synthetic_config('sync', num_steps=5, eval_every=5))
+
   def test_a_workdir_with_another_config_is_refused(self):
     workdir = self.create_tempdir().full_path
     train.train_and_evaluate(harness.synthetic_config('sync', num_steps=5, eval_every=5), workdir)
