@@ -50,6 +50,7 @@ interpolated linearly between the two evaluations around the crossing (never qua
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -94,6 +95,9 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   import config_errors as errors  # pylint: disable=g-import-not-at-top
   from experiments.configs import common  # pylint: disable=g-import-not-at-top
   statistics.check_options(main_lib._SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
+  if _TARGET_LOSS.value is not None:
+    errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0',
+                          lambda v: math.isfinite(v) and v > 0)
   devices = main_lib._CONFIG.value.devices  # pylint: disable=protected-access
   main_lib.force_host_devices(devices)  # before anything starts a JAX backend
   path, _, arg = argv_config.partition(':')

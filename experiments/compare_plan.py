@@ -23,19 +23,24 @@ def parse_entries(text: str) -> list[str]:
   import config_errors as errors  # pylint: disable=g-import-not-at-top
   entries: list[list[str]] = []
   for group in (text or '').split(';'):
-    start = True  # after ';' the next part starts an entry even if it has a '='
+    start, after_all = True, False  # after ';' the next part starts an entry even if it has a '='
     for part in common.split_arg(group):
       if part == 'all':
         entries.extend([name] for name in registry.names())
+        after_all = True
       elif '=' in part and not start:
         if not entries:
           raise errors.ConfigError('--algorithms', text, 'must start with an algorithm name')
+        if after_all:  # it would bind to the last registered algorithm only
+          raise errors.ConfigError('--algorithms', text, f"'all' takes no key=value pairs ({part}): set a field "
+                                   'of every run with --config.FIELD=VALUE, or name the entries')
         entries[-1].append(part)
       elif '=' in part:
         raise errors.ConfigError('--algorithms', part, 'an entry must start with an algorithm name')
       else:
         registry.get(part)  # an unknown name lists the known ones
         entries.append([part])
+        after_all = False
       start = False
   if not entries:
     raise errors.ConfigError('--algorithms', text, "name at least one algorithm, or 'all'")
@@ -194,6 +199,9 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
     errors.require_int(evals, '--evals', 1)
     if max_steps is not None:
       errors.require_int(max_steps, '--max_steps', 1)
+  elif max_steps is not None:
+    raise errors.ConfigError('--max_steps', max_steps, 'caps a --sim_time budget; without --sim_time every run '
+                             'does config.num_steps (set --config.num_steps)')
   runs, skipped, model_bytes, train_size, budget_steps = [], {}, {}, {}, {}
   for entry in entries:
     name, *pairs = entry.split(',', 1)
@@ -220,6 +228,9 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
             if clock_key not in budget_steps:
               budget_steps[clock_key] = sim_budget.steps_for_sim_time(config, sim_time, max_steps, model_bytes[key])
             steps = budget_steps[clock_key]
+            errors.require(max_steps is not None or steps < sim_budget.MAX_STEPS, '--sim_time', sim_time,
+                           f'is more than {sim_budget.MAX_STEPS:.0e} iterations of this run; give a shorter '
+                           'budget, or --max_steps to cap it')
             config.num_epochs = None  # the budget is simulated seconds
             cadence_steps = steps if cadence_steps is None else cadence_steps  # the first seed's: one program
             for field, value in sim_budget.even_blocks(config, steps, evals, max_steps, cadence_steps).items():

@@ -17,6 +17,7 @@ from cluster import factory as cluster_factory
 from experiments import tasks
 
 
+MAX_STEPS = 10 ** 7  # the iterations a budget may buy without --max_steps
 CHECKPOINTS_PER_RUN = 10  # at most about this many checkpoints in a run of `even_blocks`
 
 
@@ -31,7 +32,7 @@ def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
   spec = registry.get(config.algorithm.name)
   nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
   clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
-  limit, step = max_steps or 10 ** 7, 0
+  limit, step = max_steps or MAX_STEPS, 0
   while step < limit:
     try:
       block = clock.next_block(min(1000, limit - step))

@@ -415,7 +415,10 @@ class CommandLineTest(absltest.TestCase):
                           (['--algorithms=sync', '--sweep=optimizer.learning_rate=0.1,0.1'], 'appears twice'),
                           (['--algorithms=sync', '--sweep=optimizer.learning_rate=0.1',
                             '--sweep=optimizer.learning_rate=0.2'], 'is swept twice'),
-                          (['--algorithms=sync', '--seeds=2', '--max_replicas=0'], '--max_replicas=0 is not allowed')):
+                          (['--algorithms=sync', '--seeds=2', '--max_replicas=0'], '--max_replicas=0 is not allowed'),
+                          (['--algorithms=all,k=2'], "--algorithms='all,k=2' is not allowed: 'all' takes no key=value"),
+                          (['--algorithms=sync', '--target_loss=nan'], '--target_loss=nan is not allowed'),
+                          (['--algorithms=sync', '--max_steps=10'], '--max_steps=10 is not allowed: caps a --sim_time')):
       result = subprocess.run([sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
                                '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
