@@ -24,12 +24,19 @@ def enable(path: str) -> None:
 
 @contextlib.contextmanager
 def enabled(path: str):
-  """`enable(path)` for the duration of the block; the previous settings afterwards."""
+  """`enable(path)` for the duration of the block; the previous settings afterwards.
+
+  JAX opens its cache once, at the first compile, and keeps writing there whatever the settings say later: the
+  cache is reset on the way in and out (a private hook, `jax._src.compilation_cache.reset_cache`), or programs
+  compiled after the block would be written to `path` (a deleted temporary directory: a warning per program)."""
   import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import compilation_cache as jax_cache  # pylint: disable=g-import-not-at-top
   previous = {name: getattr(jax.config, name) for name in SETTINGS}
+  jax_cache.reset_cache()
   enable(path)
   try:
     yield
   finally:
     for name, value in previous.items():
       jax.config.update(name, value)
+    jax_cache.reset_cache()
