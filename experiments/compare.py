@@ -156,6 +156,7 @@ def main(argv):
   from experiments import preemption  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
   root = main_lib._WORKDIR.value  # pylint: disable=protected-access
+  preemption.exit_on_sigterm()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
   except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
@@ -164,9 +165,9 @@ def main(argv):
   except preemption.Preempted as e:
     print(f'{e}\nrerun the same compare command to resume', file=sys.stderr)
     sys.exit(preemption.EXIT_PREEMPTED)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as e:
     print(f'interrupted: rerun the same command to resume in {root}', file=sys.stderr)
-    sys.exit(130)
+    sys.exit(preemption.exit_code(e))
   with open(os.path.join(root, 'comparison.md')) as f:
     print(f.read())
   print(f'table: {os.path.join(root, "comparison.md")}')
@@ -175,6 +176,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  from experiments import preemption  # pylint: disable=g-import-not-at-top
+  preemption.exit_on_sigterm()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
   app.run(main, flags_parser=main_lib.parse_flags)

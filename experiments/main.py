@@ -8,7 +8,8 @@ User errors (bad config, missing data, a workdir holding another run) print one 
 diverged run exits with status 3, a simulated cluster that cannot go on (the algorithm waits for a worker that
 failed for good) with status 4 (with --seeds: once every seed has run, 3 if one diverged, else 4 if one
 stalled). SIGTERM or Ctrl-C (SIGINT) finish the current block, checkpoint, and exit with status 75
-(`preemption.EXIT_PREEMPTED`) and one line: rerunning the same command resumes; a second signal stops at once.
+(`preemption.EXIT_PREEMPTED`) and one line: rerunning the same command resumes; a second signal stops at once
+(status 75 after a SIGTERM, 130 after Ctrl-C), and a SIGTERM before training starts exits 75 too.
 
 `--compilation_cache_dir=DIR` (or $WAITLESS_COMPILATION_CACHE_DIR) keeps the compiled programs for later runs:
 a 10-step digits run then spends about half the CPU time (no compilation), with identical results.
@@ -168,6 +169,7 @@ def main(argv):
   from experiments import checkpointing
   from experiments import preemption
   from experiments import train
+  preemption.exit_on_sigterm()
   stop_requests, watchdog = preemption.StopRequests(), None
   if _COMPILATION_CACHE.value:
     compilation_cache.enable(_COMPILATION_CACHE.value)
@@ -189,10 +191,10 @@ def main(argv):
   except preemption.Preempted as e:
     print(str(e), file=sys.stderr)
     sys.exit(preemption.EXIT_PREEMPTED)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as e:
     print(f'interrupted: rerun the same command to resume from the last checkpoint in {_WORKDIR.value}',
           file=sys.stderr)
-    sys.exit(130)
+    sys.exit(preemption.exit_code(e))
   except RuntimeError as e:  # jax.errors.JaxRuntimeError: in a multi-process run, a collective lost its peer
     if watchdog is None or not _is_jax_runtime_error(e):
       raise
@@ -230,6 +232,8 @@ def parse_flags(argv):
 
 
 def run():
+  from experiments import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
+  preemption.exit_on_sigterm()  # from here, not after the seconds of imports that main() starts with
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # TensorFlow only feeds data here; silences its notice
   app.run(main, flags_parser=parse_flags)

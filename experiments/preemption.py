@@ -2,7 +2,10 @@
 
 The first signal only sets a flag; the training loop finishes the block it is running, writes a checkpoint and
 raises `Preempted`, and the run exits with `EXIT_PREEMPTED` and one line saying how to resume. A second signal
-interrupts at once (KeyboardInterrupt; the last checkpoint is kept). In a multi-process run every process must
+interrupts at once (`Interrupted`, a KeyboardInterrupt that names the signal; the last checkpoint is kept): the
+run exits with `EXIT_PREEMPTED` after a SIGTERM (the scheduler asked again: rerun to resume), 130 after Ctrl-C.
+Before the loop (imports, compiling, restoring) `exit_on_sigterm` makes a SIGTERM exit with `EXIT_PREEMPTED` and
+one line, not the default silent 143: nothing was trained since the last checkpoint. In a multi-process run every process must
 stop after the same block (a checkpoint is a collective write), so the flag is agreed on across processes
 once per block: a process stops when any process was asked to.
 """
@@ -10,14 +13,38 @@ once per block: a process stops when any process was asked to.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
-import jax
-from jax.experimental import multihost_utils
-import numpy as np
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: temporary failure, rerun to resume
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(KeyboardInterrupt):
+  """A second stop signal: stop at once. `signal_name` says which ('SIGTERM' or 'SIGINT')."""
+
+  def __init__(self, signal_name: str):
+    super().__init__(signal_name)
+    self.signal_name = signal_name
+
+
+def exit_code(interrupt: KeyboardInterrupt) -> int:
+  """The exit status after `interrupt`: EXIT_PREEMPTED for a SIGTERM (resumable, as a preemption), else 130."""
+  return EXIT_PREEMPTED if getattr(interrupt, 'signal_name', None) == 'SIGTERM' else 130
+
+
+def _exit_preempted(signum, frame) -> None:
+  del frame
+  sys.stderr.write(f'stopped by {signal.Signals(signum).name} before training started: nothing to save; rerun the '
+                   'same command to start (or resume from the last checkpoint)\n')
+  raise SystemExit(EXIT_PREEMPTED)
+
+
+def exit_on_sigterm() -> None:
+  """Until the training loop takes over the signals: a SIGTERM exits with EXIT_PREEMPTED and one line."""
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _exit_preempted)
 
 
 class Preempted(RuntimeError):
@@ -57,7 +84,7 @@ class StopRequests:
   def _handle(self, signum, frame) -> None:
     del frame
     if self.signal_name is not None:  # asked twice: stop now
-      raise KeyboardInterrupt
+      raise Interrupted(signal.Signals(signum).name)
     self.signal_name = signal.Signals(signum).name
 
   def request(self, name: str = 'request') -> None:
@@ -68,7 +95,10 @@ class StopRequests:
     """Whether to stop after the block that starts at `step`; the same answer on every process."""
     self.completed_step = step
     asked = self.signal_name is not None
+    import jax  # pylint: disable=g-import-not-at-top  # not at module level: main imports this before JAX
     if jax.process_count() > 1:
+      import numpy as np  # pylint: disable=g-import-not-at-top
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       asked = bool(np.any(multihost_utils.process_allgather(np.int32(asked))))
       if asked and self.signal_name is None:
         self.signal_name = 'a peer process'

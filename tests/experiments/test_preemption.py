@@ -59,9 +59,29 @@ class PreemptionTest(parameterized.TestCase):
     with stops:
       os.kill(os.getpid(), signal.SIGTERM)
       self.assertEqual(stops.signal_name, 'SIGTERM')
-      with self.assertRaises(KeyboardInterrupt):
+      with self.assertRaises(KeyboardInterrupt) as raised:
         os.kill(os.getpid(), signal.SIGINT)
+      self.assertEqual(preemption.exit_code(raised.exception), 130)  # Ctrl-C twice: interrupted
+      with self.assertRaises(KeyboardInterrupt) as raised:
+        os.kill(os.getpid(), signal.SIGTERM)
+      self.assertEqual(preemption.exit_code(raised.exception), preemption.EXIT_PREEMPTED)  # the scheduler again
     self.assertIs(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)  # handlers restored
+
+  def test_sigterm_while_starting_exits_75_with_one_line(self):
+    workdir = self.create_tempdir().full_path
+    for module in ('experiments.main', 'experiments.compare'):
+      extra = ['--algorithms=sync'] if module == 'experiments.compare' else []
+      proc = subprocess.Popen([sys.executable, '-m', module, '--config=experiments/configs/digits.py:sync',
+                               f'--workdir={workdir}/{module}', *extra], cwd=test_train.ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+      time.sleep(1.5)  # importing and compiling take longer: the signal comes before the first step
+      self.assertIsNone(proc.poll())
+      proc.send_signal(signal.SIGTERM)
+      _, stderr = proc.communicate(timeout=120)
+      self.assertEqual(proc.returncode, preemption.EXIT_PREEMPTED, stderr)
+      self.assertRegex(stderr.strip().splitlines()[-1], '^stopped by SIGTERM before training started: nothing to '
+                       'save; rerun the same command')
+      self.assertNotIn('Traceback', stderr)
 
   @pytest.mark.slow
   def test_sigterm_to_the_main_exits_75_with_one_line_and_resumes_exactly(self):
