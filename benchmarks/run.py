@@ -1,6 +1,6 @@
 """The benchmark suite: ratios measured side by side in one process, written to benchmarks/RESULTS.md.
 
-  python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling,gpu]
+  python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling,gpu,replicas]
 
 Sections (every registered algorithm is included automatically):
   1. algorithms  device time per iteration of each algorithm / sync's, digits MLP, 8 workers, with one worker
@@ -13,6 +13,9 @@ Sections (every registered algorithm is included automatically):
   4. memory      bytes per worker of the compiled block step (arguments + temporaries) / sync's.
   5. scaling     device time per iteration as P grows from 8 to 1024 virtual workers on one CPU device (linear
                  least-squares model), per algorithm, and the growth exponent of a log-log fit.
+  7. replicas    10 runs (5 seeds x 2 step sizes) as replicas of one program against one run alone, end to end
+                 as `experiments.compare` runs them, one algorithm per family (<= 2.5x), and the memory per
+                 replica (`benchmarks/replicas.py`).
   6. gpu         only where a GPU is present (`benchmarks/gpu.py`): ResNet-20 on CIFAR-shaped data, 8 virtual
                  workers on one GPU against one worker with batch 8b, every algorithm against sync on it,
                  bfloat16 against float32. Without a GPU the section says so in one line.
@@ -45,13 +48,15 @@ import numpy as np
 from algorithms import registry
 from benchmarks import gpu
 from benchmarks import harness_overhead
+from benchmarks import replicas
 from benchmarks import simulator_speed
 from benchmarks import timing
 from experiments.configs import digits
 from experiments.configs import synthetic
 
 _QUICK = flags.DEFINE_bool('quick', False, 'Smaller sections (a smoke test, not figures to report).')
-_SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling', 'gpu'],
+_SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling', 'gpu',
+                                           'replicas'],
                               'Sections to run.')
 _OUT = flags.DEFINE_string('out', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'RESULTS.md'),
                            'Where to write the results ('' to skip).')
@@ -209,6 +214,8 @@ def main(argv):
       gpu.section_gpu(out, quick, args=_ARGS)
     else:
       print(f'## 6. GPU\n\nNo GPU present (jax backend: {jax.default_backend()}): not measured.\n', file=out)
+  if 'replicas' in sections:
+    replicas.section_replicas(out, quick)
   print(f'(whole suite: {time.time() - begin:.0f} s)', file=out)
   if _OUT.value:
     with open(_OUT.value, 'w') as f:
