@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import config_errors as errors
 from data import base
 
 
@@ -17,9 +18,10 @@ class InMemoryStreams:
   def __init__(self, arrays: base.Batch, workers: int, microbatch_size: int, seed: int):
     n = len(next(iter(arrays.values())))
     shard = n // workers
-    if shard < microbatch_size:
-      raise ValueError(f'{n} training examples over {workers} workers leave {shard} per worker, fewer than '
-                       f'one micro-batch of {microbatch_size}')
+    errors.require(shard >= microbatch_size, 'workers', workers,
+                   f'{n} training examples over {workers} workers leave {shard} per worker, fewer than one '
+                   f'micro-batch of {microbatch_size} (batch_size / microbatches): use fewer workers or a smaller '
+                   'batch_size')
     order = np.random.default_rng([seed, 1]).permutation(n)
     self.workers = workers
     self.microbatch_size = microbatch_size

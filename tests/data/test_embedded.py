@@ -3,6 +3,7 @@
 from absl.testing import absltest
 import numpy as np
 
+import config_errors as errors
 from data import digits
 from data import in_memory
 from data import synthetic
@@ -45,6 +46,11 @@ class EmbeddedDataTest(absltest.TestCase):
     # Random access: reading a position later, or alone, gives the same micro-batch.
     np.testing.assert_array_equal(a.read([1], [[30]], 1)['id'][0, 0, 0], b.read([0, 1], positions, 2)['id'][1, 1, 0])
     self.assertFalse(np.array_equal(a.read([0, 1], positions, 2)['id'], c.read([0, 1], positions, 2)['id']))
+
+  def test_more_workers_than_the_data_feeds_is_a_config_error_naming_workers(self):
+    with self.assertRaisesRegex(errors.ConfigError, r'^workers=100 is not allowed: 200 training examples over '
+                                r'100 workers leave 2 per worker, fewer than one micro-batch of 4'):
+      in_memory.InMemoryStreams({'id': np.arange(200)}, workers=100, microbatch_size=4, seed=0)
 
   def test_dataset_builders(self):
     config = digits_config.get_config('sync')
