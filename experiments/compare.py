@@ -1,4 +1,4 @@
-"""Compares algorithms on one workload, straggler trace and seeds: who reaches the target first.
+r"""Compares algorithms on one workload, straggler trace and seeds: who reaches the target first.
 
   python -m experiments.compare --config=experiments/configs/digits.py --workdir=runs/cmp \
       --algorithms='sync,local_sgd,ksync,k=6' --seeds=2 --sweep=optimizer.learning_rate=0.02,0.05,0.1 \
@@ -66,6 +66,8 @@ from experiments import compilation_cache
 from experiments import report as report_lib
 from experiments import statistics
 from experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
+
+flags.adopt_module_key_flags(main_lib)  # --config, --workdir, --seeds, ... in `--help` too
 
 _ALGORITHMS = flags.DEFINE_string('algorithms', None, "Entries 'ALGORITHM[,key=value...]' separated by ',' "
                                   "(a name starts an entry) or ';'; 'all': every registered algorithm.")

@@ -427,6 +427,13 @@ class CommandLineTest(absltest.TestCase):
       self.assertRegex(lines[-1], f'^error: .*{message}')
       self.assertNotIn('Traceback', result.stderr)
 
+  def test_help_shows_the_run_flags_and_the_usage_example_as_written(self):
+    result = subprocess.run([sys.executable, '-m', 'experiments.compare', '--help'], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    for flag in ('--config:', '--workdir:', '--seeds:', '--algorithms:', '--tuning_seeds:'):
+      self.assertIn(f'  {flag}', result.stdout)
+    self.assertIn('--workdir=runs/cmp \\\n      --algorithms=', result.stdout)
+
   def test_a_rerun_with_other_settings_is_refused_not_reported_as_the_old_runs(self):
     root = self.create_tempdir().full_path
     command = [sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
