@@ -153,6 +153,8 @@ def load_config_module(path: str):
 
 def _apply_overrides(config, overrides: dict[str, Any], named: set[str]) -> None:
   """Sets each `--config.PATH=VALUE` that this run's config has and its entry or sweep does not name."""
+  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  common.override_duration(config, [path for path in overrides if path not in named])
   for path, value in overrides.items():
     if path in named:
       continue

@@ -82,6 +82,15 @@ def use_epochs(config: ml_collections.ConfigDict, epochs: float) -> ml_collectio
   return config
 
 
+def override_duration(config: ml_collections.ConfigDict, overridden) -> None:
+  """`--config.num_steps=N` (or `--config.num_epochs=E`) alone replaces the config's duration, as the config
+  argument's `num_steps=N` does: the other field is unset. `overridden`: the paths the flags set."""
+  named = [field for field in DURATION_FIELDS if field in overridden]
+  if len(named) == 1:
+    other = DURATION_FIELDS[1 - DURATION_FIELDS.index(named[0])]
+    config[other] = None
+
+
 def validate_duration(config: ml_collections.ConfigDict) -> None:
   """Exactly one of `num_steps` (an integer >= 1) and `num_epochs` (a number > 0) is set."""
   steps, epochs = config.get('num_steps'), config.get('num_epochs')

@@ -23,6 +23,8 @@ from experiments import compare_runs
 from experiments import report as report_lib
 from experiments import statistics
 from experiments import sim_budget
+from experiments.configs import cifar10
+from experiments.configs import common as config_common
 from experiments.configs import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -105,6 +107,15 @@ class ParseTest(parameterized.TestCase):
 
 
 class PlanTest(absltest.TestCase):
+
+  def test_a_num_steps_flag_replaces_a_duration_in_epochs(self):
+    runs, _ = compare_plan.plan(cifar10.get_config, ['sync'], [()], 1, '/cmp', overrides={'num_steps': 7})
+    self.assertEqual((runs[0].config.num_steps, runs[0].config.num_epochs), (7, None))
+    main_config = cifar10.get_config('sync')  # what experiments.main does with the same flag
+    main_config.num_steps = 7
+    config_common.override_duration(main_config, {'num_steps': 7})
+    config_common.validate_duration(main_config)
+    self.assertIsNone(main_config.num_epochs)
 
   def test_workdirs_seeds_and_precedence(self):
     root = '/cmp'
