@@ -326,16 +326,33 @@ def _model_init(model):
   return jax.jit(lambda key, inputs: model.init(key, inputs, train=False))
 
 
+def state_bytes_of(run: Run) -> int:
+  """Bytes of one run's whole training state (every worker), from shapes only (`jax.eval_shape`)."""
+  return param_count_and_bytes(jax.eval_shape(lambda: init_state(run)))[1]
+
+
 def replica_memory_bytes(run: Run) -> tuple[float, float]:
   """(training state, block inputs) bytes of one replica of `run` on one device's memory, from shapes only
   (`jax.eval_shape`: nothing is allocated). CPU devices share the host's memory: there, all of them."""
-  state = jax.eval_shape(lambda: init_state(run))
-  _, state_bytes = param_count_and_bytes(state)
+  state_bytes = state_bytes_of(run)
   example = jax.tree.map(np.asarray, run.dataset.example)
   _, example_bytes = param_count_and_bytes(example)
   input_bytes = example_bytes * run.config.batch_size * run.config.workers * run.config.steps_per_call
   share = 1 if run.layout.mesh.devices.flat[0].platform == 'cpu' else run.layout.devices
   return state_bytes / share, input_bytes / share
+
+
+def check_memory(group: Group) -> None:
+  """Raises errors.ConfigError (naming `workers`) when the group's state and inputs cannot fit in the memory
+  of a device, from shapes only: before anything is allocated."""
+  run = group.lead
+  state_bytes, input_bytes = replica_memory_bytes(run)
+  need = group.size * (replicas_lib.STATE_COPIES * state_bytes + replicas_lib.INPUT_COPIES * input_bytes)
+  available = replicas_lib.available_memory_bytes(run.layout.mesh.devices.flat[0])
+  errors.require(available is None or need <= available, 'workers', run.config.workers,
+                 f'this run needs about {need / 1e9:.3g} GB per device for its training state and inputs '
+                 f'({group.size} run(s) of {run.config.algorithm.name}: workers, threads, model and batch), more '
+                 f'than the {(available or 0) / 1e9:.3g} GB available: make it smaller')
 
 
 def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
@@ -772,9 +789,11 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   """
   group = build_group(configs)
   lead = jax.process_index() == 0
+  checkpoint_bytes = state_bytes_of(group.lead) / jax.process_count()  # shapes only: nothing allocated yet
   for config, workdir in zip(configs, workdirs):
     check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
-    checkpointing.check_writable(workdir)
+    checkpointing.check_writable(workdir, checkpoint_bytes=checkpoint_bytes)
+  check_memory(group)
   if lead:
     for config, workdir in zip(configs, workdirs):
       os.makedirs(workdir, exist_ok=True)
@@ -789,10 +808,8 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   block_step = make_block_step(group)
   if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
     run.config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
-  _, state_bytes = param_count_and_bytes(state)
   replicas = []
   for r, workdir in zip(group.runs, workdirs):
-    checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / group.size / jax.process_count())
     replicas.append(_Replica(
         run=r, workdir=workdir, clock=make_clock(r, model_bytes),
         checkpointer=checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints')),

@@ -122,7 +122,11 @@ class TrainTest(parameterized.TestCase):
       ('workers_not_multiple', 'sync,workers=6', 'workers=6 is not allowed: must be a multiple of devices=8'),
       ('zero_steps', 'sync,num_steps=0', 'num_steps=0 is not allowed: must be an integer >= 1'),
       ('negative_batch', 'sync,batch_size=-4', 'batch_size=-4 is not allowed: must be an integer >= 1'),
-      ('bad_local_steps', 'local_sgd,local_steps=0', 'algorithm.local_steps=0 is not allowed'))
+      ('bad_local_steps', 'local_sgd,local_steps=0', 'algorithm.local_steps=0 is not allowed'),
+      # 61 GB of thread views: refused from the state's shapes (disk or memory), before anything is allocated.
+      ('state_too_large', 'lap_sgd,threads=100000',
+       '(workdir .* MB free but two checkpoints of this run need|workers=8 is not allowed: this run needs about)'),
+      ('more_workers_than_data', 'sync,workers=1000,devices=8', 'workers=1000 is not allowed: 1437 training'))
   def test_bad_config_is_one_line_and_exit_2(self, arg, message):
     result = _main([f'--config=experiments/configs/digits.py:{arg}', f'--workdir={self.create_tempdir()}'])
     self.assertEqual(result.returncode, 2, result.stderr)
