@@ -8,7 +8,9 @@ first use (4-12 s of a short run), and tensorboardX imports torch, comet_ml and 
 installed. An event file is a sequence of TFRecords, each
 `uint64 length | uint32 masked_crc32c(length) | Event proto | uint32 masked_crc32c(proto)` (little-endian),
 the first Event declaring `file_version='brain.Event:2'`; the Event and Summary messages are tensorboard's
-(`tensorboard.compat.proto`, plain protobuf). Rows are written and flushed as they come.
+(`tensorboard.compat.proto`, plain protobuf). Rows are written and flushed as they come, twice: in
+`tensorboard/` with the iteration as the step, and in `tensorboard/sim_time/` (a second TensorBoard run) with the
+simulated millisecond as the step, so that a loss can be plotted against simulated time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from tensorboard.compat.proto import summary_pb2
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
+SIM_TIME_RUN = 'sim_time'  # tensorboard/sim_time: the scalars with the simulated millisecond as their step
+
+
+def sim_milliseconds(row: dict[str, Any]) -> int:
+  """A metrics row's simulated time in whole milliseconds: its step in the `SIM_TIME_RUN` TensorBoard run."""
+  return int(round(float(row['sim_time']) * 1000.0))
 
 
 def crc32c(data: bytes) -> int:
@@ -120,9 +128,14 @@ class MetricsWriter:
     os.replace(path + '.tmp', path)
     self._file = open(path, 'a')
     self._events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR))
+    # The same scalars against simulated time: a second TensorBoard run whose step is the simulated millisecond.
+    self._sim_events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR, SIM_TIME_RUN))
     if keep_through_step is not None:  # TensorBoard drops the earlier files' events from this step on
-      self._events.add_event(event_pb2.Event(wall_time=time.time(), step=keep_through_step + 1,
-                                             session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+      restart = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+      self._events.add_event(event_pb2.Event(wall_time=time.time(), step=keep_through_step + 1, session_log=restart))
+      if kept:
+        self._sim_events.add_event(event_pb2.Event(wall_time=time.time(), step=sim_milliseconds(kept[-1]) + 1,
+                                                   session_log=restart))
 
   def write(self, row: dict[str, Any]) -> None:
     if not self._enabled:
@@ -134,8 +147,12 @@ class MetricsWriter:
               if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)]
     self._events.add_event(event_pb2.Event(wall_time=time.time(), step=int(row['step']),
                                            summary=summary_pb2.Summary(value=values)))
+    if row.get('sim_time') is not None:
+      self._sim_events.add_event(event_pb2.Event(wall_time=time.time(), step=sim_milliseconds(row),
+                                                 summary=summary_pb2.Summary(value=values)))
 
   def close(self) -> None:
     if self._enabled:
       self._file.close()
       self._events.close()
+      self._sim_events.close()

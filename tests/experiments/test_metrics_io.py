@@ -29,14 +29,14 @@ def _python(code: str, **kwargs) -> subprocess.CompletedProcess:
                         env=env, **kwargs)
 
 
-def _event_files(workdir):
-  return sorted(glob.glob(os.path.join(workdir, metrics_io.TENSORBOARD_DIR, 'events.out.tfevents.*')))
+def _event_files(workdir, run=''):
+  return sorted(glob.glob(os.path.join(workdir, metrics_io.TENSORBOARD_DIR, run, 'events.out.tfevents.*')))
 
 
-def _scalars(workdir):
+def _scalars(workdir, run=''):
   """{(tag, step): value} from the event files, parsed with tensorboard's Event message."""
   out = {}
-  for path in _event_files(workdir):
+  for path in _event_files(workdir, run):
     for record in metrics_io.read_records(path):
       event = event_pb2.Event.FromString(record)
       for value in event.summary.value:
@@ -68,6 +68,17 @@ class EventFileTest(absltest.TestCase):
     self.assertEqual(_scalars(workdir), EXPECTED)
     self.assertEqual([r['step'] for r in metrics_io.read_rows(workdir)], [10, 20])
     self.assertIsNone(metrics_io.read_rows(workdir)[0]['lost'])
+
+  def test_the_same_scalars_against_simulated_milliseconds_in_a_second_run(self):
+    workdir = self.create_tempdir().full_path
+    _write(workdir)
+    by_sim_time = _scalars(workdir, metrics_io.SIM_TIME_RUN)
+    self.assertEqual(by_sim_time, {(tag, {10: 125, 20: 250}[step]): v for (tag, step), v in EXPECTED.items()})
+    _write(workdir, rows=[{'step': 20, 'train_loss': 0.5, 'sim_time': 0.3}], keep_through_step=10)
+    resumed = [event_pb2.Event.FromString(r)
+               for r in metrics_io.read_records(_event_files(workdir, metrics_io.SIM_TIME_RUN)[1])]
+    self.assertEqual((resumed[1].session_log.status, resumed[1].step), (event_pb2.SessionLog.START, 126))
+    self.assertEqual(resumed[2].step, 300)
 
   def test_a_corrupt_record_is_an_error_and_a_cut_one_is_dropped(self):
     workdir = self.create_tempdir().full_path
