@@ -838,6 +838,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
            run.config.algorithm.name, run.config.workers, run.layout.devices, jax.devices()[0].platform,
            num_params, num_steps, f'; {group.size} runs in one program ({names})' if group.batched else '')
   evaluate = make_evaluator(group)
+  log.info('compiling the block step (or loading it from the compilation cache); the first block waits for it')
   start_wall, start_step, last_progress = time.time(), step, time.time()
   wall = lambda r: r.wall_offset + time.time() - start_wall  # pylint: disable=unnecessary-lambda-assignment
 
