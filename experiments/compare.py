@@ -155,13 +155,15 @@ def main(argv):
   log.propagate = False
   import config_errors as errors  # pylint: disable=g-import-not-at-top
   from experiments import checkpointing  # pylint: disable=g-import-not-at-top
+  from experiments import metrics_io  # pylint: disable=g-import-not-at-top
   from experiments import preemption  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
   root = main_lib._WORKDIR.value  # pylint: disable=protected-access
   preemption.exit_on_sigterm()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
-  except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
+  except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
+          metrics_io.CutLog) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except preemption.Preempted as e:

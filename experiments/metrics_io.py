@@ -90,19 +90,29 @@ class EventFileWriter:
     self._file.close()
 
 
-def read_rows(workdir: str) -> list[dict[str, Any]]:
+class CutLog(ValueError):
+  """metrics.jsonl has a line that is not JSON where the caller needs every row (a finished run's log)."""
+
+
+def read_rows(workdir: str, complete: bool = False) -> list[dict[str, Any]]:
+  """The rows of `workdir`'s metrics.jsonl. A line cut by a kill ends the log (everything after it is newer than
+  any checkpoint, and a resume cuts it away); `complete=True` (a finished run, whose log must be whole) raises
+  CutLog there instead."""
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
   rows = []
   with open(path) as f:
-    for line in f:
+    for number, line in enumerate(f, 1):
       line = line.strip()
       if line:
         try:
           rows.append(json.loads(line))
-        except json.JSONDecodeError:
-          break  # a line cut by a kill: everything after it is newer than any checkpoint
+        except json.JSONDecodeError as e:
+          if complete:
+            raise CutLog(f'{path} is cut at line {number} although its run finished: its figures would be '
+                         'incomplete; remove that run\'s workdir and rerun the comparison to train it again') from e
+          break
   return rows
 
 

@@ -62,7 +62,9 @@ def read_run(run: PlannedRun) -> dict[str, Any]:
   """The run's rows and summary (None while unfinished) and its status."""
   from experiments import metrics_io  # pylint: disable=g-import-not-at-top
   summary = read_json(os.path.join(run.workdir, SUMMARY_FILE))
-  return {'rows': metrics_io.read_rows(run.workdir), 'summary': summary, 'status': run_status(run.workdir)}
+  status = run_status(run.workdir)
+  return {'rows': metrics_io.read_rows(run.workdir, complete=status == 'finished'), 'summary': summary,
+          'status': status}
 
 
 def run_figures(rows: Sequence[dict[str, Any]], summary: Optional[dict[str, Any]], target_accuracy: float,

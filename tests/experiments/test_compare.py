@@ -20,6 +20,7 @@ from cluster import factory as cluster_factory
 from data import registry as data_registry
 from experiments import compare_plan
 from experiments import compare_runs
+from experiments import metrics_io
 from experiments import report as report_lib
 from experiments import statistics
 from experiments import sim_budget
@@ -459,6 +460,17 @@ class CommandLineTest(absltest.TestCase):
                        f'^error: workdir {root}/sync/seed0 holds a run with a different config .*'
                        f'{other.split(".", 1)[1].split(".")[0]}.*its own --workdir')
       self.assertEqual(open(os.path.join(root, 'comparison.md')).read(), table)  # nothing overwritten
+
+  def test_a_finished_run_with_a_cut_log_is_refused_not_reported_short(self):
+    workdir = self.create_tempdir().full_path
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+      f.write('{"step": 1, "sim_time": 0.1}\n{"step": 2, "sim_ti')
+    run = compare_plan.PlannedRun('sync', (), 0, workdir, digits.get_config('sync'))
+    self.assertLen(statistics.read_run(run)['rows'], 1)  # unfinished: the cut line ends the log, as a resume does
+    with open(os.path.join(workdir, compare_runs.SUMMARY_FILE), 'w') as f:
+      json.dump({'steps': 2}, f)
+    with self.assertRaisesRegex(metrics_io.CutLog, 'metrics.jsonl is cut at line 2 although its run finished'):
+      statistics.read_run(run)
 
   def test_a_torn_summary_or_failure_record_is_an_unfinished_run(self):
     workdir = self.create_tempdir().full_path
