@@ -12,6 +12,7 @@ import time
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
+import pytest
 
 import config_errors as errors
 from experiments import metrics_io
@@ -134,6 +135,15 @@ class TrainTest(parameterized.TestCase):
     self.assertLen(lines, 1, result.stderr)
     self.assertRegex(lines[0], '^error: ' + message)
     self.assertNotIn('Traceback', result.stderr)
+
+  @pytest.mark.slow
+  def test_a_mock_data_dry_run_prints_its_own_lines_only(self):
+    result = _main(['--config=experiments/configs/cifar10.py:sync,num_steps=2,eval_every=2,batch_size=8',
+                    '--mock_data', f'--workdir={self.create_tempdir()}'], timeout=600)
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    self.assertNotIn('TensorInfo.dtype', result.stderr)
+    self.assertIn('compiling the block step', result.stderr)
+    self.assertIn('summary:', result.stderr)
 
   def test_validation_names_the_field(self):
     config = digits.get_config('sync')
