@@ -129,7 +129,7 @@ class TrainTest(parameterized.TestCase):
        '(workdir .* MB free but two checkpoints of this run need|workers=8 is not allowed: this run needs about)'),
       ('more_workers_than_data', 'sync,workers=1000,devices=8', 'workers=1000 is not allowed: 1437 training'))
   def test_bad_config_is_one_line_and_exit_2(self, arg, message):
-    result = _main([f'--config=experiments/configs/digits.py:{arg}', f'--workdir={self.create_tempdir()}'])
+    result = _main([f'--config=experiments/configs/digits.py:{arg}', f'--workdir={self.create_tempdir().full_path}'])
     self.assertEqual(result.returncode, 2, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     self.assertLen(lines, 1, result.stderr)
@@ -139,7 +139,7 @@ class TrainTest(parameterized.TestCase):
   @pytest.mark.slow
   def test_a_mock_data_dry_run_prints_its_own_lines_only(self):
     result = _main(['--config=experiments/configs/cifar10.py:sync,num_steps=2,eval_every=2,batch_size=8',
-                    '--mock_data', f'--workdir={self.create_tempdir()}'], timeout=600)
+                    '--mock_data', f'--workdir={self.create_tempdir().full_path}'], timeout=600)
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])
     self.assertNotIn('TensorInfo.dtype', result.stderr)
     self.assertIn('compiling the block step', result.stderr)
