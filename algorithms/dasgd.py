@@ -4,7 +4,7 @@ Update rule for worker i (tau = `local_steps`, d = `delay`, 0 <= d <= tau):
     W_i <- W_i + U_i(g_i)                                   (local step, local optimizer state)
     after step t with (t+1) mod tau == 0:  s_i <- W_i, start the all-reduce of the snapshots
     after step t + d:  `local_progress` (default, choice):  W_i <- mean(s) + (W_i - s_i)
-                       `mix` (the authors' code):           W_i <- p W_i + (1 - p) mean(s),  p = `mix`
+                       `mix` (the authors' code, below):    W_i <- p W_i + (1 - p) mean(s),  p = `mix`
 d = 0 is a blocking average: with `local_progress` exactly local SGD with H = tau. Only weights are averaged;
 the optimizer state (momentum) stays local. The mechanism (snapshot, all-reduce, apply through carried state)
 is `algorithms.delayed_averaging`, shared with LAP-SGD.
@@ -22,6 +22,13 @@ fully hidden when allreduce(P) <= d x step time, else allreduce(P) - d x step ti
 
 Reference: Zhou et al., "DaSGD: Squeezing SGD Parallelization Performance in Distributed Training Using
 Delayed Averaging", 2020 (arXiv:2006.00441). Author's defaults: tau = 4, d = 1, p = 0.25.
+The authors' code: github.com/sweetwenwen/fastai-dasgd, train.py, `fit_asynchronous_average_models_one_cycle`
+(commit 1b1cbdd): `mix` with p = `update_proportion` (8/32) is their rule, and a float64 test ports their loop
+line by line (tests/algorithms/test_dasgd.py). Two departures, both deliberate: `local_progress`, the default,
+is the paper's description, not their code; and at d = 0 their loop mixes only the last worker (its loop
+variable after the worker loop), which this module does not copy: every worker mixes. As in their code (which
+mixes the state_dict entries named weight or bias), only parameters are averaged: batch-norm statistics stay
+each worker's own.
 """
 
 from __future__ import annotations

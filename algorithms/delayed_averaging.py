@@ -5,7 +5,7 @@ worker stores a snapshot s_i of some tree (the weights, one fragment, ...), the 
 runs while the worker keeps taking local steps, and d steps later the worker corrects its current tree W_i
 with the mean:
     `local_progress`: W_i <- mean(s) + (W_i - s_i)      (DaSGD's default; LAP-SGD's W_i + (mean(s) - s_i))
-    `mix`:            W_i <- p W_i + (1 - p) mean(s)     (DaSGD authors' code, p = `mix`)
+    `mix`:            W_i <- p W_i + (1 - p) mean(s)     (DaSGD authors' code, cited in `dasgd`; p = `mix`)
 With d = 0 the snapshot is the current tree and the average is blocking: `local_progress` gives W_i <- mean(s)
 exactly (local SGD), `mix` gives p W_i + (1 - p) mean(s).
 

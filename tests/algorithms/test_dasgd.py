@@ -140,6 +140,48 @@ class DaSGDTest(parameterized.TestCase):
     params = optax.apply_updates(params, updates)
     np.testing.assert_allclose(params['w'], [1.25, -2.5])
 
+  @parameterized.named_parameters(('d1', 1), ('d2', 2), ('d_equals_tau', 4))
+  def test_mix_matches_a_literal_port_of_the_authors_loop(self, delay):
+    # A line-by-line port of the authors' loop: github.com/sweetwenwen/fastai-dasgd, train.py,
+    # `fit_asynchronous_average_models_one_cycle`, commit 1b1cbddf5535cec188116c7d216f216a7ec6351b. Each
+    # dataloader batch is one round of `tao` local steps; after worker i's local step number `delay - 1` of a
+    # round, from the second round on (`model_average_tag`), its weights become
+    # update_proportion * own + (1 - update_proportion) * new_dict, where new_dict is the mean of the models
+    # at the end of the previous round. Their defaults: tao = 4, delay = 1, update_proportion = 8/32.
+    p, tao, rounds, lr, update_proportion = 4, 4, 5, 0.1, 8.0 / 32.0
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(rounds * tao, p, 3))  # worker i's quadratic at step t: 0.5 |w - c[t, i]|^2 x scale_i
+    scale = np.array([0.5, 1.0, 1.5, 2.0])
+
+    def grad(w, t, i):
+      return scale[i] * (w - centres[t, i])
+
+    models, new_dict, model_average_tag = [np.zeros(3) for _ in range(p)], None, False
+    for r in range(rounds):
+      for local_step in range(tao):
+        for i in range(p):
+          models[i] = models[i] - lr * grad(models[i], r * tao + local_step, i)
+          if local_step == delay - 1 and model_average_tag:
+            models[i] = update_proportion * models[i] + (1 - update_proportion) * new_dict
+      model_average_tag = True
+      new_dict = sum(models) / p
+
+    tx = dasgd.dasgd(optax.sgd(lr), local_steps=tao, delay=delay, correction='mix', mix=update_proportion,
+                     axis_name='workers')
+
+    def step(w, state, c, s):
+      updates, state = tx.update(s * (w - c), state, w)
+      return optax.apply_updates(w, updates), state
+
+    with jax.enable_x64(True):
+      w = jnp.zeros((p, 3), jnp.float64)
+      state = jax.vmap(tx.init)(w)
+      step = jax.jit(jax.vmap(step, axis_name='workers'))
+      for t in range(rounds * tao):
+        w, state = step(w, state, jnp.asarray(centres[t]), jnp.asarray(scale))
+    np.testing.assert_allclose(np.asarray(w), np.stack(models), rtol=1e-13, atol=1e-14)
+    self.assertGreater(np.abs(np.stack(models) - new_dict).max(), 1e-3)  # the workers drifted: not a plain mean
+
   @parameterized.named_parameters(
       ('delay_above_tau', {'local_steps': 2, 'delay': 3}, 'algorithm.delay'),
       ('negative_delay', {'delay': -1}, 'algorithm.delay'),
