@@ -1,37 +1,63 @@
 """WAGMA-SGD: wait-avoiding group model averaging, with a blocking global average every tau iterations.
 
-Update rule for worker i at iteration t (P workers, groups of S, G = log2 P, g = log2 S, tau = `sync_every`):
-    W'_i <- W_i + U_i(g_i)                                (local step, local optimizer state)
-    if (t+1) mod tau == 0 or S == P:                      (blocking global average)
-        W_i <- (1/P) sum_j W'_j
-    else:                                                 (wait-avoiding group average)
-        c_j  = W'_j if fresh_j else buf_j                 (a late member contributes its send buffer)
-        Sg   = sum over j in group_t(i) of c_j
-        W_i <- Sg / S                if fresh_i
-               (Sg + W'_i) / (S + 1) if not fresh_i       (its own new model joins the stale sum)
-    buf_i <- W'_i                                         (every iteration: the send buffer holds the last W')
+Update rule for worker i at iteration t (P workers, groups of S, G = log2 P, g = log2 S, tau = `sync_every`),
+c_j = what member j contributes: its posted model if fresh, else its send buffer (the model it posted last):
+  rule='authors' (default; the authors' code):
+    if (t+1) mod tau == 0 or S == P:  A_i = (1/P) sum_j W_j                    (blocking global average)
+    else:                             A_i = (sum_{j in group_t(i)} c_j + W_i) / (S + 1)   fresh or not
+    W_i <- A_i + U_i(g_i(W_i))        (the gradient at the W_i before the average; buf_i <- W_i)
+  rule='step_then_average' (the rule this project built first; an option):
+    W'_i <- W_i + U_i(g_i)
+    if (t+1) mod tau == 0 or S == P:  W_i <- (1/P) sum_j W'_j
+    else:                             Sg = sum_{j in group_t(i)} c_j (posted model W'_j)
+                                      W_i <- Sg / S if fresh_i, (Sg + W'_i) / (S + 1) if not
+    buf_i <- W'_i
+Why the authors' rule is the default: it is what the paper's numbers were measured with
+(Shigangli/WAGMA-SGD at 3cb53050a309fa461b01361fc173a91339b05556,
+test-models/tf-models-r1.11/official/utils/opt_wagma_sgd_imagenet.py: `WAGMASGDOptimizer.apply_gradients`
+assigns var <- allreducef(var) and then applies the momentum step of the gradient taken at the old var;
+`allreducef::forward` returns (group sum + input) / (S + 1), own model counted twice, or sum / P every
+LIMITER + 1 = tau iterations), and its order lets the group exchange of W(t) run under the gradient computation
+(the time rule charges that overlap). Under it S = P or tau = 1 is not local SGD with H = 1 but
+W_i <- mean_j W_j + U_i(g_i(W_i)) (D-PSGD's overlap order on the complete graph); under step_then_average
+it is. The two rules differ by O(1) on a trajectory (a float64 port of the authors' code: 1.03 at P = 16,
+S = 4, tau = 11), so an experiment says which it ran.
 A worker lost for good (`live` false in the schedule) is frozen: its W, send buffer and optimizer state stay,
-it contributes nothing, and its group divides by its live members n_g (S without failures) in place of S.
+it contributes nothing, and its group counts its live members n_g (S without failures) in place of S.
 The blocking global average needs every worker: the time rule stops the run there (`clock.StalledError`).
-group_t(i) = {i XOR (any XOR of the masks m_r)}, m_r = 1 << ((t g + r) mod G), r = 0..g-1: P = 8, S = 4:
-t = 0 -> {0,1,2,3},{4,5,6,7}; t = 1 -> {0,1,4,5},{2,3,6,7}. The mask set repeats with period
-n = G / gcd(G, g), so the group sum is one of n static recursive-doubling programs (g single-axis exchange
-rounds each, `collectives.xor_group_sum`), picked by the schedule's uniform `pattern` with `lax.switch`
-(one more branch holds the global all-reduce): only the iteration's own collectives run, also when workers
-are vmapped. `fixed_groups` keeps pattern 0 (the paper's ablation).
 
-Choices: S = P makes every iteration the blocking global average (= `local_sgd` with H = 1); the initial send
-buffer is W_0; optimizer state stays local.
+Groups: group_t(i) = {i XOR (any XOR of the masks m_r)}. group_patterns='rotate' (default):
+m_r = 1 << ((t g + r) mod G), r = 0..g-1: P = 8, S = 4: t = 0 -> {0,1,2,3},{4,5,6,7}; t = 1 ->
+{0,1,4,5},{2,3,6,7}; the mask set repeats with period n = G / gcd(G, g). group_patterns='authors':
+m_r = 1 << (j g + r), j = t mod floor(G / g) (fflib3/src/colls/ffallreduce.c, `ffallreduce_nh`). The two are
+the same whenever g divides G (every configuration the authors ran: P = 64, S = 8). Where it does not
+(P = 8, S = 4; P = 16, S = 8) the authors' groups are fixed and the top G mod g bits of the worker id never mix
+except in the global average; rotation is the default there because it keeps the paper's stated property
+(information reaches all P workers in ceil(log_S P) iterations; the paper's ablation: fixed groups lose
+accuracy), and the authors' own code asserts nothing about that case (`//assert(steps == STEPS)`).
+The group sum is one of n static recursive-doubling programs (g single-axis exchange rounds each,
+`collectives.xor_group_sum`), picked by the schedule's uniform `pattern` with `lax.switch` (one more branch
+holds the global all-reduce): only the iteration's own collectives run, also when workers are vmapped.
+`fixed_groups` keeps pattern 0 (the paper's ablation).
 
-Time (`WaitAvoidingGroups` below): worker i's local step ends at c_i. The group collective of iteration t is
-activated by the first worker to reach it and the activation spreads over the hypercube: worker i learns of it
-at A_i = min_k (c_k + popcount(k XOR i) a), a = `activation_latency_s`; fresh iff c_i <= A_i; a group
-completes at max over its members of A_i + allreduce(S); a late member does not delay it. Consequence
-(`experiments.simulate`, P = 16, S = 4, tau = 10, ideal network, a = 10 us, median 10 ms per step; share of
+Choices: S = P makes every iteration the blocking global average (under step_then_average = `local_sgd` with
+H = 1); the initial send buffer is W_0; optimizer state stays local.
+
+Time (`WaitAvoidingGroups` below): worker i's local step ends at c_i; its model joins the collective at x_i:
+its start (authors: W(t) is ready before the gradient) or c_i (step_then_average). The group collective of
+iteration t is activated by the first worker to reach it and the activation spreads over the hypercube: worker
+i learns of it at A_i = min_k (x_k + popcount(k XOR i) a), a = `activation_latency_s`; fresh iff x_i <= A_i; a
+group completes at D = max over its members of A_i + allreduce(S); a late member does not delay it; worker i
+ends at max(c_i, D) (authors: the exchange is hidden under the gradient as in dpsgd's order='overlap', an
+iteration costs max(compute, exchange); step_then_average: D >= c_i for a fresh worker, compute + exchange).
+Idealised for the authors' rule: their TF graph starts each tensor's exchange once that tensor's gradient is
+ready (`tf.control_dependencies([grad])`), so it hides the exchange under the rest of the backward pass only;
+the rule charges the full overlap that the order permits. Consequence (measured with step_then_average;
+`experiments.simulate`, P = 16, S = 4, tau = 10, ideal network, a = 10 us, median 10 ms per step; share of
 fresh contributions on group iterations): constant compute 1.0, 2 % lognormal noise 0.068, 20 % noise 0.063
 (with a = 0 exactly one worker in 16 is fresh; a = 100 us and 2 % noise: 0.19). With any continuous noise
 larger than `a` most contributions are one iteration stale, as in the real collective (the authors' code
-always averages (sum + own W') / (S + 1)). On digits (16 workers, target 95 %, 3 seeds;
+always averages (sum + own W) / (S + 1)). On digits (16 workers, target 95 %, 3 seeds;
 `benchmarks/wagma_comparison.py`) this staleness costs little: see its `noise` table. A worker more than one
 iteration behind (its previous step had not finished when the activation reached it: its buffer is older than
 one iteration; 20 % noise: about 3.4 of 16 workers per iteration) is still treated as one iteration stale by
@@ -65,7 +91,12 @@ from cluster.rules import synchronous as rules_synchronous
 if TYPE_CHECKING:
   from cluster.clock import Clock
 
-
+# 'authors': W_i <- (group sum of W(t) + W_i(t)) / (S + 1) + U_i(g_i(W_i(t))) (Shigangli/WAGMA-SGD, the default);
+# 'step_then_average': W'_i = W_i + U_i(g_i), then the group average of W' (divisor S fresh, S + 1 stale).
+RULES = ('authors', 'step_then_average')
+# How the groups change: 'rotate' (masks move by g bits every iteration, modulo G) or 'authors' (their fixed
+# floor(G / g) patterns). The two agree whenever log2 S divides log2 P.
+GROUP_PATTERNS = ('rotate', 'authors')
 
 # ---- groups ----
 
@@ -80,26 +111,39 @@ def default_group_size(workers: int) -> int:
   return 1 << -(-_log2(workers, 'workers') // 2)
 
 
-def group_masks(iteration: int, workers: int, group_size: int) -> list[int]:
-  """m_r = 1 << ((t g + r) mod G), r = 0..g-1 (G = log2 P, g = log2 S): the group of i is i XOR any of them."""
+def group_masks(iteration: int, workers: int, group_size: int, patterns: str = 'rotate') -> list[int]:
+  """The XOR masks of `iteration` (G = log2 P, g = log2 S): the group of i is i XOR any combination of them.
+
+  patterns='rotate':  m_r = 1 << ((t g + r) mod G), r = 0..g-1 (every bit mixes within ceil(G / g) iterations).
+  patterns='authors': m_r = 1 << (j g + r), j = t mod floor(G / g) (`ffallreduce_nh`, `mask <<= step*groupr`):
+  the same masks whenever g divides G; otherwise the top G mod g bits are never in a mask.
+  """
   big_g, g = _log2(workers, 'workers'), _log2(group_size, 'group_size')
   if group_size > workers:
     raise ValueError(f'group_size={group_size} must be <= workers={workers}')
+  if patterns not in GROUP_PATTERNS:
+    raise ValueError(f'patterns={patterns!r} must be one of {GROUP_PATTERNS}')
   if big_g == 0:
     return []
+  if patterns == 'authors':
+    j = iteration % num_patterns(workers, group_size, patterns)
+    return [1 << (j * g + r) for r in range(g)]
   return [1 << ((iteration * g + r) % big_g) for r in range(g)]
 
 
-def num_patterns(workers: int, group_size: int) -> int:
-  """n = G / gcd(G, g): iteration t uses the masks of iteration t mod n (1 for P = 1 or S = 1)."""
+def num_patterns(workers: int, group_size: int, patterns: str = 'rotate') -> int:
+  """Iteration t uses the masks of iteration t mod n: n = G / gcd(G, g) ('rotate'), floor(G / g) ('authors');
+  1 for P = 1 or S = 1."""
   big_g, g = _log2(workers, 'workers'), _log2(group_size, 'group_size')
-  return 1 if big_g == 0 else big_g // math.gcd(big_g, g)
+  if big_g == 0 or g == 0:
+    return 1
+  return big_g // g if patterns == 'authors' else big_g // math.gcd(big_g, g)
 
 
-def group_ids(iteration: int, workers: int, group_size: int) -> np.ndarray:
+def group_ids(iteration: int, workers: int, group_size: int, patterns: str = 'rotate') -> np.ndarray:
   """int32 (P,): the smallest member of each worker's group at `iteration` (a canonical group label)."""
   spread = 0
-  for mask in group_masks(iteration, workers, group_size):
+  for mask in group_masks(iteration, workers, group_size, patterns):
     spread |= mask
   return (np.arange(workers) & ~spread).astype(np.int32)
 
@@ -109,13 +153,14 @@ def group_ids(iteration: int, workers: int, group_size: int) -> np.ndarray:
 class WagmaState(NamedTuple):
   count: jax.Array         # int32 (): iterations so far (the same on every worker)
   inner: optax.OptState    # this worker's own inner optimizer state
-  send_buffer: optax.Params  # like params: this worker's last W' (W_0 at first), what it contributes when stale
+  send_buffer: optax.Params  # like params: the model this worker last posted (W_0 at first), what it contributes
+  #                            when stale: W_i(t-1) under rule='authors', W'_i(t-1) under 'step_then_average'
 
 
 def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None, sync_every: int = 10,
-          fixed_groups: bool = False,
+          fixed_groups: bool = False, rule: str = 'authors', group_patterns: str = 'rotate',
           axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
-  """Local steps of `inner`, then a wait-avoiding group average (or the global average every tau-th step).
+  """A wait-avoiding group average of the models and a local step of `inner` (global average every tau-th step).
 
   Args:
     inner: the optimizer U, applied by each worker to its own gradient.
@@ -123,15 +168,23 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
     sync_every: tau >= 1; used only without a schedule (a library loop): then iteration t averages globally
       iff (t+1) mod tau == 0, and every worker is fresh. The harness's schedule says it instead.
     fixed_groups: always the groups of iteration 0 (ablation).
+    rule: 'authors' (average W(t) with divisor S + 1, then the step of the gradient at W(t)) or
+      'step_then_average' (step, then average W' with divisor S fresh, S + 1 stale). See the module docstring.
+    group_patterns: how the groups change, 'rotate' or 'authors' (`group_masks`).
     axis_name: the worker axes (P must be a power of two); None for one worker (averaging is the identity).
 
   Returns:
     A transformation whose `update(grads, state, params, *, schedule=None, step=None)` moves each worker's
-    params to its new averaged params. `schedule`: a `WagmaSchedule` with per-worker `fresh` and uniform
+    params to its new params. `schedule`: a `WagmaSchedule` with per-worker `fresh` and uniform
     `pattern` and `global_average` (unbatched: the `lax.switch` over them is a real conditional when workers
     are vmapped). `step`: the replicated iteration number, used only without a schedule (None: the state's
     counter).
   """
+  if rule not in RULES:
+    raise ValueError(f'rule={rule!r} must be one of {RULES}')
+  if group_patterns not in GROUP_PATTERNS:
+    raise ValueError(f'group_patterns={group_patterns!r} must be one of {GROUP_PATTERNS}')
+  authors = rule == 'authors'
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -143,10 +196,13 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
       raise ValueError('wagma needs params: it averages models, not gradients.')
     p = collectives.num_workers(axis_name)
     s = default_group_size(p) if group_size is None else group_size
-    n = 1 if fixed_groups else num_patterns(p, s)
-    patterns = [group_masks(k, p, s) for k in range(n)]
+    n = 1 if fixed_groups else num_patterns(p, s, group_patterns)
+    masks_of = [group_masks(k, p, s, group_patterns) for k in range(n)]
     updates, inner_state = inner.update(grads, state.inner, params)
     stepped = optax.apply_updates(params, updates)
+    # The model this iteration posts to its group: W(t) (authors: its gradient is independent of the average,
+    # so the exchange can run under the gradient computation) or the stepped W' (step_then_average).
+    posted = params if authors else stepped
 
     if schedule is None:
       t = state.count if step is None else step
@@ -161,29 +217,33 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
 
     def group_average(masks):
       def branch(operands):
-        new, contribution, is_fresh, is_live, count, old = operands
+        own, contribution, is_fresh, is_live, count, old = operands
         total = collectives.xor_group_sum(contribution, axis_name, masks)
 
-        def average(sum_, own, before):
+        def average(sum_, mine, before):
           count_ = jnp.maximum(count, 1).astype(sum_.dtype)
-          mean = jnp.where(is_fresh, sum_ / count_, (sum_ + own) / (count_ + 1))
-          return jnp.where(is_live, mean, before).astype(own.dtype)
-        return jax.tree.map(average, total, new, old)
+          with_own = (sum_ + mine) / (count_ + 1)  # own model counted twice if fresh, beside its buffer if stale
+          mean = with_own if authors else jnp.where(is_fresh, sum_ / count_, with_own)
+          return jnp.where(is_live, mean, before).astype(mine.dtype)
+        return jax.tree.map(average, total, own, old)
       return branch
 
     def global_mean(operands):
       return collectives.worker_mean(operands[0], axis_name)
 
-    # A live worker contributes W' (fresh) or its send buffer (stale); a lost one (never fresh) nothing.
+    # A live worker contributes its posted model (fresh) or its send buffer (stale); a lost one (never fresh)
+    # nothing.
     contribution = jax.tree.map(lambda new, buf: jnp.where(fresh, new, jnp.where(live, buf, jnp.zeros_like(buf))),
-                                stepped, state.send_buffer)
+                                posted, state.send_buffer)
     index = jnp.where(global_average, n, pattern)
-    averaged = lax.switch(index, [group_average(m) for m in patterns] + [global_mean],
-                          (stepped, contribution, fresh, live, members, params))
-    updates = jax.tree.map(lambda new, old: new - old, averaged, params)
+    averaged = lax.switch(index, [group_average(m) for m in masks_of] + [global_mean],
+                          (posted, contribution, fresh, live, members, params))
     keep = lambda new, old: jax.tree.map(lambda x, y: jnp.where(live, x, y), new, old)  # a lost worker is frozen
+    if authors:  # W_i <- A_i + U_i(g_i(W_i(t))); a lost worker keeps its W
+      averaged = keep(optax.apply_updates(averaged, updates), params)
+    updates = jax.tree.map(lambda new, old: new - old, averaged, params)
     return updates, WagmaState(count=optax.safe_increment(state.count), inner=keep(inner_state, state.inner),
-                               send_buffer=keep(stepped, state.send_buffer))
+                               send_buffer=keep(posted, state.send_buffer))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -193,8 +253,8 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
 class WagmaSchedule(NamedTuple):
   """Schedule of one WAGMA iteration."""
   microbatches_done: np.ndarray  # int32 (P,), m (0 for a worker that failed for good)
-  fresh: np.ndarray              # bool (P,), worker i contributed W'_i (True for all on global-average
-  #                                iterations); fresh: W_i <- group sum / S, stale: (group sum + W'_i) / (S + 1)
+  fresh: np.ndarray              # bool (P,), worker i's posted model (authors: W_i, step_then_average: W'_i)
+  #                                is in its group's sum, else its send buffer (True for all on global averages)
   group: np.ndarray              # int32 (P,), smallest worker id in worker i's group (informative)
   behind: np.ndarray             # bool (P,), worker i was more than one iteration behind (treated as one)
   live: np.ndarray               # bool (P,), False: worker i failed for good (frozen, contributes nothing)
@@ -237,20 +297,24 @@ def _pair_views(buffer: np.ndarray, bit: int):
 class WaitAvoidingGroups(rules.TimeRule):
   """WAGMA-SGD (`wagma`): group averaging that never waits for late members; global average every tau.
 
-  Worker i runs iteration t from start_i = end_i(t-1): its local step finishes at c_i = start_i + X_i.
-  - If (t+1) mod tau == 0 or S == P: blocking global average: end_i = max_j c_j + allreduce(P); all fresh.
+  Worker i runs iteration t from start_i = end_i(t-1): its local step finishes at c_i = start_i + X_i. Its
+  model joins the collective at x_i = start_i (rule='authors': W(t) is averaged while the gradient at W(t) is
+  computed, as dpsgd's order='overlap') or x_i = c_i (rule='step_then_average': W' exists after the step).
+  - If (t+1) mod tau == 0 or S == P: blocking global average: end_i = max(c_i, max_j x_j + allreduce(P)) (=
+    max_j c_j + allreduce(P) stepping first); all fresh.
   - Else (wait-avoiding, the default) the group collective is activated by the first worker of the whole
     system to reach it and the activation travels over the hypercube, `activation_latency_s` = a per hop:
-    worker i learns of it at A_i = min_k (c_k + popcount(k XOR i) a). Worker i is fresh iff c_i <= A_i (its
-    new W'_i is in the sum; else its progress thread contributes the send buffer, its previous W'). Its
-    group completes at D = max over members j of A_j + allreduce(S) (ring all-reduce within the group).
-    Fresh: end_i = D, idle D - allreduce(S) - c_i. Stale: end_i = max(c_i, D), idle end_i - c_i.
-  - `wait_avoiding=False` (ablation): every group waits for its slowest member: end_i = max over the group of
-    c_j + allreduce(S), everyone fresh.
+    worker i learns of it at A_i = min_k (x_k + popcount(k XOR i) a). Worker i is fresh iff x_i <= A_i (its
+    posted model is in the sum; else its progress thread contributes the send buffer, its previous one). Its
+    group completes at D = max over members j of A_j + allreduce(S) (ring all-reduce within the group);
+    end_i = max(c_i, D) (= D for a fresh worker stepping first). Idle: end_i - c_i, except a fresh worker
+    stepping first: D - allreduce(S) - c_i (its exchange is not hidden, so it is not idle time).
+  - `wait_avoiding=False` (ablation): every group waits for its slowest member: D = max over the group of
+    x_j + allreduce(S), everyone fresh.
   With exactly constant compute every worker is fresh (A_i = c_i). With continuous noise larger than a most
   workers are stale (only those no earlier arrival's activation reaches first).
-  Emulation limit: a worker whose previous local step had not finished by A_i (its buffer is two or more
-  iterations old) is still treated as one iteration stale by the math; the rule flags it (`behind`).
+  Emulation limit: a worker whose previous model was not posted by A_i (x_i(t-1) > A_i: its buffer is two or
+  more iterations old) is still treated as one iteration stale by the math; the rule flags it (`behind`).
   A worker that failed for good (`stragglers.fail_worker`, no return) is not live: it contributes nothing,
   its clock stays where it failed, and its group is its n_g live members: D = max over them of A_j +
   allreduce(n_g) (the failure is known to its peers, e.g. through the heartbeat; like non-blocking SGD's
@@ -267,6 +331,8 @@ class WaitAvoidingGroups(rules.TimeRule):
   activation_latency_s: float = activation_lib.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
   fixed_groups: bool = False   # always the groups of iteration 0
   wait_avoiding: bool = True   # False: every group waits for its slowest member
+  rule: str = 'authors'        # 'authors': W(t) is posted at the start, under the gradient; 'step_then_average'
+  group_patterns: str = 'rotate'  # 'rotate' | 'authors' (`group_masks`)
 
   schedule_type = WagmaSchedule
   reports = {'fresh_share': 'mean', 'stale': 'sum', 'behind': 'sum'}
@@ -277,12 +343,21 @@ class WaitAvoidingGroups(rules.TimeRule):
     rules.check_positive_int(self.period, 'period')
     rules.check_positive_int(self.microbatches, 'microbatches')
     _log2(self.group_size, 'group_size')
+    if self.rule not in RULES:
+      raise ValueError(f'rule={self.rule!r} must be one of {RULES}')
+    if self.group_patterns not in GROUP_PATTERNS:
+      raise ValueError(f'group_patterns={self.group_patterns!r} must be one of {GROUP_PATTERNS}')
     a = self.activation_latency_s
     if not isinstance(a, (int, float, np.integer, np.floating)) or not math.isfinite(a) or a < 0:
       raise ValueError(f'activation_latency_s={a!r} must be a number >= 0')
 
   def pattern(self, iteration: int, workers: int) -> int:
-    return 0 if self.fixed_groups else iteration % num_patterns(workers, self.group_size)
+    return 0 if self.fixed_groups else iteration % num_patterns(workers, self.group_size, self.group_patterns)
+
+  @property
+  def overlaps(self) -> bool:
+    """The posted model is W(t), ready when the iteration starts: the exchange runs under the gradient."""
+    return self.rule == 'authors'
 
   def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
     p, s = clock.workers, self.group_size
@@ -290,38 +365,42 @@ class WaitAvoidingGroups(rules.TimeRule):
     if s > p:
       raise ValueError(f'group_size={s} must be <= workers={p}')
     pattern = self.pattern(iteration, p)
-    masks = group_masks(pattern, p, s)
+    masks = group_masks(pattern, p, s, self.group_patterns)
     state = clock.rule_state
-    previous = state.get('previous_finish')
+    previous = state.get('previous_posted')
     previous = np.zeros(p) if previous is None else previous
+    start = clock.times.copy()
     finished = clock.work(np.arange(p), clock.times, self.microbatches)
-    state['previous_finish'] = finished
     live = np.isfinite(finished)  # a worker that failed for good finishes nothing more
+    # When worker i's model joins the collective: at its start (authors: W(t), the exchange overlaps the
+    # gradient, as dpsgd's order='overlap') or when its step is done (step_then_average: W').
+    posted = np.where(live, start, np.inf) if self.overlaps else finished
+    state['previous_posted'] = posted
     members = np.full(p, s)
     if (iteration + 1) % self.period == 0 or s == p:
-      arrival = finished.max()  # +inf after a permanent failure: the clock stops the run here
-      clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
+      arrival = posted.max()  # +inf after a permanent failure: the clock stops the run here
+      clock.times[:] = np.maximum(finished, arrival + clock.network.allreduce(clock.model_bytes, p))
       fresh, behind = np.ones(p, bool), np.zeros(p, bool)
-      idle = arrival - finished
+      idle = clock.times - finished if self.overlaps else arrival - finished
       communicated = network_lib.ring_bytes(clock.model_bytes, p)
       global_average = True
     else:
       if self.wait_avoiding:
-        activation = activation_lib.activation_times(finished, self.activation_latency_s)
-        fresh = finished <= activation
+        activation = activation_lib.activation_times(posted, self.activation_latency_s)
+        fresh = posted <= activation
         behind = ~fresh & live & (previous > activation)
       else:
-        activation, fresh, behind = finished, live.copy(), np.zeros(p, bool)
+        activation, fresh, behind = posted, live.copy(), np.zeros(p, bool)
       members = group_reduce(live, masks, np.add).astype(np.int64)
       # Every live member has joined (fresh, or stale through its progress thread); a lost one is not waited for.
       joined = group_reduce(np.where(live, activation, -np.inf), masks)
       group_time = {k: clock.network.allreduce(clock.model_bytes, k) for k in np.unique(members).tolist()}
       done = joined + np.array([group_time[k] for k in members.tolist()])
-      end = np.where(fresh, done, np.maximum(finished, done))
-      end = np.where(live, end, clock.times)  # a lost worker's clock stays where it failed
-      idle = np.where(live, np.where(fresh, joined - finished, end - finished), 0.0)
+      end = np.where(live, np.maximum(finished, done), clock.times)  # a lost worker's clock stays where it failed
+      idle = np.where(live, np.where(fresh & ~self.overlaps, joined - finished, end - finished), 0.0)
       clock.times[:] = end
-      sizes, groups = np.unique(members[group_ids(pattern, p, s) == np.arange(p)], return_counts=True)
+      sizes, groups = np.unique(members[group_ids(pattern, p, s, self.group_patterns) == np.arange(p)],
+                                return_counts=True)
       communicated = sum(count * network_lib.ring_bytes(clock.model_bytes, size)
                          for size, count in zip(sizes.tolist(), groups.tolist()))
       global_average = False
@@ -330,7 +409,8 @@ class WaitAvoidingGroups(rules.TimeRule):
     staleness = np.where(fresh | ~live, 0, np.where(behind, 2, 1)).astype(np.float64)
     return rules.Iteration(
         schedule=WagmaSchedule(microbatches_done=np.where(live, self.microbatches, 0).astype(np.int32),
-                               fresh=fresh, group=group_ids(pattern, p, s), behind=behind, live=live,
+                               fresh=fresh, group=group_ids(pattern, p, s, self.group_patterns), behind=behind,
+                               live=live,
                                members=members.astype(np.int32), pattern=np.int32(pattern),
                                global_average=np.bool_(global_average)),
         idle=idle, bytes_communicated=communicated, staleness=staleness,
@@ -358,11 +438,11 @@ class WaitAvoidingGroups(rules.TimeRule):
       return None
     steps = iteration + np.arange(n)
     global_average = ((steps + 1) % self.period == 0) | (s == p)
-    patterns = steps % num_patterns(p, s) if not self.fixed_groups else np.zeros(n, np.int64)
+    patterns = steps % num_patterns(p, s, self.group_patterns) if not self.fixed_groups else np.zeros(n, np.int64)
     allreduce = clock.network.allreduce(clock.model_bytes, p)
     group_time = clock.network.allreduce(clock.model_bytes, s)
     a, wait_avoiding = float(self.activation_latency_s), self.wait_avoiding
-    masks = {int(t): group_masks(int(t), p, s) for t in np.unique(patterns[~global_average])}
+    masks = {int(t): group_masks(int(t), p, s, self.group_patterns) for t in np.unique(patterns[~global_average])}
     group_hops = {t: _group_hops(p, tuple(m)) for t, m in masks.items()} if wait_avoiding else {}
     relax_buffer, group_buffer = np.empty(p), np.empty(p)
     relax = []
@@ -372,19 +452,26 @@ class WaitAvoidingGroups(rules.TimeRule):
       bit <<= 1
     group_views = {t: [_pair_views(group_buffer, mask) for mask in m] for t, m in masks.items()}
     finished, times = np.empty((n, p)), np.empty((n, p))
+    overlaps = self.overlaps
+    posted = np.empty((n, p)) if overlaps else finished  # see `iterate`
     activation, joined = np.zeros((n, p)), np.zeros((n, p))  # filled on group iterations (quick ones below)
     quick, quick_worker, quick_min = [], [], []  # group iterations with a single first arrival
     start = clock.times
     for k, (is_global, pattern) in enumerate(zip(global_average.tolist(), patterns.tolist())):
-      c, end = finished[k], times[k]
+      c, end, x = finished[k], times[k], posted[k]
+      if overlaps:
+        x[:] = start
       np.add(start, jobs[k], out=c)
       if is_global:
-        end.fill(c.max() + allreduce)
+        if overlaps:
+          np.maximum(c, x.max() + allreduce, out=end)
+        else:
+          end.fill(c.max() + allreduce)
         start = end
         continue
       if wait_avoiding:
-        two = c.argpartition(1)[:2] if p > 1 else np.zeros(2, np.intp)  # the two first arrivals
-        first, (earliest, second) = int(two[0]), c[two].tolist()
+        two = x.argpartition(1)[:2] if p > 1 else np.zeros(2, np.intp)  # the two first arrivals
+        first, (earliest, second) = int(two[0]), x[two].tolist()
         ladder = [earliest]  # f^h(min c), h = 0..G
         for _ in range(big_g):
           ladder.append(ladder[-1] + a)
@@ -396,14 +483,14 @@ class WaitAvoidingGroups(rules.TimeRule):
           np.maximum(c, done, out=end)
           start = end
           continue
-        relax_buffer[:] = c
+        relax_buffer[:] = x
         for view, swapped, tmp in relax:
           np.add(swapped, a, out=tmp)
           np.minimum(view, tmp, out=view)
         activation[k] = relax_buffer
         group_buffer[:] = relax_buffer
       else:
-        group_buffer[:] = c
+        group_buffer[:] = x
       for view, swapped in group_views[pattern]:
         np.maximum(view, swapped, out=view)
       joined[k] = group_buffer
@@ -412,9 +499,9 @@ class WaitAvoidingGroups(rules.TimeRule):
       start = end
     clock.times[:] = times[-1]
     state = clock.rule_state
-    previous = state.get('previous_finish')
-    previous = np.vstack([np.zeros(p) if previous is None else previous, finished[:-1]])
-    state['previous_finish'] = finished[-1].copy()
+    previous = state.get('previous_posted')
+    previous = np.vstack([np.zeros(p) if previous is None else previous, posted[:-1]])
+    state['previous_posted'] = posted[-1].copy()
     if quick:
       quick = np.asarray(quick)
       ladder = np.empty((len(quick), big_g + 1))
@@ -429,14 +516,17 @@ class WaitAvoidingGroups(rules.TimeRule):
         joined[quick[of_t]] = ladder[rows[of_t], group_hops[int(t)][first[of_t]]]
     group = ~global_average[:, None]
     if wait_avoiding:
-      fresh = ~group | (finished <= activation)
+      fresh = ~group | (posted <= activation)
       behind = group & ~fresh & (previous > activation)
     else:
       fresh, behind = np.ones((n, p), bool), np.zeros((n, p), bool)
-    idle = np.where(group, np.where(fresh, joined - finished, times - finished),
-                    finished.max(axis=1, keepdims=True) - finished)
+    if overlaps:
+      idle = times - finished
+    else:
+      idle = np.where(group, np.where(fresh, joined - finished, times - finished),
+                      finished.max(axis=1, keepdims=True) - finished)
     stale, behind_count = (~fresh).sum(axis=1).astype(np.float64), behind.sum(axis=1).astype(np.float64)
-    ids = np.stack([group_ids(t, p, s) for t in range(int(patterns.max()) + 1)])
+    ids = np.stack([group_ids(t, p, s, self.group_patterns) for t in range(int(patterns.max()) + 1)])
     communicated = np.where(global_average, network_lib.ring_bytes(clock.model_bytes, p),
                             (p // s) * network_lib.ring_bytes(clock.model_bytes, s))
     return rules.Steps(
@@ -463,7 +553,7 @@ def time_rule(config):
   return WaitAvoidingGroups(
       group_size=group_size_of(config), period=a.sync_every, microbatches=config.microbatches,
       activation_latency_s=float(a.activation_latency_s), fixed_groups=a.fixed_groups,
-      wait_avoiding=a.wait_avoiding)
+      wait_avoiding=a.wait_avoiding, rule=a.rule, group_patterns=a.group_patterns)
 
 
 def _power_of_two(value) -> bool:
@@ -483,6 +573,9 @@ def validate(config):
                  'algorithm.activation_latency_s', lat, 'must be a number >= 0 (seconds)')
   for field in ('fixed_groups', 'wait_avoiding'):
     errors.require(isinstance(a[field], bool), f'algorithm.{field}', a[field], 'must be a bool')
+  errors.require(a.rule in RULES, 'algorithm.rule', a.rule, f'must be one of {", ".join(RULES)}')
+  errors.require(a.group_patterns in GROUP_PATTERNS, 'algorithm.group_patterns', a.group_patterns,
+                 f'must be one of {", ".join(GROUP_PATTERNS)}')
 
 
 SPEC = spec.AlgorithmSpec(
@@ -493,9 +586,12 @@ SPEC = spec.AlgorithmSpec(
         'activation_latency_s': activation_lib.DEFAULT_ACTIVATION_LATENCY_S,  # a: seconds per hop of the activation
         'fixed_groups': False,  # ablation: always the groups of iteration 0
         'wait_avoiding': True,  # ablation (False): every group waits for its slowest member, all fresh
+        'rule': 'authors',      # 'authors' (average W(t) / (S + 1), then the step) | 'step_then_average'
+        'group_patterns': 'rotate',  # 'rotate' (every bit mixes) | 'authors' (their fixed floor(G / g) patterns)
     },
     # group_size 0 is resolved from the P of axis_name (= workers in the harness; 1 for axis_name=None).
     build=lambda config, inner, axis_name: wagma(
         inner, group_size=config.algorithm.group_size or None, sync_every=config.algorithm.sync_every,
-        fixed_groups=config.algorithm.fixed_groups, axis_name=axis_name),
+        fixed_groups=config.algorithm.fixed_groups, rule=config.algorithm.rule,
+        group_patterns=config.algorithm.group_patterns, axis_name=axis_name),
     time_rule=time_rule, validate=validate)

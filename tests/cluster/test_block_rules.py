@@ -55,6 +55,10 @@ RULES = {
     'wagma_m2_tau3': lambda: wagma.WaitAvoidingGroups(2, 3, microbatches=2),
     'wagma_fixed_no_latency': lambda: wagma.WaitAvoidingGroups(8, 7, fixed_groups=True, activation_latency_s=0.0),
     'wagma_not_wait_avoiding': lambda: wagma.WaitAvoidingGroups(4, 5, wait_avoiding=False),
+    'wagma_step_then_average': lambda: wagma.WaitAvoidingGroups(4, 10, rule='step_then_average'),
+    'wagma_step_then_average_not_wait_avoiding': lambda: wagma.WaitAvoidingGroups(
+        2, 4, wait_avoiding=False, rule='step_then_average'),
+    'wagma_authors_patterns_s8': lambda: wagma.WaitAvoidingGroups(8, 6, group_patterns='authors'),
     'dasgd': lambda: dasgd.DelayedAverage(4, 1),
     'dasgd_blocking_d0_m2': lambda: dasgd.DelayedAverage(3, 0, microbatches=2),
     'dasgd_d_is_tau': lambda: dasgd.DelayedAverage(5, 5),
@@ -164,11 +168,16 @@ class VectorisedMatchesIterateTest(parameterized.TestCase):
     blocks = self._compare(RULES['nonblocking_m4'], stragglers, 3)
     self.assertEqual(sum(len(b.duration) for b in blocks), sum(BLOCKS))
 
-  def test_wagma_takes_both_activation_paths(self):
-    # Exponential noise: one first arrival per group iteration (the table lookup); near-ties: the relaxation,
-    # whose last step writes the group iteration's row of activations.
-    for name, relaxed in (('exponential', (0, 20)), ('near_ties', (170, 180))):
-      clock = self._clock(RULES['wagma'], STRAGGLERS[name], 1)
+  @parameterized.named_parameters(
+      # Posting W' at the finish: with exponential noise one first arrival per group iteration (the table
+      # lookup); near-ties: the relaxation, whose last step writes the group iteration's row of activations.
+      ('step_then_average', 'wagma_step_then_average', {'exponential': (0, 20), 'near_ties': (170, 180)}),
+      # Posting W(t) at the start: the members that waited for their group all start the next iteration at its
+      # end (ties), so under exponential noise both paths are common.
+      ('authors', 'wagma', {'exponential': (20, 160), 'near_ties': (170, 180)}))
+  def test_wagma_takes_both_activation_paths(self, rule, bounds):
+    for name, relaxed in bounds.items():
+      clock = self._clock(RULES[rule], STRAGGLERS[name], 1)
       with mock.patch.object(np, 'minimum', wraps=np.minimum) as minimum:
         clock.next_block(200)
       rounds = minimum.call_count // 4  # log2(16) relaxation steps per relaxed iteration

@@ -51,6 +51,7 @@ NO_STRAGGLER_CASES = (
     ('dasgd', lambda: dasgd.DelayedAverage(4, 1, M), M * X),
     ('lap_sgd', lambda: lap_sgd.NodeThreads(4, every(16), M), M * X),
     ('wagma', lambda: wagma.WaitAvoidingGroups(4, 4, M), M * X),
+    ('wagma_step_then_average', lambda: wagma.WaitAvoidingGroups(4, 4, M, rule='step_then_average'), M * X),
 )
 
 # Every rule with stragglers of every sort, for the resume and fast-path tests.
@@ -287,9 +288,10 @@ class WagmaTest(parameterized.TestCase):
     np.testing.assert_array_equal(wagma.group_ids(1, 8, 4), [0, 0, 2, 2, 0, 0, 2, 2])
     self.assertEqual(wagma.group_masks(1, 8, 4), [4, 1])
 
-  @parameterized.named_parameters(('ideal', {}), ('alpha_beta', NET))
-  def test_no_stragglers_never_stale(self, network):
-    rule = wagma.WaitAvoidingGroups(group_size=4, period=5)
+  @parameterized.named_parameters(*[(f'{name}_{rule}', network, rule) for rule in wagma.RULES
+                                    for name, network in (('ideal', {}), ('alpha_beta', NET))])
+  def test_no_stragglers_never_stale(self, network, rule_name):
+    rule = wagma.WaitAvoidingGroups(group_size=4, period=5, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, network=network)
     block = clock.next_block(50)
     self.assertTrue(block.schedule.fresh.all())
@@ -297,19 +299,30 @@ class WagmaTest(parameterized.TestCase):
     np.testing.assert_array_equal(block.measurements['stale'], 0)
     np.testing.assert_array_equal(np.flatnonzero(block.schedule.global_average), [4, 9, 14, 19, 24,
                                                                                           29, 34, 39, 44, 49])
-    group = clock.network.allreduce(clock.model_bytes, 4)  # everyone arrives together: A_i = c_i, no hop
-    expected = np.where(block.schedule.global_average, X + clock.network.allreduce(clock.model_bytes, 16),
-                        X + group)
+    group = clock.network.allreduce(clock.model_bytes, 4)  # everyone arrives together: A_i = x_i, no hop
+    every = clock.network.allreduce(clock.model_bytes, 16)
+    if rule_name == 'authors':  # W(t) is exchanged while the gradient is computed
+      expected = np.where(block.schedule.global_average, max(X, every), max(X, group))
+    else:
+      expected = np.where(block.schedule.global_average, X + every, X + group)
     np.testing.assert_allclose(block.duration, expected, rtol=1e-9)
 
-  def test_delayed_workers_are_stale_and_nobody_waits_for_them(self):
-    rule = wagma.WaitAvoidingGroups(group_size=4, period=8)
+  @parameterized.named_parameters(*[(rule, rule) for rule in wagma.RULES])
+  def test_delayed_workers_are_stale_and_nobody_waits_for_them(self, rule_name):
+    rule = wagma.WaitAvoidingGroups(group_size=4, period=8, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
     block = clock.next_block(64)
     stale = ~block.schedule.fresh
     regular = ~block.schedule.global_average
-    # At least the two workers delayed at this step (a delay of 3.2 steps keeps a worker late for a while).
-    self.assertTrue(np.all(stale[regular].sum(axis=1) >= 2))
+    if rule_name == 'step_then_average':
+      # At least the two workers delayed at this step (a delay of 3.2 steps keeps a worker late for a while).
+      self.assertTrue(np.all(stale[regular].sum(axis=1) >= 2))
+    else:
+      # W(t) is posted at the start: a worker delayed in iteration t is late from t + 1 on (and the global
+      # average is no barrier on the finish times: a delayed worker may still finish before the others' data).
+      self.assertTrue(np.all(stale[regular][1:].sum(axis=1) >= 1))
+      self.assertFalse(stale[0].any())
+      self.assertGreater(stale[regular].sum(axis=1).mean(), 2)
     self.assertGreater(block.measurements['behind'].sum(), 0)         # 3.2 steps late: more than one behind
     self.assertFalse(stale[~regular].any())
     # Wait-avoiding: over 8 iterations, max_i sum X_i instead of sum max_i X_i of all-reduce SGD.

@@ -21,6 +21,8 @@ from tests.experiments import test_train
 
 # CI runs these (one per kind of state and schedule); the rest of the registry is marked slow.
 REPRESENTATIVE = ('sync', 'diloco', 'streaming_diloco', 'kasync', 'adasync', 'nonblocking', 'wagma')
+# Options that change an algorithm's rule, also in CI: (test name, config arg).
+REPRESENTATIVE_OPTIONS = (('wagma_step_then_average', 'wagma,rule=step_then_average'),)
 
 
 def _f64(name, seed, learning_rate, momentum, **overrides):
@@ -32,7 +34,7 @@ def _f64(name, seed, learning_rate, momentum, **overrides):
 
 def _other_values(name):
   """A second value for each algorithm field the spec lets replicas differ in (0 where 0 switches a term off)."""
-  spec = registry.get(name)
+  spec = registry.get(name.split(',')[0])
   config = harness.synthetic_config(name)
   return {f'algorithm.{f}': 0.0 if 'momentum' in f else 0.5 * config.algorithm[f] for f in spec.hyperparameters}
 
@@ -54,7 +56,7 @@ class ReplicaExactnessTest(parameterized.TestCase):
   """Three replicas (two seeds, two learning rates, momentum 0.9 and 0, the spec's hyper-parameters) against
   each run alone, 6 iterations in blocks of 3, float64: every registered algorithm."""
 
-  @parameterized.named_parameters(*[(name, name) for name in REPRESENTATIVE])
+  @parameterized.named_parameters(*[(name, name) for name in REPRESENTATIVE], *REPRESENTATIVE_OPTIONS)
   def test_each_replica_equals_its_run_alone_in_float64(self, name):
     _assert_each_replica_equals_its_run_alone(self, name)
 
