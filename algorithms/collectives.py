@@ -216,7 +216,7 @@ def matching_exchange(tree: Any, axis_name: AxisName, partners: Sequence[int]) -
   A matching pairs workers at most once each: partners[partners[i]] == i, and partners[i] == i for a worker
   left out, which keeps its own value (no message). Point-to-point only, never an all-reduce:
   - one worker axis of size > 1 (one worker per device on a pod, or one vmapped axis): one ppermute whose pairs
-    are exactly the matching's edges, so every matched worker sends one message and receives one;
+    are the matching's edges (and an unmatched worker to itself), so every worker sends and receives one message;
   - several axes (vmapped workers on several devices) with a XOR matching (partner i XOR m for every i, P a
     power of two): one `xor_exchange`;
   - otherwise one `ring_shift` per distinct offset partners[i] - i mod P, each receiver keeping the shift that
@@ -244,10 +244,12 @@ def matching_exchange(tree: Any, axis_name: AxisName, partners: Sequence[int]) -
     return tree
   axes = _axes(axis_name)
   wide = [a for a in axes if lax.axis_size(a) > 1]
-  me = worker_index(axis_name)
   if len(wide) == 1:  # the global index is the index along that axis
-    received = lax.ppermute(tree, wide[0], perm=[(i, partners[i]) for i in matched])
-  elif not p & (p - 1) and len({i ^ j for i, j in enumerate(partners)}) == 1:
+    # The whole involution (an unmatched worker "sends" to itself: a local copy): ppermute along a vmapped axis
+    # takes only full permutations.
+    return lax.ppermute(tree, wide[0], perm=list(enumerate(partners)))
+  me = worker_index(axis_name)
+  if not p & (p - 1) and len({i ^ j for i, j in enumerate(partners)}) == 1:
     received = xor_exchange(tree, axis_name, partners[0])
   else:
     offset = [(partners[i] - i) % p for i in range(p)]

@@ -160,7 +160,8 @@ def activation_probabilities(laplacians: Sequence[np.ndarray], budget: float, to
       cuts.append(np.concatenate([-np.einsum('a,jab,b->j', x, reduced, x), [1.0]]))
     lp = optimize.linprog(c=np.concatenate([np.zeros(j), [-1.0]]), A_ub=np.vstack(cuts + [budget_row]),
                           b_ub=np.concatenate([np.zeros(len(cuts)), [budget * j]]),
-                          bounds=[(0.0, 1.0)] * j + [(None, upper)], method='highs')
+                          bounds=[(0.0, 1.0)] * j + [(None, upper)], method='highs',
+                          options={'primal_feasibility_tolerance': 1e-10, 'dual_feasibility_tolerance': 1e-10})
     if lp.status != 0:
       raise RuntimeError(f'activation_probabilities: the LP failed ({lp.message})')
     p = np.clip(lp.x[:j], 0.0, 1.0)
@@ -302,12 +303,20 @@ class MatchaSchedule(NamedTuple):
   UNIFORM = ('active',)
 
 
+@functools.lru_cache(maxsize=64)
+def _tables(workers: int, budget: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(partner index (J, P), matched float64 (J, P), p (J,)) of `ring_plan(workers, budget)`."""
+  plan = ring_plan(workers, budget)
+  table = np.asarray(plan.partners, np.int64).reshape(len(plan.partners), workers)
+  return table, (table != np.arange(workers)).astype(np.float64), np.asarray(plan.probabilities)
+
+
 @dataclasses.dataclass(frozen=True)
 class MatchingGossip(synchronous.WaitsForEveryone):
   """MATCHA (`matcha`): per iteration only the active matchings exchange, each pair waiting for each other.
 
-  Worker i finishes its gradient at c_i = start_i + sum_k X_{i,k}; in the active matchings A(k) its partners
-  are partner_j(i), j in A(k) (those that pair it):
+  The matchings and their probabilities are `ring_plan(P, budget)`'s. Worker i finishes its gradient at
+  c_i = start_i + sum_k X_{i,k}; in the active matchings A(k) its partners are partner_j(i), j in A(k):
       end_i = max(c_i, max_{j in A(k)} c_{partner_j(i)}) + a_i p2p(M),   a_i = #{j in A(k): i matched in j}
       Idle: end_i - a_i p2p(M) - c_i.
   As in D-PSGD's `RingGossip` (of which budget 1 on the ring is this rule exactly), a worker's exchanges run
@@ -318,8 +327,7 @@ class MatchingGossip(synchronous.WaitsForEveryone):
 
   Schedule: `MatchaSchedule`.
   """
-  partners: tuple[tuple[int, ...], ...] = ()
-  probabilities: tuple[float, ...] = ()
+  budget: float = 0.5
   seed: int = 0
   microbatches: int = 1
 
@@ -329,23 +337,17 @@ class MatchingGossip(synchronous.WaitsForEveryone):
 
   def __post_init__(self):
     super().__post_init__()
-    if len(self.partners) != len(self.probabilities):
-      raise ValueError(f'{len(self.partners)} matchings but {len(self.probabilities)} probabilities')
+    _check(self.budget, None)
 
-  def activations(self, iteration: int) -> np.ndarray:
-    """bool (J,): the matchings active at `iteration`."""
-    draws = np.random.default_rng([self.seed, _ACTIVATION_STREAM, iteration]).random(len(self.partners))
-    return draws < np.asarray(self.probabilities)
-
-  @functools.cached_property
-  def _tables(self) -> tuple[np.ndarray, np.ndarray]:
-    """(partner index (J, P), matched float64 (J, P))."""
-    table = np.asarray(self.partners, np.int64).reshape(len(self.partners), -1 if self.partners else 0)
-    return table, (table != np.arange(table.shape[1])).astype(np.float64)
+  def activations(self, workers: int, iteration: int) -> np.ndarray:
+    """bool (J,): the matchings of `ring_plan(workers, budget)` active at `iteration`."""
+    _, _, probabilities = _tables(workers, float(self.budget))
+    draws = np.random.default_rng([self.seed, _ACTIVATION_STREAM, iteration]).random(len(probabilities))
+    return draws < probabilities
 
   def _gossip(self, finished: np.ndarray, on: np.ndarray, ready: np.ndarray, count: np.ndarray) -> None:
     """ready_i = max(c_i, c of i's active partners); count_i = a_i (in place)."""
-    table, matched = self._tables
+    table, matched, _ = _tables(len(finished), float(self.budget))
     ready[:] = finished
     count[:] = 0.0
     for j in np.flatnonzero(on):
@@ -355,7 +357,7 @@ class MatchingGossip(synchronous.WaitsForEveryone):
   def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
     p = clock.workers
     finished = self.everyone_computes(clock, clock.times.copy())
-    on = self.activations(iteration)
+    on = self.activations(p, iteration)
     ready, count = np.empty(p), np.empty(p)
     self._gossip(finished, on, ready, count)
     clock.times[:] = ready + count * clock.network.p2p(clock.model_bytes)
@@ -372,7 +374,7 @@ class MatchingGossip(synchronous.WaitsForEveryone):
       return None
     p = clock.workers
     p2p = clock.network.p2p(clock.model_bytes)
-    on = np.stack([self.activations(iteration + k) for k in range(n)]).reshape(n, len(self.partners))
+    on = np.stack([self.activations(p, iteration + k) for k in range(n)])
     times, ready, count = np.empty((n, p)), np.empty((n, p)), np.empty((n, p))
     finished = np.empty((n, p))
     start = clock.times
@@ -390,9 +392,7 @@ class MatchingGossip(synchronous.WaitsForEveryone):
 
 
 def time_rule(config):
-  a = config.algorithm
-  plan = ring_plan(config.workers, float(a.budget), a.alpha)
-  return MatchingGossip(partners=plan.partners, probabilities=plan.probabilities, seed=int(config.seed),
+  return MatchingGossip(budget=float(config.algorithm.budget), seed=int(config.seed),
                         microbatches=config.microbatches)
 
 
