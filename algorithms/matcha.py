@@ -5,12 +5,12 @@ The base graph (here the ring of D-PSGD) is split into disjoint matchings G_1..G
 B_j(k) ~ Bernoulli(p_j), and worker i, U_i its inner optimizer with its local state, does
     W_i <- W_i + U_i(g_i(W_i))                                  (a local step)
     W_i <- W_i - alpha * sum_{j: B_j(k) = 1, i matched in G_j} (W_i - W_{partner_j(i)})
-i.e. X <- W(k) (X + U), W(k) = I - alpha sum_j B_j(k) L_j, the paper's x_{k+1} = W(k) (x_k - eta g(x_k)) (their
-eq. 3), the order of D-PSGD's default `gossip_then_step` (params hold the mixed model).
-Activation probabilities (paper section 4.1, `activation_probabilities`): maximise the algebraic connectivity
+i.e. X <- W(k) (X + U), W(k) = I - alpha sum_j B_j(k) L_j, the paper's x_{k+1} = W(k) (x_k - eta g(x_k)),
+in the order of D-PSGD's default `gossip_then_step` (params hold the mixed model).
+Activation probabilities (the paper's first problem; `activation_probabilities`): maximise the algebraic connectivity
 lambda_2(sum_j p_j L_j) subject to sum_j p_j <= C_b J, 0 <= p_j <= 1, with C_b = `budget` in (0, 1]: the
 expected communication is at most C_b of D-PSGD's. Budget 1 activates every matching always (p_j = 1).
-Mixing weight (paper section 4.2, `mixing_weight`): alpha minimises rho = ||E[W(k)^T W(k)] - 11^T/P||, with
+Mixing weight (the paper's second problem; `mixing_weight`): alpha minimises rho = ||E[W(k)^T W(k)] - 11^T/P||, with
 E[W^T W] = I - 2 alpha E[L] + alpha^2 (E[L]^2 + 2 sum_j p_j (1 - p_j) L_j) (a matching has L_j^2 = 2 L_j);
 `alpha` set explicitly replaces it. With p = 1 this is alpha = 2 / (lambda_2 + lambda_P) of the base Laplacian.
 Special case (tested): budget 1 and alpha = 1/3 on a ring of P >= 3 workers is `dpsgd` (W = I - L/3 is the
@@ -34,7 +34,7 @@ Off the simulator: the savings are real where the schedule's draws are used (an 
 nothing); with one worker per device each active matching is one ppermute over its own edges.
 
 Reference: Wang, Sahu, Yang, Joshi, Kar, "MATCHA: Speeding Up Decentralized SGD via Matching Decomposition
-Sampling", NeurIPS 2019 workshop / ICC 2019 (arXiv 1905.09435).
+Sampling", Indian Control Conference 2019 (arXiv 1905.09435).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _complement_of_ones(p: int) -> np.ndarray:
 
 def activation_probabilities(laplacians: Sequence[np.ndarray], budget: float, tol: float = 1e-10,
                              max_cuts: int = 500) -> np.ndarray:
-  """p maximising lambda_2(sum_j p_j L_j) subject to sum_j p_j <= budget * J, 0 <= p_j <= 1 (paper section 4.1).
+  """p maximising lambda_2(sum_j p_j L_j) subject to sum_j p_j <= budget * J, 0 <= p_j <= 1 (authors' getProbability).
 
   lambda_2 is the least eigenvalue on the complement of 1, the minimum over unit x there of the linear
   functions x^T L(p) x: concave in p. Kelley's cutting planes: an LP maximises t subject to t <= x^T L(p) x for
@@ -187,7 +187,7 @@ def contraction_factor(laplacians: Sequence[np.ndarray], probabilities, alpha: f
 
 
 def mixing_weight(laplacians: Sequence[np.ndarray], probabilities: np.ndarray) -> float:
-  """alpha minimising rho(alpha) = lambda_max(E[W^T W] - 11^T/P) (paper section 4.2, `contraction_factor`).
+  """alpha minimising rho(alpha) = lambda_max(E[W^T W] - 11^T/P) (authors' getAlpha; `contraction_factor`).
 
   On the complement of 1, E[W^T W] - 11^T/P = I - 2 alpha E[L] + alpha^2 S, S = E[L]^2 + 2 sum_j p_j (1 - p_j) L_j
   (a matching has L_j^2 = 2 L_j), convex in alpha. Along the top eigenvector of E[L] (eigenvalue e) it is at
@@ -255,8 +255,8 @@ def matcha(inner: optax.GradientTransformation, budget: float = 0.5, alpha: Opti
 
   Args:
     inner: the optimizer U, applied by each worker to its own gradient with its own state.
-    budget: C_b in (0, 1], the expected share of D-PSGD's communication (section 4.1).
-    alpha: the mixing weight; None: the paper's (section 4.2). See the module docstring.
+    budget: C_b in (0, 1], the expected share of D-PSGD's communication.
+    alpha: the mixing weight; None: the paper's. See the module docstring.
     axis_name: the worker axes; None for one worker (then there is no matching and this is `inner`).
 
   Returns:
@@ -415,7 +415,7 @@ SPEC = spec.AlgorithmSpec(
     name='matcha',
     defaults={
         'budget': 0.5,  # C_b in (0, 1]: expected share of the ring's matchings active per iteration (1: D-PSGD)
-        'alpha': None,  # mixing weight; None: the paper's, minimising ||E[W^T W] - 11^T/P|| (section 4.2)
+        'alpha': None,  # mixing weight; None: the paper's, minimising ||E[W^T W] - 11^T/P||
     },
     build=lambda config, inner, axis_name: matcha(inner, budget=config.algorithm.budget,
                                                   alpha=config.algorithm.alpha, axis_name=axis_name),
