@@ -208,3 +208,58 @@ def xor_group_sum(tree: Any, axis_name: AxisName, masks: Sequence[int]) -> Any:
   for m in masks:
     out = jax.tree.map(jnp.add, out, xor_exchange(out, axis_name, m))
   return out
+
+
+def matching_exchange(tree: Any, axis_name: AxisName, partners: Sequence[int]) -> Any:
+  """Worker i receives the value of worker partners[i], its partner in a matching (MATCHA's gossip).
+
+  A matching pairs workers at most once each: partners[partners[i]] == i, and partners[i] == i for a worker
+  left out, which keeps its own value (no message). Point-to-point only, never an all-reduce:
+  - one worker axis of size > 1 (one worker per device on a pod, or one vmapped axis): one ppermute whose pairs
+    are the matching's edges (and an unmatched worker to itself), so every worker sends and receives one message;
+  - several axes (vmapped workers on several devices) with a XOR matching (partner i XOR m for every i, P a
+    power of two): one `xor_exchange`;
+  - otherwise one `ring_shift` per distinct offset partners[i] - i mod P, each receiver keeping the shift that
+    brings its partner's value (a ring's matchings have offsets +1 and -1: two shifts, twice the minimum data
+    movement on that layout; multi-axis ppermutes fail when workers are vmapped, so there is no single one).
+
+  Args:
+    tree: per-worker pytree.
+    axis_name: the worker axes (None: one worker).
+    partners: static sequence of P ints, an involution of range(P).
+
+  Returns:
+    The pytree of worker partners[i] on worker i (its own where partners[i] == i).
+
+  Raises:
+    ValueError: `partners` is not an involution of range(P).
+  """
+  partners = tuple(operator.index(j) for j in partners)
+  p = num_workers(axis_name)
+  if len(partners) != p or any(not 0 <= j < p or partners[j] != i for i, j in enumerate(partners)):
+    raise ValueError(f'matching_exchange partners must pair the P={p} workers at most once each '
+                     f'(partners[partners[i]] == i), got {partners}')
+  matched = [i for i in range(p) if partners[i] != i]
+  if not matched:
+    return tree
+  axes = _axes(axis_name)
+  wide = [a for a in axes if lax.axis_size(a) > 1]
+  if len(wide) == 1:  # the global index is the index along that axis
+    # The whole involution (an unmatched worker "sends" to itself: a local copy): ppermute along a vmapped axis
+    # takes only full permutations.
+    return lax.ppermute(tree, wide[0], perm=list(enumerate(partners)))
+  me = worker_index(axis_name)
+  if not p & (p - 1) and len({i ^ j for i, j in enumerate(partners)}) == 1:
+    received = xor_exchange(tree, axis_name, partners[0])
+  else:
+    offset = [(partners[i] - i) % p for i in range(p)]
+    mine = jnp.asarray(offset, jnp.int32)[me]
+    received = None
+    for d in sorted({offset[i] for i in matched}):
+      shifted = ring_shift(tree, axis_name, -d)  # worker i receives worker i + d
+      received = shifted if received is None else jax.tree.map(
+          lambda s, r, d=d: jnp.where(mine == d, s, r), shifted, received)
+  if len(matched) == p:
+    return received
+  keep = jnp.asarray([partners[i] == i for i in range(p)])[me]
+  return jax.tree.map(lambda own, r: jnp.where(keep, own, r), tree, received)

@@ -17,6 +17,7 @@ from algorithms import kbatch_sync
 from algorithms import ksync
 from algorithms import lap_sgd
 from algorithms import local_sgd
+from algorithms import matcha
 from algorithms import nonblocking
 from algorithms import spec
 from algorithms import streaming_diloco
@@ -37,6 +38,7 @@ _SPECS = (
     adasync.SPEC,
     nonblocking.SPEC,
     dpsgd.SPEC,
+    matcha.SPEC,
     wagma.SPEC,
     lap_sgd.SPEC,
     lap_sgd.LPP,

@@ -28,6 +28,7 @@ swept() { echo "--seeds=$((SEEDS + TUNING)) --tuning_seeds=$TUNING"; }
 # Section 1, non-blocking SGD: digits, 8 workers, learning rate 0.05 for all; (a) workers 0 and 1 four times
 # slower, (b) shifted-exponential batch times; each on an ideal network and on a slow alpha_beta one.
 NB_ENTRIES='sync;dpsgd;dpsgd,order=overlap;nonblocking;nonblocking,topology=ring'
+NB_ENTRIES+=';matcha'  # MATCHA (budget 0.5): the decentralized baseline of the non-blocking SGD paper
 NB_M4='nonblocking,microbatches=4,MICRO;nonblocking,topology=ring,microbatches=4,MICRO'
 SLOW=(--config.stragglers.slow_workers='(0,1)' --config.stragglers.slow_factor=4.0)
 RANDOM_TIMES=(--config.stragglers.kind=shifted_exponential --config.stragglers.shift_s=0.005 --config.stragglers.rate=100.0)

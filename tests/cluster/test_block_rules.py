@@ -21,6 +21,7 @@ from algorithms import dasgd
 from algorithms import dpsgd
 from algorithms import lap_sgd
 from algorithms import local_sgd
+from algorithms import matcha
 from algorithms import nonblocking
 from algorithms import streaming_diloco
 from algorithms import sync
@@ -48,6 +49,7 @@ RULES = {
     'local_sgd_warmup_m2': lambda: local_sgd.PeriodicAverage(lambda t: t < 5 or (t + 1) % 7 == 0, 2),
     'dpsgd': lambda: dpsgd.RingGossip(),
     'dpsgd_overlap_m2': lambda: dpsgd.RingGossip(2, order='overlap'),
+    'matcha_m2': lambda: matcha.MatchingGossip(0.4, seed=5, microbatches=2),
     'nonblocking_m4': lambda: nonblocking.NonBlocking(4),
     'nonblocking_deadline': lambda: nonblocking.NonBlocking(3, trigger='deadline', deadline_s=0.02),
     'nonblocking_ring_m1': lambda: nonblocking.NonBlocking(1, topology='ring'),

@@ -1,0 +1,422 @@
+"""MATCHA: decentralized SGD whose gossip graph is decomposed into matchings, each used with a probability.
+
+The base graph (here the ring of D-PSGD) is split into disjoint matchings G_1..G_J with Laplacians L_j
+(`decompose`: a proper edge colouring). Iteration k activates matching j with probability p_j, independently,
+B_j(k) ~ Bernoulli(p_j), and worker i, U_i its inner optimizer with its local state, does
+    W_i <- W_i + U_i(g_i(W_i))                                  (a local step)
+    W_i <- W_i - alpha * sum_{j: B_j(k) = 1, i matched in G_j} (W_i - W_{partner_j(i)})
+i.e. X <- W(k) (X + U), W(k) = I - alpha sum_j B_j(k) L_j, the paper's x_{k+1} = W(k) (x_k - eta g(x_k)),
+in the order of D-PSGD's default `gossip_then_step` (params hold the mixed model).
+Activation probabilities (the paper's first problem; `activation_probabilities`): maximise the algebraic connectivity
+lambda_2(sum_j p_j L_j) subject to sum_j p_j <= C_b J, 0 <= p_j <= 1, with C_b = `budget` in (0, 1]: the
+expected communication is at most C_b of D-PSGD's. Budget 1 activates every matching always (p_j = 1).
+Mixing weight (the paper's second problem; `mixing_weight`): alpha minimises rho = ||E[W(k)^T W(k)] - 11^T/P||, with
+E[W^T W] = I - 2 alpha E[L] + alpha^2 (E[L]^2 + 2 sum_j p_j (1 - p_j) L_j) (a matching has L_j^2 = 2 L_j);
+`alpha` set explicitly replaces it. With p = 1 this is alpha = 2 / (lambda_2 + lambda_P) of the base Laplacian.
+Special case (tested): budget 1 and alpha = 1/3 on a ring of P >= 3 workers is `dpsgd` (W = I - L/3 is the
+mean of the two neighbours and oneself); alpha = 1/2 for P = 2.
+
+The authors solve both problems with cvxpy (JYWa/MATCHA, graph_manager.py, `MatchaProcessor.getProbability` /
+`getAlpha`, commit 7dbbf5afbbf34c8b51f97ab88a2ff13d3ae47b50); here, without that dependency, the first is
+Kelley's cutting-plane method (an LP in scipy per cut, lambda_2 being the minimum of the linear functions
+x^T L(p) x over unit x orthogonal to 1) and the second a bounded scalar minimisation (rho is convex in
+alpha). Both are deterministic.
+
+Activations are drawn on the host by the time rule (`MatchingGossip`) from a stream keyed by (config seed,
+iteration), independent of the clock's compute-time stream: the same seed gives MATCHA the straggler trace it
+gives D-PSGD, and a resumed run the draws an uninterrupted one saw. They reach `update` as the schedule's
+uniform bitmask `active`, so a matching that is off is a real branch not taken: no exchange.
+Time per iteration (`MatchingGossip`): worker i waits for the partners of its active matchings to finish
+computing, then exchanges with each of them: end_i = max(c_i, max_{active j} c_{partner_j(i)}) + a_i p2p(M),
+a_i the number of active matchings that pair i (D-PSGD's rule, of which budget 1 on the ring is the case a_i = 2).
+
+Off the simulator: the savings are real where the schedule's draws are used (an inactive matching sends
+nothing); with one worker per device each active matching is one ppermute over its own edges.
+
+Reference: Wang, Sahu, Yang, Joshi, Kar, "MATCHA: Speeding Up Decentralized SGD via Matching Decomposition
+Sampling", Indian Control Conference 2019 (arXiv 1905.09435).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Optional, Sequence, TYPE_CHECKING
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from scipy import optimize
+
+import config_errors as errors
+from algorithms import collectives
+from algorithms import spec
+from cluster import rules
+from cluster.rules import synchronous
+
+if TYPE_CHECKING:
+  from cluster.clock import Clock
+
+_ACTIVATION_STREAM = 0x4D41  # keys the activation draws apart from any other stream of the same seed
+
+
+def ring_edges(workers: int) -> tuple[tuple[int, int], ...]:
+  """The edges (i, i + 1 mod P) of the ring of D-PSGD, in order: none for P = 1, one for P = 2."""
+  if workers < 2:
+    return ()
+  if workers == 2:
+    return ((0, 1),)
+  return tuple((i, (i + 1) % workers) for i in range(workers))
+
+
+def decompose(edges: Sequence[tuple[int, int]], workers: int) -> tuple[tuple[int, ...], ...]:
+  """Disjoint matchings covering `edges`: a proper edge colouring, greedy in the edges' order.
+
+  Each edge takes the smallest colour free at both ends (at most 2 Delta - 1 colours; on the ring, in
+  `ring_edges` order: two perfect matchings, even and odd edges, for even P; three for odd P, the third the
+  closing edge (P - 1, 0)). The authors first peel maximum matchings with networkx, then colour the rest
+  greedily; on the ring both give the same matchings.
+
+  Args:
+    edges: pairs (u, v) of distinct workers in [0, P), each pair at most once.
+    workers: P.
+
+  Returns:
+    One partner table per matching: partners[i] = worker i's partner, i itself where i is not matched.
+
+  Raises:
+    ValueError: a self-loop, a repeated edge or a worker outside [0, P).
+  """
+  colours: list[list[int]] = []  # colours[j][i] = i's partner in matching j
+  used: list[set[int]] = [set() for _ in range(workers)]
+  seen = set()
+  for u, v in edges:
+    if not (0 <= u < workers and 0 <= v < workers) or u == v or frozenset((u, v)) in seen:
+      raise ValueError(f'edge ({u}, {v}): edges must join two distinct workers in [0, {workers}), each pair once')
+    seen.add(frozenset((u, v)))
+    j = next(c for c in range(len(colours) + 1) if c not in used[u] and c not in used[v])
+    if j == len(colours):
+      colours.append(list(range(workers)))
+    colours[j][u], colours[j][v] = v, u
+    used[u].add(j)
+    used[v].add(j)
+  return tuple(tuple(c) for c in colours)
+
+
+def laplacian(partners: Sequence[int]) -> np.ndarray:
+  """L_j of one matching: (P, P) float64, +1 on the diagonal of matched workers, -1 between partners."""
+  p = len(partners)
+  lap = np.zeros((p, p))
+  for i, j in enumerate(partners):
+    if i != j:
+      lap[i, i], lap[i, j] = 1.0, -1.0
+  return lap
+
+
+def _complement_of_ones(p: int) -> np.ndarray:
+  """An orthonormal basis (P, P - 1) of the vectors orthogonal to 1, where every Laplacian's spectrum but
+  the 0 of the consensus direction lives."""
+  _, vectors = np.linalg.eigh(np.eye(p) - np.full((p, p), 1.0 / p))
+  return vectors[:, 1:]  # eigenvalue 0 (the ones direction) first, then P - 1 eigenvalues 1
+
+
+def activation_probabilities(laplacians: Sequence[np.ndarray], budget: float, tol: float = 1e-10,
+                             max_cuts: int = 500) -> np.ndarray:
+  """p maximising lambda_2(sum_j p_j L_j) subject to sum_j p_j <= budget * J, 0 <= p_j <= 1 (authors' getProbability).
+
+  lambda_2 is the least eigenvalue on the complement of 1, the minimum over unit x there of the linear
+  functions x^T L(p) x: concave in p. Kelley's cutting planes: an LP maximises t subject to t <= x^T L(p) x for
+  the eigenvectors x collected so far; each LP solution p adds the eigenvectors of lambda_2(L(p)) (all of them:
+  the ring's lambda_2 is double) until the LP's bound is within `tol` of the best lambda_2 found.
+  Budget 1: every p_j = 1 (the only choice that never leaves a matching out; it maximises lambda_2, which
+  grows with every p_j).
+
+  Args:
+    laplacians: the matchings' L_j, (P, P) each.
+    budget: C_b in (0, 1].
+    tol: absolute gap between the LP's bound and the lambda_2 returned.
+    max_cuts: LP solves at most.
+
+  Returns:
+    float64 (J,), each in [0, 1].
+  """
+  j = len(laplacians)
+  if j == 0 or budget >= 1:
+    return np.ones(j)
+  q = _complement_of_ones(laplacians[0].shape[0])
+  reduced = np.stack([q.T @ lap @ q for lap in laplacians])  # (J, P-1, P-1)
+  upper = 2.0 * j  # each L_j has eigenvalues 0 and 2, so lambda_2(L(p)) <= 2 J
+  cuts: list[np.ndarray] = []  # rows: (-x^T L_1 x, ..., -x^T L_J x, 1) . (p, t) <= 0
+  budget_row = np.concatenate([np.ones(j), [0.0]])
+  best_p, best_value = np.full(j, budget), -np.inf
+  p = best_p
+  for _ in range(max_cuts):
+    values, vectors = np.linalg.eigh(np.tensordot(p, reduced, axes=1))
+    if values[0] > best_value:
+      best_p, best_value = p, values[0]
+    for x in vectors[:, values <= values[0] + 1e-9].T:
+      cuts.append(np.concatenate([-np.einsum('a,jab,b->j', x, reduced, x), [1.0]]))
+    lp = optimize.linprog(c=np.concatenate([np.zeros(j), [-1.0]]), A_ub=np.vstack(cuts + [budget_row]),
+                          b_ub=np.concatenate([np.zeros(len(cuts)), [budget * j]]),
+                          bounds=[(0.0, 1.0)] * j + [(None, upper)], method='highs',
+                          options={'primal_feasibility_tolerance': 1e-10, 'dual_feasibility_tolerance': 1e-10})
+    if lp.status != 0:
+      raise RuntimeError(f'activation_probabilities: the LP failed ({lp.message})')
+    p = np.clip(lp.x[:j], 0.0, 1.0)
+    if -lp.fun - best_value <= tol:
+      break
+  return best_p
+
+
+def _contraction(laplacians: Sequence[np.ndarray], probabilities, q: np.ndarray):
+  """(E[L], S) on the complement of 1 (basis q), with E[W^T W] - 11^T/P = I - 2 alpha E[L] + alpha^2 S there."""
+  mean = sum(pj * lap for pj, lap in zip(probabilities, laplacians))
+  second = mean @ mean + 2.0 * sum(pj * (1.0 - pj) * lap for pj, lap in zip(probabilities, laplacians))
+  return q.T @ mean @ q, q.T @ second @ q
+
+
+def contraction_factor(laplacians: Sequence[np.ndarray], probabilities, alpha: float) -> float:
+  """rho(alpha) = lambda_max(E[W^T W] - 11^T/P), W = I - alpha sum_j B_j L_j, B_j ~ Bernoulli(p_j) (0 for no
+  matching); < 1: the gossip contracts to the mean in expectation."""
+  if not laplacians:
+    return 0.0
+  mean, second = _contraction(laplacians, probabilities, _complement_of_ones(laplacians[0].shape[0]))
+  return float(np.linalg.eigvalsh(np.eye(len(mean)) - 2.0 * alpha * mean + alpha * alpha * second)[-1])
+
+
+def mixing_weight(laplacians: Sequence[np.ndarray], probabilities: np.ndarray) -> float:
+  """alpha minimising rho(alpha) = lambda_max(E[W^T W] - 11^T/P) (authors' getAlpha; `contraction_factor`).
+
+  On the complement of 1, E[W^T W] - 11^T/P = I - 2 alpha E[L] + alpha^2 S, S = E[L]^2 + 2 sum_j p_j (1 - p_j) L_j
+  (a matching has L_j^2 = 2 L_j), convex in alpha. Along the top eigenvector of E[L] (eigenvalue e) it is at
+  least (1 - alpha e)^2, which is >= 1 = rho(0) from alpha = 2 / e on: the minimiser lies in [0, 2 / e].
+
+  Args:
+    laplacians: the matchings' L_j.
+    probabilities: p_j.
+
+  Returns:
+    alpha (0 where no matching is ever active).
+  """
+  if not laplacians:
+    return 0.0
+  mean, _ = _contraction(laplacians, probabilities, _complement_of_ones(laplacians[0].shape[0]))
+  top = float(np.linalg.eigvalsh(mean)[-1])
+  if top <= 0:
+    return 0.0
+  found = optimize.minimize_scalar(lambda a: contraction_factor(laplacians, probabilities, a), bounds=(0.0, 2.0 / top),
+                                   method='bounded', options={'xatol': 1e-12})
+  return float(found.x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """MATCHA on a graph of P workers: its matchings, their activation probabilities and the mixing weight.
+
+  Attributes:
+    partners: one partner table (P,) per matching (`decompose`).
+    probabilities: p_j per matching.
+    alpha: the mixing weight.
+    rho: `contraction_factor` at alpha (< 1: the expected mixing contracts).
+  """
+  partners: tuple[tuple[int, ...], ...]
+  probabilities: tuple[float, ...]
+  alpha: float
+  rho: float
+
+
+@functools.lru_cache(maxsize=64)
+def ring_plan(workers: int, budget: float, alpha: Optional[float] = None) -> Plan:
+  """MATCHA's plan on the ring of `workers` (the paper's alpha unless `alpha` is given)."""
+  partners = decompose(ring_edges(workers), workers)
+  laps = [laplacian(m) for m in partners]
+  probs = activation_probabilities(laps, budget)
+  alpha = mixing_weight(laps, probs) if alpha is None else float(alpha)
+  return Plan(partners=partners, probabilities=tuple(float(x) for x in probs), alpha=alpha,
+              rho=contraction_factor(laps, probs, alpha))
+
+
+def _check(budget, alpha) -> None:
+  if not (spec.is_static_number(budget) and 0 < budget <= 1):
+    raise ValueError(f'budget={budget!r} must be a number in (0, 1]')
+  if alpha is not None and not (spec.is_static_number(alpha) and alpha > 0):
+    raise ValueError(f'alpha={alpha!r} must be None (the paper\'s choice) or a number > 0')
+
+
+class MatchaState(NamedTuple):
+  inner: optax.OptState  # this worker's own inner optimizer state (never exchanged)
+
+
+def matcha(inner: optax.GradientTransformation, budget: float = 0.5, alpha: Optional[float] = None,
+           axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
+  """A local step of `inner`, then a gossip over the matchings of the ring that this iteration activates.
+
+  Args:
+    inner: the optimizer U, applied by each worker to its own gradient with its own state.
+    budget: C_b in (0, 1], the expected share of D-PSGD's communication.
+    alpha: the mixing weight; None: the paper's. See the module docstring.
+    axis_name: the worker axes; None for one worker (then there is no matching and this is `inner`).
+
+  Returns:
+    A transformation whose `update(grads, state, params, *, schedule, **extra)` reads `schedule.active`, the
+    bitmask of the active matchings (bit j: matching j of `ring_plan(P, budget)`), drawn on the host
+    (`MatchingGossip.activations`), and moves each worker's params to its new params.
+
+  Example:
+    tx = matcha(optax.sgd(0.1), budget=0.5, axis_name='workers')  # under vmap / shard_map over 'workers'
+  """
+  _check(budget, alpha)
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return MatchaState(inner=inner.init(params))
+
+  def update_fn(grads, state, params=None, *, schedule=None, **extra):
+    del extra
+    if schedule is None:
+      raise ValueError('matcha needs schedule.active, the matchings this iteration activates (drawn on the host '
+                       'by MatchingGossip.activations)')
+    stepped, inner_state = spec.local_step('matcha', inner, grads, state.inner, params)
+    plan = ring_plan(collectives.num_workers(axis_name), float(budget), alpha)
+    active = jnp.asarray(schedule.active, jnp.int32)
+    pull = None  # sum over active matchings of (W_i - W_partner)
+    for j, partners in enumerate(plan.partners):
+      received = lax.cond((active >> j) & 1 == 1,
+                          lambda x, partners=partners: collectives.matching_exchange(x, axis_name, partners),
+                          lambda x: x, stepped)
+      diff = jax.tree.map(jnp.subtract, stepped, received)
+      pull = diff if pull is None else jax.tree.map(jnp.add, pull, diff)
+    new_params = stepped if pull is None else jax.tree.map(
+        lambda w, d: w - jnp.asarray(plan.alpha, w.dtype) * d, stepped, pull)
+    updates = jax.tree.map(lambda new, old: new - old, new_params, params)
+    return updates, MatchaState(inner=inner_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class MatchaSchedule(NamedTuple):
+  """Schedule of one MATCHA iteration."""
+  microbatches_done: np.ndarray  # int32 (P,), = microbatches for every worker
+  active: np.ndarray             # int32 (), bit j set: matching j exchanges in this iteration
+  UNIFORM = ('active',)
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(workers: int, budget: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(partner index (J, P), matched float64 (J, P), p (J,)) of `ring_plan(workers, budget)`."""
+  plan = ring_plan(workers, budget)
+  table = np.asarray(plan.partners, np.int64).reshape(len(plan.partners), workers)
+  return table, (table != np.arange(workers)).astype(np.float64), np.asarray(plan.probabilities)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchingGossip(synchronous.WaitsForEveryone):
+  """MATCHA (`matcha`): per iteration only the active matchings exchange, each pair waiting for each other.
+
+  The matchings and their probabilities are `ring_plan(P, budget)`'s. Worker i finishes its gradient at
+  c_i = start_i + sum_k X_{i,k}; in the active matchings A(k) its partners are partner_j(i), j in A(k):
+      end_i = max(c_i, max_{j in A(k)} c_{partner_j(i)}) + a_i p2p(M),   a_i = #{j in A(k): i matched in j}
+      Idle: end_i - a_i p2p(M) - c_i.
+  As in D-PSGD's `RingGossip` (of which budget 1 on the ring is this rule exactly), a worker's exchanges run
+  back to back and it does not wait for its partners' other exchanges. Bytes: M per exchange per worker.
+  Activations: B_j(k) = U_j < p_j with U ~ Uniform[0, 1)^J from numpy's generator seeded by (seed, 0x4D41, k):
+  a pure function of the iteration, so checkpoints need nothing more and blocks equal single iterations.
+  Reports `active_matchings`, the number of matchings active per iteration.
+
+  Schedule: `MatchaSchedule`.
+  """
+  budget: float = 0.5
+  seed: int = 0
+  microbatches: int = 1
+
+  schedule_type = MatchaSchedule
+  reports = {'active_matchings': 'mean'}
+  vectorized = True
+
+  def __post_init__(self):
+    super().__post_init__()
+    _check(self.budget, None)
+
+  def activations(self, workers: int, iteration: int) -> np.ndarray:
+    """bool (J,): the matchings of `ring_plan(workers, budget)` active at `iteration`."""
+    _, _, probabilities = _tables(workers, float(self.budget))
+    draws = np.random.default_rng([self.seed, _ACTIVATION_STREAM, iteration]).random(len(probabilities))
+    return draws < probabilities
+
+  def _gossip(self, finished: np.ndarray, on: np.ndarray, ready: np.ndarray, count: np.ndarray) -> None:
+    """ready_i = max(c_i, c of i's active partners); count_i = a_i (in place)."""
+    table, matched, _ = _tables(len(finished), float(self.budget))
+    ready[:] = finished
+    count[:] = 0.0
+    for j in np.flatnonzero(on):
+      np.maximum(ready, finished[table[j]], out=ready)
+      count += matched[j]
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    p = clock.workers
+    finished = self.everyone_computes(clock, clock.times.copy())
+    on = self.activations(p, iteration)
+    ready, count = np.empty(p), np.empty(p)
+    self._gossip(finished, on, ready, count)
+    clock.times[:] = ready + count * clock.network.p2p(clock.model_bytes)
+    return rules.Iteration(
+        schedule=MatchaSchedule(microbatches_done=rules.base.full(p, self.microbatches, np.int32),
+                                active=np.int32(np.sum(on.astype(np.int64) << np.arange(len(on))))),
+        idle=ready - finished, bytes_communicated=float(count.sum()) * clock.model_bytes, staleness=np.zeros(p),
+        measurements={'active_matchings': float(on.sum())})
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+    """n calls of `iterate` on compute times drawn ahead (the same float operations); failures: None."""
+    jobs = synchronous.job_seconds(clock, n, self.microbatches)
+    if jobs is None:
+      return None
+    p = clock.workers
+    p2p = clock.network.p2p(clock.model_bytes)
+    on = np.stack([self.activations(p, iteration + k) for k in range(n)])
+    times, ready, count = np.empty((n, p)), np.empty((n, p)), np.empty((n, p))
+    finished = np.empty((n, p))
+    start = clock.times
+    for k in range(n):
+      np.add(start, jobs[k], out=finished[k])
+      self._gossip(finished[k], on[k], ready[k], count[k])
+      times[k] = ready[k] + count[k] * p2p
+      start = times[k]
+    clock.times[:] = times[-1]
+    steps = self.everyone_steps(ready - finished, count.sum(axis=1) * clock.model_bytes, times)
+    bits = (on.astype(np.int64) << np.arange(on.shape[1])).sum(axis=1).astype(np.int32)
+    return dataclasses.replace(
+        steps, schedule=MatchaSchedule(microbatches_done=steps.schedule.microbatches_done, active=bits),
+        measurements={'active_matchings': on.sum(axis=1).astype(np.float64)})
+
+
+def time_rule(config):
+  return MatchingGossip(budget=float(config.algorithm.budget), seed=int(config.seed),
+                        microbatches=config.microbatches)
+
+
+def validate(config):
+  a = config.algorithm
+  errors.require_number(a.budget, 'algorithm.budget', 'must be a number in (0, 1]: the expected share of the '
+                        "ring's matchings active per iteration (1: every one, D-PSGD)", lambda b: 0 < b <= 1)
+  if a.alpha is None:
+    return
+  errors.require_number(a.alpha, 'algorithm.alpha', "must be None (the paper's mixing weight) or a number > 0",
+                        lambda v: v > 0)
+  plan = ring_plan(config.workers, float(a.budget), float(a.alpha))
+  errors.require(plan.rho < 1, 'algorithm.alpha', a.alpha,
+                 f'makes the gossip diverge on the ring of {config.workers} workers at budget {a.budget} '
+                 f"(rho = {plan.rho:.3g} >= 1); the paper's alpha is "
+                 f'{ring_plan(config.workers, float(a.budget)).alpha:.4g}')
+
+
+SPEC = spec.AlgorithmSpec(
+    name='matcha',
+    defaults={
+        'budget': 0.5,  # C_b in (0, 1]: expected share of the ring's matchings active per iteration (1: D-PSGD)
+        'alpha': None,  # mixing weight; None: the paper's, minimising ||E[W^T W] - 11^T/P||
+    },
+    build=lambda config, inner, axis_name: matcha(inner, budget=config.algorithm.budget,
+                                                  alpha=config.algorithm.alpha, axis_name=axis_name),
+    time_rule=time_rule, validate=validate)
