@@ -2,34 +2,53 @@
 
 The parameters, flattened in leaf order, are split into F contiguous fragments of equal size (+-1 element; a
 leaf may be split: LPP-SGD's blocks, `lap_sgd.block_bounds`). Fragment f is synchronised every H steps,
-staggered: after step t with t mod H == o_f - 1, o_f = (f + 1) H // F (the last fragment at the end of each
-round of H, the others evenly before it; F <= H so that at most one fragment syncs per step). Update rule
-(H = `local_steps`, d = `delay`, alpha = `mix`, OuterOpt as in `diloco`):
+staggered: its sync point is after step t with t mod H == o_f - 1, o_f = (f + 1) H // F (the last fragment at
+the end of each round of H, the others evenly before it; F <= H so that at most one fragment syncs per step).
+Update rule (H = `local_steps`, d = `delay`, alpha = `mix`, OuterOpt as in `diloco`):
     W_i <- W_i + U_i(g_i)                                (inner step, local inner optimizer state)
-    fragment f syncs after step t:  s_i,f <- W_i,f; the all-reduce of the snapshots starts
-    after step t + d:  Delta_f = W_outer,f - mean_j s_j,f
-                       W_outer,f <- W_outer,f + OuterOpt_f(Delta_f)   (one outer state per fragment)
-                       W_i,f <- alpha W_i,f + (1 - alpha) W_outer,f     (merge with the local progress)
-d = 0: the snapshot is the current fragment, the sync blocking. F = 1, d = 0, alpha = 0 is DiLoCo.
-The snapshot, the all-reduce in flight and the merge are `algorithms.delayed_averaging` (its `mix` form,
-p = alpha, with the new outer fragment in place of the mean); the outer step is `diloco.outer_step`.
+    snapshot of fragment f after step t:  s_i,f <- W_i,f; the all-reduce of the snapshots starts
+    merge after step t + d:  Delta_f = W_outer,f - mean_j s_j,f
+                             W_outer,f <- W_outer,f + OuterOpt_f(Delta_f)   (one outer state per fragment)
+                             W_i,f <- alpha W_i,f + (1 - alpha) W_outer,f   (merge with the local progress)
+`overlap` places the d overlapped steps around the sync point (`snapshot_table`):
+  'merge_late' (default): the snapshot at the sync point, the merge d steps after it. This is the paper's
+    convention (Douillard et al. 2025, Section 2, overlapping communication, and its Algorithm 2: the outer
+    gradient of fragment p is sent at t - t_p = 0 mod H and received, applied and mixed tau steps later, at
+    t - t_p = tau mod H). Any 0 <= d <= H; a merge may fall in the next round.
+  'snapshot_early': the snapshot d steps before the sync point, the merge at it: torchft's DiLoCo
+    (`torchft/local_sgd.py`, `fragment_sync_delay` = d: `prepare_sync` at local step H/F - d, `perform_sync`
+    at H/F). Needs F | H and d < H / F, as torchft does: the next fragment's snapshot comes after this one's
+    merge, so one all-reduce is in flight at a time and a round's events stay inside the round.
+d = 0: the snapshot is the current fragment, the sync blocking, and the two conventions are the same update.
+F = 1, d = 0, alpha = 0 is DiLoCo. With d >= 1 they differ: 'merge_late' merges the mean of the fragments at
+the sync point and keeps the d steps after it as local progress; 'snapshot_early' averages fragments d steps
+older and keeps the d steps before the sync point. The snapshot, the all-reduce in flight and the merge are
+`algorithms.delayed_averaging` (its `mix` form, p = alpha, with the new outer fragment in place of the mean);
+the outer step is `diloco.outer_step`.
 
 Overlap on real accelerators: the period is fixed (`round_length` = H). In a block of whole rounds the
 positions are static and no collective sits under a conditional: a fragment whose merge falls in the same
 round issues its all-reduce right after its snapshot; one whose merge falls in the next round (t mod H + d
->= H) carries its snapshot across the round boundary and issues it at position 0, as DaSGD. Each all-reduce
-moves one fragment, so peak bandwidth falls F-fold against DiLoCo. Other blocks (and library loops) take the
-per-iteration path, one `lax.switch` over the fragment for the merge and one for the snapshot, driven by the
-replicated step; both paths compute the same floating-point operations.
+>= H, 'merge_late' only) carries its snapshot across the round boundary and issues it at position 0, as
+DaSGD. Each all-reduce moves one fragment, so peak bandwidth falls F-fold against DiLoCo. Other blocks (and
+library loops) take the per-iteration path, one `lax.switch` over the fragment for the merge and one for the
+snapshot, driven by the replicated step; both paths compute the same floating-point operations.
 
-Time (`StreamingAverage` below): workers step without waiting. A sync's all-reduce of M / F bytes starts when
-every worker has taken the snapshot, R_f = max_j (end_j) + allreduce(M / F, P); at the merge step worker i
-waits until R_f, or not at all when that is earlier: end_i = max(c_i, R_f). Communication is hidden when
+Time (`StreamingAverage` below): workers step without waiting. A snapshot's all-reduce of M / F bytes starts
+when every worker has taken it, R_f = max_j (end_j) + allreduce(M / F, P); at the merge step worker i waits
+until R_f, or not at all when that is earlier: end_i = max(c_i, R_f). Communication is hidden when
 allreduce(M / F) <= d x step time. d = 0: everybody waits for the last worker and the all-reduce (blocking).
-Reported: `sync_bytes`, the bytes one sync puts on the network (max over a window: the peak per sync).
+The rule is the same for both conventions: in both the all-reduce is issued at the snapshot (torchft's
+`prepare_sync` starts it on a side stream) and must have arrived at the merge (`perform_sync` waits on it), d
+steps later; only the steps at which these fall differ (`snapshot_table`), and the rule reads them from the
+same table as the math. Not charged: torchft's synchronous quorum at `prepare_sync` (its fault-tolerance
+protocol, which the paper's algorithm does not have). Reported: `sync_bytes`, the bytes one sync puts on the
+network (max over a window: the peak per sync).
 
 Reference: Douillard et al., "Streaming DiLoCo with overlapping communication: Towards a Distributed Free
-Lunch", arXiv:2501.18512 (2025) (alpha = 0.5 and an overlap of 1 to 5 steps there; inner AdamW).
+Lunch", arXiv:2501.18512 (2025) (alpha = 0.5 and an overlap of 1 to 5 steps there; inner AdamW). torchft:
+github.com/pytorch/torchft, torchft/local_sgd.py (`DiLoCo`, `_StreamingDiLoCoFragment`), commit
+73dafea422116b2a713542719c8454efe5444c6c.
 """
 
 from __future__ import annotations
@@ -58,6 +77,10 @@ if TYPE_CHECKING:
 
 Piece = tuple[int, int, int]  # (leaf index, start, stop) in that leaf flattened
 
+MERGE_LATE = 'merge_late'          # snapshot at the sync point, merge d steps later (the paper)
+SNAPSHOT_EARLY = 'snapshot_early'  # snapshot d steps before the sync point, merge at it (torchft)
+OVERLAPS = (MERGE_LATE, SNAPSHOT_EARLY)
+
 
 # ---- fragments and their sync steps ----
 
@@ -69,6 +92,27 @@ def sync_table(local_steps: int, fragments: int) -> np.ndarray:
   for f in range(fragments):
     table[(f + 1) * local_steps // fragments - 1] = f
   return table
+
+
+def check_overlap(local_steps: int, fragments: int, delay: int, overlap: str) -> None:
+  """ValueError unless `overlap` is known and, for 'snapshot_early', F | H and d < H / F (torchft's checks)."""
+  if overlap not in OVERLAPS:
+    raise ValueError(f'overlap must be one of {OVERLAPS}, got {overlap!r}')
+  if overlap == SNAPSHOT_EARLY and local_steps % fragments:
+    raise ValueError(f'overlap={SNAPSHOT_EARLY!r} needs fragments to divide local_steps, got fragments={fragments},'
+                     f' local_steps={local_steps}')
+  if overlap == SNAPSHOT_EARLY and delay >= local_steps // fragments:
+    raise ValueError(f'overlap={SNAPSHOT_EARLY!r} needs delay < local_steps / fragments, got delay={delay}, '
+                     f'local_steps / fragments={local_steps // fragments}')
+
+
+def snapshot_table(local_steps: int, fragments: int, delay: int, overlap: str = MERGE_LATE) -> np.ndarray:
+  """int32 (H,): the fragment snapshotted (its all-reduce issued) after a step at each position t mod H, -1 for
+  none; its merge comes `delay` positions later. 'merge_late': the `sync_table`; 'snapshot_early': the sync
+  table moved `delay` positions earlier (with d < H / F no snapshot moves into the previous round)."""
+  table = sync_table(local_steps, fragments)
+  check_overlap(local_steps, fragments, delay, overlap)
+  return table if overlap == MERGE_LATE else np.roll(table, -delay)
 
 
 def fragment_pieces(sizes: Sequence[int], fragments: int) -> list[list[Piece]]:
@@ -112,7 +156,8 @@ class StreamingDiLoCoState(NamedTuple):
 
 def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation, local_steps: int,
                      fragments: int = 2, delay: int = 1, mix: float = 0.5,
-                     axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
+                     axis_name: collectives.AxisName = None,
+                     overlap: str = MERGE_LATE) -> optax.GradientTransformationExtraArgs:
   """DiLoCo over F staggered fragments, each merged d steps after its snapshot (see the module docstring).
 
   Args:
@@ -123,15 +168,18 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     delay: d in 0..H, steps between a fragment's snapshot and its merge.
     mix: alpha in [0, 1], the share of the local fragment kept at the merge.
     axis_name: the worker axes; None for one worker.
+    overlap: where the d overlapped steps go: 'merge_late' (snapshot at the sync point, merge d steps later;
+      the paper) or 'snapshot_early' (snapshot d steps before the sync point, merge at it; torchft; needs
+      F | H and d < H / F).
 
   Returns:
     A transformation whose `update(grads, state, params, *, step=None, round_position=None)` moves each
     worker's params. `step`: the replicated iteration number (None: the state's counter). `round_position`:
     static step mod H, for a caller that runs whole rounds.
   """
-  table = sync_table(local_steps, fragments)
   if not 0 <= delay <= local_steps:
     raise ValueError(f'need 0 <= delay <= local_steps, got delay={delay}, local_steps={local_steps}')
+  table = snapshot_table(local_steps, fragments, delay, overlap)
   if spec.is_static_number(mix) and not 0.0 <= mix <= 1.0:  # a traced mix was validated in its config
     raise ValueError(f'mix must be in [0, 1], got {mix}')
   inner = optax.with_extra_args_support(inner)
@@ -235,12 +283,13 @@ def _put(values: tuple, index: int, value: Any) -> tuple:
 class StreamingAverage(synchronous.WaitsForEveryone):
   """Streaming DiLoCo: staggered fragment all-reduces of M / F bytes, each merged d steps after its snapshot.
 
-  Worker i steps without waiting (start_i(t+1) = end_i(t)). After a step t at which fragment f syncs
-  (`sync_table`), the all-reduce of M / F bytes starts when the last worker has reached it:
-  R_f = max_j end_j(t) + allreduce(M / F, P); after step t + d worker i waits until R_f:
-  end_i(t + d) = max(c_i(t + d), R_f). d = 0: end_i(t) = R_f for everyone (a blocking sync). Idle: the waits.
-  With F = 1 and d = 0 this is local SGD's `PeriodicAverage`. Reports `sync_bytes`: the bytes the sync started
-  in this iteration puts on the network (0 without one); its window maximum is the peak per sync.
+  Worker i steps without waiting (start_i(t+1) = end_i(t)). After a step t at which fragment f is snapshotted
+  (`snapshot_table`: at its sync point, or d steps before it with 'snapshot_early'), the all-reduce of M / F
+  bytes starts when the last worker has reached it: R_f = max_j end_j(t) + allreduce(M / F, P); after step
+  t + d (the merge) worker i waits until R_f: end_i(t + d) = max(c_i(t + d), R_f). d = 0: end_i(t) = R_f for
+  everyone (a blocking sync). Idle: the waits. With F = 1 and d = 0 this is local SGD's `PeriodicAverage`.
+  Reports `sync_bytes`: the bytes the all-reduce started in this iteration puts on the network (0 without
+  one); its window maximum is the peak per sync.
 
   Schedule: `EveryoneSchedule`; the math derives the fragment events from the step number.
   """
@@ -248,6 +297,7 @@ class StreamingAverage(synchronous.WaitsForEveryone):
   fragments: int      # F
   delay: int          # d
   microbatches: int = 1
+  overlap: str = MERGE_LATE  # which steps the snapshot and the merge fall on (`snapshot_table`)
 
   reports = {'sync_bytes': 'max'}
 
@@ -255,12 +305,12 @@ class StreamingAverage(synchronous.WaitsForEveryone):
     super().__post_init__()
     base.check_positive_int(self.period, 'period')
     base.check_positive_int(self.delay, 'delay', minimum=0)
-    sync_table(self.period, self.fragments)
     if self.delay > self.period:
       raise ValueError(f'delay={self.delay} must be <= period={self.period}')
+    snapshot_table(self.period, self.fragments, self.delay, self.overlap)
 
   def iterate(self, clock: 'Clock', iteration: int) -> base.Iteration:
-    p, table = clock.workers, sync_table(self.period, self.fragments)
+    p, table = clock.workers, snapshot_table(self.period, self.fragments, self.delay, self.overlap)
     end = self.everyone_computes(clock, clock.times)
     idle = np.zeros(p)
     ready = np.asarray(clock.rule_state.get('ready_s', np.zeros(self.fragments)), np.float64).copy()
@@ -293,7 +343,7 @@ class StreamingAverage(synchronous.WaitsForEveryone):
     jobs = synchronous.job_seconds(clock, n, self.microbatches)
     if jobs is None:
       return None
-    p, table = clock.workers, sync_table(self.period, self.fragments).tolist()
+    p, table = clock.workers, snapshot_table(self.period, self.fragments, self.delay, self.overlap).tolist()
     ready = np.asarray(clock.rule_state.get('ready_s', np.zeros(self.fragments)), np.float64).copy()
     nbytes = clock.model_bytes / self.fragments
     mean_time, mean_bytes = clock.network.allreduce(nbytes, p), network_lib.ring_bytes(nbytes, p)
@@ -328,7 +378,7 @@ class StreamingAverage(synchronous.WaitsForEveryone):
 def time_rule(config):
   a = config.algorithm
   return StreamingAverage(period=a.local_steps, fragments=a.fragments, delay=a.delay,
-                          microbatches=config.microbatches)
+                          microbatches=config.microbatches, overlap=a.overlap)
 
 
 def validate(config):
@@ -337,6 +387,13 @@ def validate(config):
   errors.require_int(a.fragments, 'algorithm.fragments', 1, a.local_steps)
   errors.require_int(a.delay, 'algorithm.delay', 0, a.local_steps)
   errors.require_number(a.mix, 'algorithm.mix', 'must be a number in [0, 1]', lambda v: 0.0 <= v <= 1.0)
+  errors.require(a.overlap in OVERLAPS, 'algorithm.overlap', a.overlap, f'must be one of {", ".join(OVERLAPS)}')
+  if a.overlap == SNAPSHOT_EARLY:  # torchft's DiLoCo checks
+    errors.require(a.local_steps % a.fragments == 0, 'algorithm.fragments', a.fragments,
+                   f'must divide algorithm.local_steps (= {a.local_steps}) with overlap={SNAPSHOT_EARLY}')
+    errors.require(a.delay < a.local_steps // a.fragments, 'algorithm.delay', a.delay,
+                   f'must be < local_steps / fragments (= {a.local_steps // a.fragments}) with '
+                   f'overlap={SNAPSHOT_EARLY}: the next snapshot must come after this merge')
   diloco.validate_outer(config)
 
 
@@ -347,10 +404,11 @@ def round_length(config):
 
 SPEC = spec.AlgorithmSpec(
     name='streaming_diloco',
-    defaults={'local_steps': 4, 'fragments': 2, 'delay': 1, 'mix': 0.5, **diloco.OUTER_DEFAULTS},
+    defaults={'local_steps': 4, 'fragments': 2, 'delay': 1, 'mix': 0.5, 'overlap': MERGE_LATE,
+              **diloco.OUTER_DEFAULTS},
     build=lambda config, inner, axis_name: streaming_diloco(
         inner, diloco.outer_from_config(config), local_steps=config.algorithm.local_steps,
         fragments=config.algorithm.fragments, delay=config.algorithm.delay, mix=config.algorithm.mix,
-        axis_name=axis_name),
+        axis_name=axis_name, overlap=config.algorithm.overlap),
     time_rule=time_rule, validate=validate, round_length=round_length,
     hyperparameters=('mix', *diloco.OUTER_HYPERPARAMETERS))
