@@ -75,6 +75,14 @@ class RewriteTest(absltest.TestCase):
     self.assertEqual(result.returncode, 0, 'run `python launch/rewrite_imports.py`:\n' + result.stdout
                      + result.stderr)
 
+  def test_one_name_per_module(self):
+    probe = ('import sys, waitless.experiments.compare, waitless.experiments.simulate\n'
+             f'print(sorted({{m.split(".")[0] for m in sys.modules}} & {set(TOP_LEVEL)!r}))')
+    result = subprocess.run([sys.executable, '-c', probe], cwd=self.create_tempdir().full_path, capture_output=True,
+                            text=True, env=dict(os.environ, PYTHONPATH=ROOT), check=False)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stdout.strip(), '[]', 'a module was imported under its top-level name too')
+
 
 class InstallTest(absltest.TestCase):
 
