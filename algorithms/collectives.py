@@ -4,6 +4,11 @@
 communication: the transformation is a plain optax transformation), one mesh axis name (one worker per
 device), or a tuple of names (device axis of `jax.shard_map` plus the `jax.vmap` axis of the workers that share
 a device). The global worker index orders workers device-major: worker = device * local + local_index.
+
+Several workers per device need `jax.shard_map(..., check_vma=False)`: JAX's varying-axes check does not know
+`vmap` axes, so under the default `check_vma=True` a psum or ppermute over the vmapped axis fails inside JAX
+(a psum axis error, a bare AssertionError). The collectives below raise a ValueError saying so instead. With one
+worker per device the check can stay on.
 """
 
 from __future__ import annotations
@@ -47,6 +52,16 @@ def _varying_axes(x) -> frozenset:
   return frozenset(getattr(mat, 'varying', ()) or ())
 
 
+def _check_layout(tree: Any, axes: tuple[Hashable, ...]) -> None:
+  """A ValueError naming the fix when a collective names a vmapped axis inside `shard_map(check_vma=True)`."""
+  manual = frozenset(jax.sharding.get_abstract_mesh().manual_axes)
+  vmapped = [a for a in axes if a not in manual]
+  if manual and vmapped and any(_varying_axes(x) for x in jax.tree.leaves(tree)):
+    raise ValueError(f'the worker axes {axes} include {vmapped}, a vmap axis inside jax.shard_map with its '
+                     'varying-axes check on, which JAX does not support for collectives: several workers per '
+                     'device need jax.shard_map(..., check_vma=False)')
+
+
 def _per_worker(reduced: Any, original: Any, axes: tuple[Hashable, ...]) -> Any:
   """Marks a reduced value as per-worker again, as the input was.
 
@@ -65,6 +80,7 @@ def worker_sum(tree: Any, axis_name: AxisName) -> Any:
   axes = _axes(axis_name)
   if not axes:
     return tree
+  _check_layout(tree, axes)
   return _per_worker(lax.psum(tree, axes), tree, axes)
 
 
@@ -86,6 +102,7 @@ def worker_mean(tree: Any, axis_name: AxisName) -> Any:
   axes = _axes(axis_name)
   if not axes:
     return tree
+  _check_layout(tree, axes)
   return _per_worker(lax.pmean(tree, axes), tree, axes)
 
 
@@ -118,6 +135,7 @@ def ring_shift(tree: Any, axis_name: AxisName, offset: int) -> Any:
     The pytree of worker (i - offset) mod P, on worker i.
   """
   axes = _axes(axis_name)
+  _check_layout(tree, axes)
   sizes = [lax.axis_size(a) for a in axes]
   remaining = int(offset) % num_workers(axis_name)
   out = tree
@@ -171,6 +189,7 @@ def xor_exchange(tree: Any, axis_name: AxisName, mask: int) -> Any:
   Raises:
     ValueError: P is not a power of two, or the mask is outside [0, P).
   """
+  _check_layout(tree, _axes(axis_name))
   out = tree
   for axis, size, part in _xor_digits(axis_name, operator.index(mask), 'xor_exchange'):
     if part:

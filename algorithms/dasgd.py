@@ -91,6 +91,7 @@ def dasgd(inner: optax.GradientTransformation, local_steps: int = 4, delay: int 
   inner = optax.with_extra_args_support(inner)
   options = dict(axis_name=axis_name, correction=correction, mix=mix)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return DaSGDState(count=jnp.zeros((), jnp.int32), inner=inner.init(params),
                       buffer=delayed_averaging.init(params))

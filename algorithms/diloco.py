@@ -78,6 +78,7 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   base = local_sgd.local_sgd(inner, local_steps, warmup_steps, axis_name=axis_name,
                              average_opt_state=average_opt_state)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return DiLoCoState(local=base.init(params), outer_params=params, outer=outer.init(params))
 

@@ -81,6 +81,7 @@ def dpsgd(inner: optax.GradientTransformation, order: str = 'gossip_then_step',
     raise ValueError(f'order={order!r} must be one of {ORDERS}')
   inner = optax.with_extra_args_support(inner)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return DPSGDState(inner=inner.init(params))
 

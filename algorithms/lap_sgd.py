@@ -150,6 +150,7 @@ def lap_sgd(inner: optax.GradientTransformation, threads: int, local_steps: int,
   inner = optax.with_extra_args_support(inner)
   q = threads
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return LapState(count=jnp.zeros((), jnp.int32), inner=_stack(inner.init(params), q),
                     views=_stack(params, q) if q > 1 else (), snapshot=delayed_averaging.init(params))

@@ -73,6 +73,7 @@ def local_sgd(inner: optax.GradientTransformation, local_steps: int, warmup_step
   """
   inner = optax.with_extra_args_support(inner)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return LocalSGDState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
 

@@ -81,6 +81,7 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
     raise ValueError(f'topology={topology!r} must be one of {TOPOLOGIES}')
   inner = optax.with_extra_args_support(inner)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return NonBlockingState(inner=inner.init(params))
 

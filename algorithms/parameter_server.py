@@ -171,11 +171,11 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
   if adaptive and fresh_views:
     raise ValueError('the staleness-adaptive learning rate needs stale views, not fresh_views')
 
+  @spec.owns_its_buffers
   def init_fn(params):
     if fresh_views:
       return ParameterServerState(server=None, inner=inner.init(params))
-    server = jax.tree.map(jnp.copy, params)  # its own buffers: the step donates params and state separately
-    return ParameterServerState(server=server, inner=inner.init(server))
+    return ParameterServerState(server=params, inner=inner.init(params))  # copied by owns_its_buffers
 
   def update_fn(grads, state, params=None, *, schedule: Optional[ServerSchedule] = None, **extra):
     del extra

@@ -17,6 +17,7 @@ are traced scalars: the optimizer's (`optimizers.HYPERPARAMETERS`) and the algor
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -41,6 +42,33 @@ def mean_of_workers(params: Any, opt_state: Any) -> Any:
   """Consensus model = the average of the workers' parameters (leading axis = workers)."""
   del opt_state
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), params)
+
+
+def owns_its_buffers(init_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+  """`init_fn` whose state shares no array with `params`, nor one leaf with another, so a step may donate both.
+
+  An init that keeps the parameters themselves (DiLoCo's outer model, WAGMA's send buffer, a server copy; an
+  inner optimizer such as schedule-free's z; a slice or concatenation that JAX returns unchanged) hands the
+  caller's own arrays back inside the state when it runs eagerly, and a jitted step that donates params and
+  state then gives XLA one buffer twice: "Attempt to donate the same buffer twice", or a crash. Every
+  registered factory decorates its `init_fn` with this: each state leaf that is one of `params`' arrays, or
+  repeats an earlier leaf of the state, is replaced by a copy. Under `jit` or `vmap` the leaves are tracers
+  and the copy is one more (elided) op; the values are unchanged either way.
+  """
+  @functools.wraps(init_fn)
+  def init(params):
+    state = init_fn(params)
+    seen = {id(x) for x in jax.tree.leaves(params) if isinstance(x, jax.Array)}
+
+    def own(leaf):
+      if not isinstance(leaf, jax.Array):
+        return leaf
+      if id(leaf) in seen:
+        return jnp.copy(leaf)
+      seen.add(id(leaf))
+      return leaf
+    return jax.tree.map(own, state)
+  return init
 
 
 def local_step(name: str, inner: optax.GradientTransformation, grads: Any, inner_state: Any,

@@ -188,6 +188,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   def pieces_of(leaves):
     return fragment_pieces([int(np.prod(np.shape(x), dtype=np.int64)) for x in leaves], fragments)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     leaves = jax.tree.leaves(params)
     outer_params = tuple(gather(leaves, p) for p in pieces_of(leaves))

@@ -46,6 +46,7 @@ def sync_sgd(inner: optax.GradientTransformation,
   """
   inner = optax.with_extra_args_support(inner)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return SyncState(inner=inner.init(params))
 

@@ -187,6 +187,7 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
   authors = rule == 'authors'
   inner = optax.with_extra_args_support(inner)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return WagmaState(count=jnp.zeros((), jnp.int32), inner=inner.init(params), send_buffer=params)
 

@@ -213,6 +213,28 @@ class VaryingTypeTest(absltest.TestCase):
       for name in want:
         _assert_tree_equal(self, got[name], want[name] if active else x, f'{name} step {step}')
 
+  def test_vmapped_workers_under_check_vma_name_the_fix(self):
+    # Several workers per device inside a checked shard_map: JAX itself fails with a psum axis error or a bare
+    # AssertionError; every collective says instead that the user's shard_map needs check_vma=False.
+    layout = WorkerLayout.create(8, 4)
+    axes = ('workers', 'local')
+    calls = {'worker_mean': lambda v: collectives.worker_mean(v, axes),
+             'worker_sum': lambda v: collectives.worker_sum(v, axes),
+             'ring_shift': lambda v: collectives.ring_shift(v, axes, 1),
+             'xor_exchange': lambda v: collectives.xor_exchange(v, axes, 1),
+             'xor_group_sum': lambda v: collectives.xor_group_sum(v, axes, [1, 2])}
+    spec = PartitionSpec('workers')
+    for name, fn in calls.items():
+      for check_vma in (True, False):
+        run = jax.jit(jax.shard_map(jax.vmap(fn, axis_name='local'), mesh=layout.mesh, in_specs=spec,
+                                    out_specs=spec, check_vma=check_vma))
+        with self.subTest(name, check_vma=check_vma):
+          if check_vma:
+            with self.assertRaisesRegex(ValueError, r'check_vma=False'):
+              run(_values(8)['a'])
+          else:
+            self.assertEqual(run(_values(8)['a']).shape, (8, 3))
+
 
 if __name__ == '__main__':
   absltest.main()
