@@ -12,9 +12,10 @@ Update rule (H = `local_steps`, d = `delay`, alpha = `mix`, OuterOpt as in `dilo
                              W_i,f <- alpha W_i,f + (1 - alpha) W_outer,f   (merge with the local progress)
 `overlap` places the d overlapped steps around the sync point (`snapshot_table`):
   'merge_late' (default): the snapshot at the sync point, the merge d steps after it. This is the paper's
-    convention (Douillard et al. 2025, Section 2, overlapping communication, and its Algorithm 2: the outer
-    gradient of fragment p is sent at t - t_p = 0 mod H and received, applied and mixed tau steps later, at
-    t - t_p = tau mod H). Any 0 <= d <= H; a merge may fall in the next round.
+    convention as its overlapping-communication part describes it (Douillard et al. 2025, arXiv:2501.18512;
+    section and algorithm numbers not checked here, only the abstract was at hand): a fragment's outer
+    gradient is sent at its sync point while inner steps go on, and is received, applied and mixed tau
+    steps later. Any 0 <= d <= H; a merge may fall in the next round.
   'snapshot_early': the snapshot d steps before the sync point, the merge at it: torchft's DiLoCo
     (`torchft/local_sgd.py`, `fragment_sync_delay` = d: `prepare_sync` at local step H/F - d, `perform_sync`
     at H/F). Needs F | H and d < H / F, as torchft does: the next fragment's snapshot comes after this one's
