@@ -22,6 +22,11 @@ the barrier remains, the waiting at it is what shrinks. Savings that survive on 
 devices' idle time, minus one extra dispatch per iteration. What does not: a device that slows down within
 an iteration (the counts follow the moving average, one iteration late), and abandoned work (none: a device
 never starts a micro-batch it will not finish, unlike the simulated rule, which cuts one mid-way).
+Known bias (open): a measurement is the call's seconds / n_d, so a fixed per-call cost c (dispatch, launch)
+counts as c / n_d per micro-batch: a device cut to few micro-batches looks slower than it is, and one cut to 1
+can stay at 1 (`benchmarks/real_stragglers.py` with no process slowed locked one of 2 CPU processes at n = 1
+under load). The fix is to fit c + n s from calls of two sizes, as `cluster/calibration.py` does for the
+simulator's compute model.
 
 Reference: He & Dube, "Accelerating Parallel Stochastic Gradient Descent via Non-blocking Mini-batches".
 """
