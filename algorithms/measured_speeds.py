@@ -1,0 +1,220 @@
+"""Non-blocking SGD on real hardware: per-device micro-batch counts from host-measured speeds (He & Dube).
+
+One `shard_map` program is lock-step: every collective waits for all its participants, so without the
+simulator's schedule `nonblocking` is synchronous SGD. What a lock-step program can still do is give a slow
+device less work. This is He & Dube's idea (every worker contributes the micro-batches it finished when the
+round ends) with a deadline computed on the host in place of the first finisher's "I am done" message:
+    s_d       = exponential moving average of device d's measured seconds per micro-batch
+    deadline  = m min_d s_d                 (the time the fastest device needs for all m micro-batches)
+    n_d       = clip(floor(deadline / s_d), 1, m)
+Device d then runs exactly n_d micro-batches, a real `lax.while_loop` whose trip count is a per-device input
+(not a masked scan over all m), and the all-reduce weights each device by what it ran: the update is
+`nonblocking.nonblocking_sgd` with `microbatches_done` = n_d, g = (sum_d G_d) / (sum_d n_d), W <- W + U(g).
+
+How a process measures its speed inside a lock-step program: each iteration is two jitted calls.
+  1. `gradients`: the local gradient sums only (no collective, so nothing waits for another process), timed on
+     the host from dispatch to `block_until_ready` of this process's shards: seconds / n = seconds per
+     micro-batch of this process's devices (the devices of one process share one measurement).
+  2. `apply`: the all-reduce and update of `nonblocking_sgd`, plus an all-gather of every process's measurement,
+     so that every process holds the same speed table and computes the same counts for the next iteration.
+The slow device's smaller n_d shortens its call 1, so it reaches the all-reduce about when the fast ones do:
+the barrier remains, the waiting at it is what shrinks. Savings that survive on real hardware: the fast
+devices' idle time, minus one extra dispatch per iteration. What does not: a device that slows down within
+an iteration (the counts follow the moving average, one iteration late), and abandoned work (none: a device
+never starts a micro-batch it will not finish, unlike the simulated rule, which cuts one mid-way).
+Known bias (open): a measurement is the call's seconds / n_d, so a fixed per-call cost c (dispatch, launch)
+counts as c / n_d per micro-batch: a device cut to few micro-batches looks slower than it is, and one cut to 1
+can stay at 1 (`benchmarks/real_stragglers.py` with no process slowed locked one of 2 CPU processes at n = 1
+under load). The fix is to fit c + n s from calls of two sizes, as `cluster/calibration.py` does for the
+simulator's compute model.
+
+Reference: He & Dube, "Accelerating Parallel Stochastic Gradient Descent via Non-blocking Mini-batches".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import config_errors as errors
+from algorithms import nonblocking
+
+
+def _require_seconds(value, field: str, devices: Optional[int] = None) -> np.ndarray:
+  """`value` as a float64 (devices,) array of finite seconds > 0, else a one-line ConfigError naming `field`."""
+  table = np.asarray(value, np.float64) if np.size(value) else np.zeros(0)
+  errors.require(table.ndim == 1 and table.size >= 1, field, value, 'must be a non-empty list of seconds')
+  if devices is not None:
+    errors.require(table.size == devices, field, value, f'has {table.size} entries; needs one per device ({devices})')
+  errors.require(bool(np.all(np.isfinite(table)) and np.all(table > 0)), field, value,
+                 'every entry must be a finite number of seconds > 0')
+  return table
+
+
+def microbatch_counts(seconds_per_microbatch: Sequence[float], microbatches: int,
+                      deadline_s: Optional[float] = None) -> np.ndarray:
+  """n_d = clip(floor(deadline / s_d), 1, m): the micro-batches device d finishes by the deadline.
+
+  Args:
+    seconds_per_microbatch: s_d, one per device, finite and > 0.
+    microbatches: m, the micro-batches of a full local batch.
+    deadline_s: the round's budget in seconds; None (default) is m min_d s_d, the time the fastest device needs
+      for all m (He & Dube's trigger, the first finisher, known in advance from the speeds).
+
+  Returns:
+    int32 (devices,) counts in 1..m; the fastest device gets m when `deadline_s` is None.
+  """
+  errors.require_int(microbatches, 'microbatches', 1)
+  seconds = _require_seconds(seconds_per_microbatch, 'seconds_per_microbatch')
+  if deadline_s is None:
+    # m * (s_min / s_d), not (m s_min) / s_d: the fastest device's ratio is exactly 1, so it gets exactly m.
+    finished = np.floor(microbatches * (seconds.min() / seconds))
+  else:
+    errors.require_number(deadline_s, 'deadline_s', 'must be a finite number of seconds > 0', lambda v: v > 0)
+    finished = np.floor(deadline_s / seconds)
+  return np.clip(finished, 1, microbatches).astype(np.int32)
+
+
+class MeasuredSpeeds:
+  """The host's moving average of seconds per micro-batch per device, and the counts it implies.
+
+  s_d <- smoothing s_d + (1 - smoothing) observed_d (the first observation sets s_d). Before any observation
+  (and without `initial_seconds`) every device runs all m micro-batches: a synchronous iteration, which is
+  also what measures the speeds.
+  """
+
+  def __init__(self, devices: int, microbatches: int, smoothing: float = 0.5,
+               initial_seconds: Optional[Sequence[float]] = None, deadline_s: Optional[float] = None):
+    errors.require_int(devices, 'devices', 1)
+    errors.require_int(microbatches, 'microbatches', 1)
+    errors.require_number(smoothing, 'smoothing', 'must be a number in [0, 1) (the weight of the old average)',
+                          lambda v: 0 <= v < 1)
+    if deadline_s is not None:
+      errors.require_number(deadline_s, 'deadline_s', 'must be a finite number of seconds > 0', lambda v: v > 0)
+    self.devices, self.microbatches, self.smoothing, self.deadline_s = devices, microbatches, smoothing, deadline_s
+    self.seconds = None if initial_seconds is None else _require_seconds(initial_seconds, 'initial_seconds', devices)
+
+  def observe(self, seconds_per_microbatch: Sequence[float]) -> None:
+    """Folds one iteration's measured seconds per micro-batch (one per device) into the average."""
+    observed = _require_seconds(seconds_per_microbatch, 'seconds_per_microbatch', self.devices)
+    if self.seconds is None:
+      self.seconds = observed
+    else:
+      self.seconds = self.smoothing * self.seconds + (1 - self.smoothing) * observed
+
+  def counts(self) -> np.ndarray:
+    """int32 (devices,) micro-batches each device runs next iteration (`microbatch_counts`); m before any
+    measurement."""
+    if self.seconds is None:
+      return np.full(self.devices, self.microbatches, np.int32)
+    return microbatch_counts(self.seconds, self.microbatches, self.deadline_s)
+
+
+def local_gradient_sums(value_and_grad: Callable[[Any, Any], tuple[jax.Array, Any]], params, microbatches,
+                        count: jax.Array):
+  """The gradient and loss sums over the first `count` micro-batches, in a `lax.while_loop` of `count` trips.
+
+  Args:
+    value_and_grad: (params, one micro-batch) -> (loss, gradient).
+    params: the parameters the gradients are taken at.
+    microbatches: a pytree whose leaves have a leading micro-batch axis m.
+    count: int32 scalar in 1..m, a traced value: the loop runs exactly `count` trips (the micro-batches beyond
+      it are never computed).
+
+  Returns:
+    (gradient sum G, loss sum, trips): `trips` is the loop's own counter, the number of bodies that ran.
+  """
+  def body(carry):
+    k, grads, loss = carry
+    mb = jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, k, keepdims=False), microbatches)
+    mb_loss, mb_grads = value_and_grad(params, mb)
+    return k + 1, jax.tree.map(jnp.add, grads, mb_grads), loss + mb_loss.astype(loss.dtype)
+
+  # zeros_like(count): the carry keeps the per-device (varying) type under shard_map's check.
+  carry = (jnp.zeros_like(count), jax.tree.map(jnp.zeros_like, params), jnp.zeros_like(count, jnp.float32))
+  trips, grads, loss = lax.while_loop(lambda carry: carry[0] < count, body, carry)
+  return grads, loss, trips
+
+
+class MeasuredStep:
+  """One non-blocking iteration per call on a one-worker-per-device mesh, the counts from measured speeds.
+
+  `step(params, opt_state, microbatches)`: params and opt_state (D, ...) sharded over `axis_name` (every device
+  its copy, kept identical by the all-reduce), microbatches (D, m, ...) likewise. Returns the new params,
+  opt_state and the mean loss over all finished micro-batches. `last_counts` holds the counts it used,
+  `last_trips` (D,) the while loops' own trip counters, `speeds` the moving average and `timed_seconds` this
+  process's last measured gradient call.
+
+  Example (one process, D devices; with `jax.distributed` every process runs the same lines):
+    step = MeasuredStep(lambda w, mb: loss(w, mb), optax.sgd(0.1), mesh, microbatches=4)
+    for batch in batches:
+      params, opt_state, loss = step(params, opt_state, batch)
+  """
+
+  def __init__(self, loss_fn: Callable[[Any, Any], jax.Array], inner: optax.GradientTransformation, mesh: Mesh,
+               microbatches: int, axis_name: str = 'workers', smoothing: float = 0.5,
+               deadline_s: Optional[float] = None):
+    errors.require(mesh.axis_names == (axis_name,), 'mesh', mesh.axis_names,
+                   f'must have the one axis {axis_name!r} (one worker per device: a speed is a device\'s)')
+    self.mesh, self.axis_name, self.microbatches = mesh, axis_name, microbatches
+    self.speeds = MeasuredSpeeds(mesh.size, microbatches, smoothing, deadline_s=deadline_s)
+    self.tx = nonblocking.nonblocking_sgd(inner, axis_name=axis_name, gradient_sums=True)
+    self.per_device = NamedSharding(mesh, PartitionSpec(axis_name))
+    self.replicated = NamedSharding(mesh, PartitionSpec())
+    self.last_counts, self.last_trips, self.timed_seconds, self._calls = None, None, None, 0
+    value_and_grad = jax.value_and_grad(loss_fn)
+    spec = PartitionSpec(axis_name)
+    first = lambda tree: jax.tree.map(lambda x: x[0], tree)  # pylint: disable=unnecessary-lambda-assignment
+    lead = lambda tree: jax.tree.map(lambda x: x[None], tree)  # pylint: disable=unnecessary-lambda-assignment
+
+    def device_gradients(params, microbatches, counts):
+      return lead(local_gradient_sums(value_and_grad, first(params), first(microbatches), counts[0]))
+
+    def device_apply(params, opt_state, grads, losses, counts, total, seconds):
+      params, opt_state, grads = first((params, opt_state, grads))
+      schedule = nonblocking.NonBlockingSchedule(
+          microbatches_done=counts[0], abandoned=counts[0] < microbatches, microbatches_total=total,
+          contributors=jnp.asarray(mesh.size, jnp.int32))
+      updates, opt_state = self.tx.update(grads, opt_state, params, schedule=schedule)
+      loss = lax.psum(losses[0], axis_name) / total.astype(jnp.float32)
+      # Every device's measurement in its slot, summed: the one table every process reads (an all-gather's
+      # result is not known to be replicated under shard_map's check; a psum's is).
+      table = lax.psum(jnp.zeros(mesh.size, seconds.dtype).at[lax.axis_index(axis_name)].set(seconds[0]), axis_name)
+      return lead((optax.apply_updates(params, updates), opt_state)) + (loss, table)
+
+    self.gradients = jax.jit(jax.shard_map(device_gradients, mesh=mesh, in_specs=(spec, spec, spec),
+                                           out_specs=(spec, spec, spec)))
+    self.apply = jax.jit(jax.shard_map(
+        device_apply, mesh=mesh, in_specs=(spec,) * 5 + (PartitionSpec(), spec),
+        out_specs=(spec, spec, PartitionSpec(), PartitionSpec())), donate_argnums=(0, 1))
+
+  def _global(self, local: np.ndarray) -> jax.Array:
+    """A (D,) per-device array from this process's entries (its devices, in mesh order)."""
+    return jax.make_array_from_process_local_data(self.per_device, local, (self.mesh.size,))
+
+  def __call__(self, params, opt_state, microbatches):
+    counts = self.speeds.counts()  # the same on every process: the table is all-gathered
+    self.last_counts = counts
+    mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
+    begin = time.perf_counter()
+    grads, losses, trips = self.gradients(params, microbatches, self._global(counts[mine]))
+    jax.block_until_ready((grads, losses, trips))
+    self.timed_seconds = time.perf_counter() - begin
+    self.last_trips = trips
+    # The devices of this process ran in parallel: the longest of them set the time.
+    per_microbatch = self.timed_seconds / max(int(counts[mine].max()), 1)
+    total = jax.device_put(np.int32(counts.sum()), self.replicated)
+    params, opt_state, loss, table = self.apply(params, opt_state, grads, losses, self._global(counts[mine]), total,
+                                                self._global(np.full(len(mine), per_microbatch, np.float32)))
+    self._calls += 1
+    if self._calls > 1:  # the first call's time is mostly compilation
+      self.speeds.observe(np.asarray(table))
+    return params, opt_state, loss
+
