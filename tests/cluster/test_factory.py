@@ -10,7 +10,6 @@ from algorithms import sync
 from cluster import compute
 from cluster import factory
 from cluster import network
-from cluster import rules
 from tests.cluster import helpers
 
 
@@ -19,6 +18,9 @@ class ValidateTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('unknown_kind', {'kind': 'gamma'}, 'stragglers.kind', 'known: constant'),
       ('base_not_positive', {'base_s': 0.0}, 'stragglers.base_s', '> 0'),
+      ('overhead_negative', {'overhead_s': -1e-3}, 'stragglers.overhead_s', r'overhead_s=-0.001 .*>= 0'),
+      ('overhead_not_a_number', {'overhead_s': 'fast'}, 'stragglers.overhead_s', 'seconds per call'),
+      ('overhead_infinite', {'overhead_s': float('inf')}, 'stragglers.overhead_s', '>= 0'),
       ('negative_rate', {'kind': 'exponential', 'rate': -1.0}, 'stragglers.rate', '> 0'),
       ('negative_shift', {'kind': 'shifted_exponential', 'shift_s': -0.1}, 'stragglers.shift_s', '>= 0'),
       ('pareto_shape', {'kind': 'pareto', 'shape': 0.0}, 'stragglers.shape', '> 0'),
