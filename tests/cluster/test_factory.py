@@ -1,5 +1,9 @@
 """Config validation and defaults of `cluster.factory`."""
 
+import os
+import subprocess
+import sys
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
@@ -11,6 +15,8 @@ from cluster import compute
 from cluster import factory
 from cluster import network
 from tests.cluster import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class ValidateTest(parameterized.TestCase):
@@ -155,6 +161,20 @@ class MakeTest(absltest.TestCase):
     self.assertEqual(clock.delay.count, 1)
     self.assertEqual(clock.failure.failed, (2, 3))
     self.assertEqual(clock.lost_workers, 0)
+
+
+class ImportDirectionTest(absltest.TestCase):
+
+  def test_the_clock_imports_no_rule_module(self):
+    # Rules import the clock; the clock reads what they return from `cluster.schedules` (issue 29 item 5).
+    code = 'import sys, cluster.clock; print(sorted(m for m in sys.modules if m.startswith("cluster.rules")))'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                         env={**os.environ, 'PYTHONPATH': ROOT})
+    self.assertEqual(out.stdout.strip(), '[]')
+
+  def test_make_clock_checks_the_rule(self):
+    with self.assertRaisesRegex(TypeError, 'is not a cluster.rules.TimeRule'):
+      factory.make_clock(helpers.config(workers=2), object(), 1e3)
 
 
 if __name__ == '__main__':
