@@ -1,10 +1,12 @@
 """What one call of a model's training step costs on this machine: per-call overhead and per-sample seconds.
 
   python -m benchmarks.call_overhead --config=experiments/configs/mnist1d.py            # the quickstart CNN
-  python -m benchmarks.call_overhead --config=experiments/configs/digits.py --sizes=16,64
+  python -m benchmarks.call_overhead --config=experiments/configs/digits.py --sizes=4,16,64
 
 Times one worker's jitted step (gradient of the loss on one micro-batch, then the config's SGD update) at
-each of `--sizes` samples (default: the config's micro-batch, batch_size / microbatches, and 4x it), fits
+each of `--sizes` samples (default: a quarter of the config's micro-batch, batch_size / microbatches, and
+the micro-batch itself: the sizes that splitting it four ways compares; on a CPU the time per sample grows
+with larger sizes, past the caches, and a line through far larger sizes hides the overhead), fits
 t(s) = overhead + s x per_sample (`cluster.calibration.fit_overhead`), and prints the fit, each size's
 measured and fitted time, the overhead as a share of one configured micro-batch call (the ratio that the
 simulated runs of REPRODUCING.md sections 1-2 carry over to their 10 ms steps), and the `--config.stragglers.*`
@@ -32,7 +34,8 @@ from data import registry as data_registry
 from models import registry as model_registry
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/configs/mnist1d.py', 'The workload.')
-_SIZES = flags.DEFINE_list('sizes', [], 'Micro-batch sizes to time (default: the configured one and 4x).')
+_SIZES = flags.DEFINE_list('sizes', [], 'Micro-batch sizes to time (default: a quarter of the configured one, '
+                           'and the configured one).')
 _REPEATS = flags.DEFINE_integer('repeats', 30, 'Timed calls per size (the median is kept).')
 
 
@@ -69,7 +72,7 @@ def main(argv):
   del argv
   config = _CONFIG.value
   unit = config.batch_size // config.microbatches
-  sizes = [int(s) for s in _SIZES.value] or [unit, 4 * unit]
+  sizes = [int(s) for s in _SIZES.value] or [max(1, unit // 4), unit]
   seconds = calibration.time_sizes(lambda s: make_call(config, s), sizes, warmup=3, repeats=_REPEATS.value,
                                    carry=True)
   fit = calibration.fit_overhead(sizes, seconds)

@@ -36,8 +36,8 @@ slow_m4="${NB_M4//MICRO/stragglers.base_s=0.0025}"
 random_m4="${NB_M4//MICRO/stragglers.shift_s=0.00125,stragglers.rate=400.0}"
 random_controls='sync,microbatches=4,stragglers.shift_s=0.00125,stragglers.rate=400.0;dpsgd,order=overlap,microbatches=4,stragglers.shift_s=0.00125,stragglers.rate=400.0'
 # With a per-call overhead (stragglers.overhead_s): half of a 16-sample batch's 10 ms is the call's overhead,
-# the share `python -m benchmarks.call_overhead` measures for the MNIST-1D CNN at its batch (0.43-0.51 on 2 CPU
-# cores; the digits MLP itself: 0.89-0.98). m = 1 entries cost what they cost above (5 + 5 ms per batch); an
+# the low end of the share `python -m benchmarks.call_overhead` measures for the MNIST-1D CNN at its batch
+# (0.43-0.71 on 2 CPU cores; the digits MLP itself: 0.89-0.98). m = 1 entries cost what they cost above (5 + 5 ms per batch); an
 # m = 4 micro-batch costs 5 + 1.25 ms, so its batch 25 ms. Entries as above: they take OVERHEAD's flags.
 OVERHEAD=(--config.stragglers.overhead_s=0.005 --config.stragglers.base_s=0.005)
 overhead_m4="${NB_M4//MICRO/stragglers.base_s=0.00125}"
