@@ -36,6 +36,8 @@ import jax
 import ml_collections
 import numpy as np
 
+import config_errors as errors
+
 
 def time_callable(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 5, carry: bool = False) -> float:
   """Median wall-clock seconds of one `fn(*args)`, waiting for its outputs (the first call compiles).
@@ -149,13 +151,17 @@ def calibrated(stragglers: ml_collections.ConfigDict, seconds: float,
   trace: unchanged (it is measured already). `calibrate` is cleared.
 
   Raises:
-    ValueError: seconds <= overhead_s (no time left for the per-sample part), or overhead_s < 0.
+    ValueError: seconds <= 0.
+    config_errors.ConfigError naming `stragglers.overhead_s`: an overhead < 0, or one that leaves no time for
+      the per-sample part (seconds <= overhead_s: a configured overhead longer than this machine's call).
   """
+  if not seconds > 0:
+    raise ValueError(f'seconds={seconds!r} must be > 0')
   overhead = float(stragglers.get('overhead_s', 0.0) if overhead_s is None else overhead_s)
-  if not overhead >= 0:
-    raise ValueError(f'overhead_s={overhead!r} must be >= 0')
-  if not seconds > overhead:
-    raise ValueError(f'seconds={seconds!r} must be > overhead_s={overhead!r} (the per-sample part must be > 0)')
+  errors.require(overhead >= 0, 'stragglers.overhead_s', overhead, 'must be a number >= 0 (seconds per call)')
+  errors.require(seconds > overhead, 'stragglers.overhead_s', overhead,
+                 f'must be below the measured {seconds:.6g} s per micro-batch call, or the per-sample part '
+                 'would be <= 0')
   c = ml_collections.ConfigDict(stragglers.to_dict())
   if overhead_s is not None or 'overhead_s' in c:
     c.overhead_s = overhead

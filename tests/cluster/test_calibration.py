@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+import config_errors as errors
 from algorithms import sync
 from benchmarks import call_overhead
 from cluster import calibration
@@ -58,10 +59,12 @@ class CalibrationTest(parameterized.TestCase):
     fitted = calibration.calibrated(config.stragglers, 0.02, overhead_s=0.0125)
     self.assertEqual(fitted.overhead_s, 0.0125)
     self.assertAlmostEqual(factory.make_compute(fitted, 4).mean(), 0.02)
-    with self.assertRaisesRegex(ValueError, r'seconds=0.004 must be > overhead_s=0.005'):
+    with self.assertRaisesRegex(errors.ConfigError, r'stragglers.overhead_s=0.005 .*below the measured 0.004 s'):
       calibration.calibrated(config.stragglers, 0.004)
-    with self.assertRaisesRegex(ValueError, 'overhead_s=-1.0 must be >= 0'):
+    with self.assertRaisesRegex(errors.ConfigError, r'stragglers.overhead_s=-1.0 .*>= 0'):
       calibration.calibrated(config.stragglers, 0.02, overhead_s=-1.0)
+    with self.assertRaisesRegex(ValueError, 'seconds=0.0 must be > 0'):
+      calibration.calibrated(config.stragglers, 0.0)
 
 
 class FitOverheadTest(parameterized.TestCase):
