@@ -26,7 +26,8 @@ batch into more micro-batches pays more overheads. Composition, for every kind:
                calls already holds their overhead, so leave o = 0 with it
   SlowWorkers  factor_w x (o + X): a slow worker is a slower machine, slower at its overhead too
   random_delay + delay_s once per job (`cluster/faults.py`), unchanged by o
-  failures     a call interrupted by a failure resumes after it (`faults.Failure.run`), overhead included
+  failures     a micro-batch cut by a failure restarts from scratch at the return, its whole time paid
+               again, the overhead included (`faults.Failure.run`)
 A rule that merges calls (LAP-SGD's Q threads sharing an accelerator: Q concurrent micro-batches as one call
 of Q s_0 samples) asks the clock for `per_call` units per call: each call pays o once (`split_overhead`).
 With o = 0 no `CallOverhead` is built and every time is the one of the model without it, bit for bit.
