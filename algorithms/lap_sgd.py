@@ -27,6 +27,11 @@ when Q = 1), Q inner optimizer states and the snapshot: about Q + 1 extra copies
 Time (`NodeThreads` below): Q threads share the node's accelerator (choice): Q node updates together cost
 X(b Q), one batch Q times larger, spread evenly (X(b Q) / Q each). The clock draws the Q*m micro-batch times
 once per Q node updates, so the compute time follows the data actually consumed (m micro-batches per update).
+With a per-call overhead o (`stragglers.overhead_s`) the Q threads' concurrent micro-batches are one call of
+Q b/m samples (the accelerator runs one thread's work while another's call is dispatched): X(b Q) =
+m o + the Q*m per-sample parts, against m o + m per-sample parts for one batch of b. So a node update costs
+m (o / Q + per-sample part), and threads add throughput where the overhead, a small batch's idle
+accelerator, dominates (the paper's argument); with o = 0 they add none.
 d = max(1, ceil(allreduce(P) / nominal update time)) unless `delay` is set; averaging costs nothing on the
 critical path unless the all-reduce takes longer than d updates. LPP partial steps cost `partial_cost` of a
 full step (choice, default 1.0: no saving).
@@ -209,13 +214,16 @@ class NodeThreads(rules.TimeRule):
   accelerator (choice): the Q updates k Q .. k Q + Q - 1 together consume Q*m micro-batches, whose times the
   clock draws once, at update k Q: X_i(b Q); each of them costs X_i(b Q) / Q (times `partial_cost` for an
   LPP partial step). Compute time thus follows the data consumed: the same data costs the same time for
-  every Q. Threads take turns in round-robin order: update t applies thread t mod Q's gradient, computed on
-  the node model of update t - Q + 1, staleness min(t, Q - 1) updates (reported as `staleness` and in
+  every Q, but for the per-call overhead o, paid once per call of the Q threads' concurrent micro-batches
+  (`Clock.work(..., per_call=Q)`): X_i(b Q) = m o + the Q*m per-sample parts (times worker i's factor).
+  Threads take turns in round-robin order: update t applies thread t mod Q's gradient, computed on the node
+  model of update t - Q + 1, staleness min(t, Q - 1) updates (reported as `staleness` and in
   `thread_staleness`).
   Averaging: after update t with `averages_at(t)` the node snapshots and the all-reduce starts; the mean is
   applied d updates later (`cluster.rules.delayed_average`): d = `delay_steps`, or when None
-  max(1, ceil(allreduce(P) / nominal update time)), the nominal update being m x the compute model's mean
-  (fixed for the run, computed once). d >= 1 even on the ideal network: d = 0 would make the average a
+  max(1, ceil(allreduce(P) / nominal update time)), the nominal update being m x the mean micro-batch time
+  with Q micro-batches per call, m (o / Q + mean per-sample part) (`Clock.mean_unit_seconds`; fixed for
+  the run, computed once). d >= 1 even on the ideal network: d = 0 would make the average a
   barrier, so a faster network would make LAP-SGD slower; `delay_steps=0` asks for it (Q = 1: local SGD's
   `PeriodicAverage`). The node waits at the apply step only for what the d updates did not hide.
   Reference: Chatterjee, Kungurtsev, Alistarh, "Local SGD Meets Asynchrony".
@@ -250,7 +258,7 @@ class NodeThreads(rules.TimeRule):
       return self.delay_steps
     if 'delay_steps' not in clock.rule_state:
       allreduce = clock.network.allreduce(clock.model_bytes, clock.workers)
-      update = self.microbatches * clock.compute.mean()
+      update = self.microbatches * clock.mean_unit_seconds(self.threads)
       ratio = allreduce / update if 0 < update < math.inf else 0.0
       clock.rule_state['delay_steps'] = max(1, int(math.ceil(ratio - 1e-9)))
     return int(clock.rule_state['delay_steps'])
@@ -260,7 +268,8 @@ class NodeThreads(rules.TimeRule):
     delay = self.delay(clock)
     state = clock.rule_state
     if iteration % q == 0 or 'thread_batch_s' not in state:  # the Q threads' batches: one draw of Q*m
-      state['thread_batch_s'] = clock.work(np.arange(p), clock.times, q * self.microbatches) - clock.times
+      state['thread_batch_s'] = (clock.work(np.arange(p), clock.times, q * self.microbatches, per_call=q)
+                                 - clock.times)
     partial = bool(partial_at(iteration, q, self.prepass_steps))
     cost = np.asarray(state['thread_batch_s'], np.float64) / q * (self.partial_cost if partial else 1.0)
     finished = clock.times + cost
@@ -285,7 +294,7 @@ class NodeThreads(rules.TimeRule):
     draws = np.flatnonzero(steps % q == 0).tolist()
     if 'thread_batch_s' not in state and draws[:1] != [0]:
       draws.insert(0, 0)
-    seconds = synchronous.job_seconds(clock, len(draws), q * self.microbatches) if draws else None
+    seconds = synchronous.job_seconds(clock, len(draws), q * self.microbatches, per_call=q) if draws else None
     partial = np.asarray(partial_at(steps, q, self.prepass_steps), bool)
     scaled = partial if self.partial_cost != 1.0 else np.zeros(n, bool)  # x * 1.0 == x: skip it
     draws.append(n)

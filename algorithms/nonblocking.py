@@ -20,6 +20,8 @@ so the two weightings coincide (each worker's step uses only its own micro-batch
 Time per round (`NonBlocking` below): min_i (time for worker i to finish m micro-batches) + activation (the
 first finisher's news reaches worker i after popcount(finisher XOR i) hops of `activation_latency_s`, at
 most ceil(log2 P); the communication starts when the last worker has joined) + allreduce(P) (ring: 2 p2p(M)).
+Each micro-batch is one accelerator call: with a per-call overhead o (`stragglers.overhead_s`) a worker's m
+micro-batches cost m o + their per-sample parts, so splitting a batch finer pays (m - 1) o more per batch.
 
 Reference: He & Dube, "Accelerating Parallel Stochastic Gradient Descent via Non-blocking Mini-batches".
 """
@@ -164,7 +166,8 @@ class NonBlocking(rules.TimeRule):
   topology='allreduce': allreduce(P); 'ring': D-PSGD gossip, two neighbour exchanges 2 p2p(M), also started
   together (the next round starts together); the next round starts at max_i A_i + communication.
   Time per round (fastest): min_i F_{i,m} - S + the farthest worker's news (at most ceil(log2 P) a; less
-  where the far workers finish all m by themselves first) + communication. Idle: max_j A_j - A_i (worker i waits, blocked, for the last to join).
+  where the far workers finish all m by themselves first) + communication. Idle: max_j A_j - A_i (worker i
+  waits, blocked, for the last to join).
   A worker that failed contributes n_i = 0 and is not waited for (it still relays the activation).
   Still idealised: a worker forwards the activation to all its hypercube neighbours at once (popcount hops,
   not a binomial tree's sequential sends), a worker sees the message the moment it arrives, mid-micro-batch

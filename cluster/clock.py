@@ -14,10 +14,12 @@ What a rule may use (see `cluster/rules/`):
   clock.sim_time          global simulated time at the end of the previous iteration
   clock.network           seconds of a collective; clock.model_bytes: size M of one model copy
   clock.work(...)         finish times of one job (several micro-batches) per worker, with stragglers,
-                          transient delays and failures applied; clock.work_each(...) + clock.consume(...)
+                          per-call overheads (`per_call` micro-batches share one call), transient delays
+                          and failures applied; clock.work_each(...) + clock.consume(...)
                           when a rule needs every micro-batch's finish time (non-blocking SGD);
                           clock.draw_jobs(n, ...) draws a whole block's times at once (vectorised rules);
                           clock.rng, clock.snapshot() / restore(...) for rules that draw ahead and rewind
+  clock.mean_unit_seconds nominal seconds of one micro-batch (a rule's fixed estimates)
   clock.rule_state        dict of numpy arrays / numbers / None kept between iterations (checkpointed)
   clock.lost_workers      how many workers fail and never come back
 """
@@ -25,14 +27,32 @@ What a rule may use (see `cluster/rules/`):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, ClassVar, Mapping, NamedTuple, Optional, Protocol
 
 import numpy as np
 
 from cluster import compute as compute_lib
 from cluster import faults
 from cluster import network as network_lib
-from cluster.rules import base as rules_base
+from cluster import schedules
+
+
+class Rule(Protocol):
+  """What the clock calls on its time rule: the part of `cluster.rules.TimeRule` (the contract, with its
+  documentation and the check `cluster.rules.base.check_rule`, run by `factory.make_clock`) that drives it.
+  Declared here so that the clock does not import the rules: they import the clock."""
+  reports: ClassVar[Mapping[str, str]]
+  adjustable_k: ClassVar[bool]
+  vectorized: ClassVar[bool]
+
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
+    ...
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
+    ...
+
+  def feedback(self, clock: 'Clock', measurements: Mapping[str, float]) -> None:
+    ...
 
 
 class StalledError(RuntimeError):
@@ -93,13 +113,15 @@ class Clock:
     rule_state: dict of numpy arrays or numbers that a stateful rule keeps between iterations.
   """
 
-  def __init__(self, *, workers: int, rule: rules_base.TimeRule, compute: compute_lib.ComputeModel,
+  def __init__(self, *, workers: int, rule: Rule, compute: compute_lib.ComputeModel,
                network: network_lib.Network, model_bytes: float, seed: int,
                delay: Optional[faults.RandomDelay] = None, failure: Optional[faults.Failure] = None):
-    rules_base.check_rule(rule)
     self.workers = workers
     self.rule = rule
     self.compute = compute
+    # For calls that merge several micro-batches (`per_call` > 1): the per-sample model and each worker's
+    # overhead per call (zeros without `stragglers.overhead_s`).
+    self._per_sample, self._overhead = compute_lib.split_overhead(compute, workers)
     self.network = network
     self.model_bytes = float(model_bytes)
     self.delay = delay if delay is not None and delay.count > 0 and delay.delay_s > 0 else None
@@ -119,7 +141,17 @@ class Clock:
 
   # ---- work: the only way rules turn compute models into time ----
 
-  def work_each(self, workers: np.ndarray, start, count: int, time_scale: float = 1.0) -> np.ndarray:
+  def _seconds(self, workers: np.ndarray, units: np.ndarray, per_call: int) -> np.ndarray:
+    """float64 compute seconds of the given units (workers and units of one shape, the last axis one job's
+    units in order); each run of `per_call` consecutive units along the last axis is one call, paying one
+    overhead (`compute.split_overhead`). The same random draws for every `per_call`."""
+    if per_call == 1 or not self._overhead.any():
+      return np.array(self.compute.sample(self._rng, workers, units), np.float64)
+    seconds = np.array(self._per_sample.sample(self._rng, workers, units), np.float64)
+    seconds[..., ::per_call] += self._overhead[workers[..., ::per_call]]
+    return seconds
+
+  def work_each(self, workers: np.ndarray, start, count: int, per_call: int = 1) -> np.ndarray:
     """Finish time of each of `count` micro-batches that each worker runs back to back from `start`.
 
     Draws the compute times without advancing the unit and job counters: call `consume` with what was
@@ -129,7 +161,8 @@ class Clock:
       workers: int (L,) distinct worker ids.
       start: float or float64 (L,): when each worker starts.
       count: micro-batches per worker (>= 1).
-      time_scale: multiplies every micro-batch time (LAP-SGD: one node update costs X(b Q) / Q).
+      per_call: micro-batches merged into one accelerator call, paying the call overhead once (LAP-SGD: the
+        Q threads' concurrent micro-batches); 1: every micro-batch is a call.
 
     Returns:
       float64 (L, count): finish of micro-batch k of worker workers[l] at [l, k] (+inf while the worker is
@@ -137,8 +170,7 @@ class Clock:
     """
     workers = np.asarray(workers, np.int64)
     units = self.units[workers][:, None] + np.arange(count)[None, :]
-    seconds = self.compute.sample(self._rng, np.broadcast_to(workers[:, None], units.shape), units)
-    seconds = np.array(seconds, np.float64) * time_scale
+    seconds = self._seconds(np.broadcast_to(workers[:, None], units.shape), units, per_call)
     if self.delay is not None:
       seconds[:, 0] += self.delay.delays(workers, self.jobs[workers])
     start = np.broadcast_to(np.asarray(start, np.float64), workers.shape)
@@ -150,14 +182,14 @@ class Clock:
       t = finish[:, k] = self.failure.run(workers, t, seconds[:, k])
     return finish
 
-  def draw_jobs(self, n: int, count: int, consume: bool = True) -> Optional[np.ndarray]:
+  def draw_jobs(self, n: int, count: int, consume: bool = True, per_call: int = 1) -> Optional[np.ndarray]:
     """Seconds float64 (n, P, count) of micro-batch k of every worker's job in each of the next n iterations.
 
     For rules in which every worker starts one job of `count` micro-batches per iteration: the same numbers
     as n calls of `work_each(all workers, ., count)` (or `work`), from one draw of the generator (it hands out
     the same stream for one (n, P, count) request as for n (P, count) ones), transient delays added to each
     job's first micro-batch. `consume`: count the n jobs of `count` units per worker now; False: the rule
-    counts the units itself (non-blocking SGD starts fewer) and the jobs.
+    counts the units itself (non-blocking SGD starts fewer) and the jobs. `per_call`: as in `work_each`.
 
     Returns:
       The seconds, or None where they cannot be drawn ahead: failures (they depend on when work runs), or a
@@ -171,7 +203,7 @@ class Clock:
       units = self.units[None, :, None] + (np.arange(n)[:, None, None] * count + np.arange(count))
     else:
       units = np.zeros((1, 1, 1), np.int64)
-    seconds = np.array(self.compute.sample(self._rng, workers, np.broadcast_to(units, workers.shape)), np.float64)
+    seconds = self._seconds(workers, np.broadcast_to(units, workers.shape), per_call)
     if self.delay is not None:
       seconds[:, :, 0] += self.delay.delays(workers[:, :, 0], self.jobs[None, :] + np.arange(n)[:, None])
     if consume:
@@ -185,22 +217,27 @@ class Clock:
     self.units[workers] += units
     self.jobs[workers] += 1
 
-  def work(self, workers: np.ndarray, start, count: int, time_scale: float = 1.0) -> np.ndarray:
+  def work(self, workers: np.ndarray, start, count: int, per_call: int = 1) -> np.ndarray:
     """Finish times float64 (L,) of one job of `count` micro-batches per worker, counted as consumed."""
     workers = np.asarray(workers, np.int64)
     if count == 1 and self.failure is None:  # the hot path of event-driven rules: no (L, 1) temporaries
       units = self.units[workers]
       seconds = self.compute.sample(self._rng, workers, units)
-      if time_scale != 1.0:
-        seconds = seconds * time_scale
       if self.delay is not None:
         seconds = seconds + self.delay.delays(workers, self.jobs[workers])
       self.units[workers] = units + 1
       self.jobs[workers] += 1
       return start + seconds
-    finish = self.work_each(workers, start, count, time_scale)[:, -1]
+    finish = self.work_each(workers, start, count, per_call)[:, -1]
     self.consume(workers, count)
     return finish
+
+  def mean_unit_seconds(self, per_call: int = 1) -> float:
+    """Expected seconds of one micro-batch, averaged over workers, when `per_call` of them share a call's
+    overhead (the compute model's mean for per_call = 1): a rule's nominal time, e.g. LAP-SGD's delay."""
+    if per_call == 1 or not self._overhead.any():
+      return self.compute.mean()
+    return self._per_sample.mean() + float(self._overhead.mean()) / per_call
 
   # ---- iterations ----
 
@@ -245,7 +282,7 @@ class Clock:
       self.sim_time = sim_times[k] = now
       self.iteration += 1
       iterations.append(it)
-    schedule = rules_base.stack([it.schedule for it in iterations])
+    schedule = schedules.stack([it.schedule for it in iterations])
     idle = np.stack([it.idle for it in iterations])
     staleness = [it.staleness.mean() if it.mean_staleness is None else it.mean_staleness for it in iterations]
     measurements = {key: np.array([it.measurements[key] for it in iterations], np.float64)
@@ -266,7 +303,7 @@ class Clock:
     """Vectorised rules (the hot event-driven ones) fill whole blocks without per-iteration objects.
 
     Contract: `rule.iterate_block(clock, iteration, n)` is equivalent to n calls of `iterate` (same random
-    draws, same results; tested) and returns a `rules.base.Steps`, or None to have this block run one
+    draws, same results; tested) and returns a `schedules.Steps`, or None to have this block run one
     `iterate` at a time. Without `Steps.times` every worker's time equals the iteration's end after each of
     its iterations (so worker-seconds = P x duration).
     """

@@ -14,6 +14,23 @@ Distributions (seconds per micro-batch, before the per-worker speed factor):
   trace                row `unit mod rows`, column `worker` of a measured (units, P) table
 `SlowWorkers` multiplies any of them by a fixed per-worker factor (persistent heterogeneity). Transient delays
 and failures depend on when and at which job a unit runs, so they live in `cluster/faults.py`.
+
+What a call costs (`CallOverhead`, `stragglers.overhead_s` = o). A real accelerator pays a fixed cost per call
+(dispatch, kernel launches, synchronisation) besides the work that grows with its samples, so a call on s
+samples costs o + (s / s_0) x X, where X is the distribution above and s_0 the configured micro-batch
+(batch_size / microbatches samples): X is the per-sample part of one micro-batch, the overhead comes on top.
+A micro-batch is one call, so a worker's job of m micro-batches costs m o + sum of m draws of X: splitting a
+batch into more micro-batches pays more overheads. Composition, for every kind:
+  constant, exponential, shifted_exponential, pareto, lognormal   o + X (the overhead is not random)
+  trace        o + the table's entry: the table is read as the per-sample part; a table of measured whole
+               calls already holds their overhead, so leave o = 0 with it
+  SlowWorkers  factor_w x (o + X): a slow worker is a slower machine, slower at its overhead too
+  random_delay + delay_s once per job (`cluster/faults.py`), unchanged by o
+  failures     a micro-batch cut by a failure restarts from scratch at the return, its whole time paid
+               again, the overhead included (`faults.Failure.run`)
+A rule that merges calls (LAP-SGD's Q threads sharing an accelerator: Q concurrent micro-batches as one call
+of Q s_0 samples) asks the clock for `per_call` units per call: each call pays o once (`split_overhead`).
+With o = 0 no `CallOverhead` is built and every time is the one of the model without it, bit for bit.
 """
 
 from __future__ import annotations
@@ -140,10 +157,43 @@ class SlowWorkers:
     return self.base.mean() * float(self.factors.mean())
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class CallOverhead:
+  """A fixed cost per call: each micro-batch takes `overhead_s` + `base`'s time (its per-sample part).
+
+  Built by the factory only for overhead_s > 0, inside `SlowWorkers` (whose factor then scales the overhead
+  too): SlowWorkers(CallOverhead(distribution, o), factors). Draws nothing itself, so the random stream is
+  the one of `base`.
+  """
+  base: ComputeModel
+  overhead_s: float  # seconds per call, > 0
+
+  def sample(self, rng, workers, units):
+    return self.overhead_s + self.base.sample(rng, workers, units)
+
+  def mean(self):
+    return self.overhead_s + self.base.mean()
+
+
+def split_overhead(model: ComputeModel, workers: int) -> tuple[ComputeModel, np.ndarray]:
+  """(the per-sample model, float64 (P,) seconds of one call's overhead on each worker) of `model`.
+
+  For rules that merge several micro-batches into one call: such a call costs overhead[w] + the sum of the
+  per-sample model's draws, which are the same random numbers as `model`'s. A model without `CallOverhead`
+  is its own per-sample model with zero overhead.
+  """
+  if isinstance(model, SlowWorkers) and isinstance(model.base, CallOverhead):
+    factors = np.asarray(model.factors, np.float64)
+    return SlowWorkers(base=model.base.base, factors=factors), model.base.overhead_s * factors
+  if isinstance(model, CallOverhead):
+    return model.base, np.full(workers, model.overhead_s, np.float64)
+  return model, np.zeros(workers, np.float64)
+
+
 def reads_units(model: ComputeModel) -> bool:
   """Whether `model.sample` depends on the units (a trace replays by position; an unknown model may): the
   i.i.d. distributions ignore them, so their draws can be taken ahead in any order."""
-  if isinstance(model, SlowWorkers):
+  if isinstance(model, (SlowWorkers, CallOverhead)):
     return reads_units(model.base)
   return not isinstance(model, (Constant, Exponential, ShiftedExponential, Pareto, Lognormal))
 

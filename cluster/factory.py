@@ -31,6 +31,11 @@ def default_stragglers_config() -> ml_collections.ConfigDict:
   c.kind = 'constant'     # one of STRAGGLER_KINDS
   c.base_s = 0.01         # constant / lognormal (median) / slow_workers / random_delay: seconds per micro-batch
   c.calibrate = False     # replace the scale of the distribution by a measured step (cluster/calibration.py)
+  # Per-call overhead (any kind): every micro-batch, one accelerator call, costs overhead_s on top of the
+  # distribution, which is then the per-sample part of one micro-batch (batch_size / microbatches samples).
+  # Splitting a batch into m micro-batches pays m overheads; calls merged by a rule (LAP-SGD's Q threads on one
+  # accelerator) pay one. Slow-worker factors scale it. 0: time does not depend on how a batch is split.
+  c.overhead_s = 0.0
   c.rate = 100.0          # exponential / shifted_exponential: 1/mean of the exponential part (1/s)
   c.shift_s = 0.005       # shifted_exponential: minimum time
   c.shape = 2.0           # pareto: tail index alpha (mean finite for > 1)
@@ -53,7 +58,8 @@ def default_stragglers_config() -> ml_collections.ConfigDict:
   c.delay_s = 0.0
   # Failure (any kind): worker `fail_worker` (-1: none; from Python also a tuple of ids) is down from
   # fail_at_s until return_at_s (< 0: never returns). A rule that waits for every worker stops the run when it
-  # needs a worker that never returns (one line, the simulated time). Typed defaults (not None) so that `--config.stragglers.fail_worker=3` works.
+  # needs a worker that never returns (one line, the simulated time). Typed defaults (not None) so that
+  # `--config.stragglers.fail_worker=3` works.
   c.fail_worker = -1
   c.fail_at_s = 0.0
   c.return_at_s = -1.0
@@ -126,6 +132,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors.require(kind in STRAGGLER_KINDS, 'stragglers.kind', kind, f'known: {", ".join(STRAGGLER_KINDS)}')
   errors.require_number(get('base_s'), 'stragglers.base_s', 'must be a number > 0', lambda v: v > 0)
   errors.require(isinstance(get('calibrate'), bool), 'stragglers.calibrate', get('calibrate'), 'must be a bool')
+  errors.require_number(get('overhead_s'), 'stragglers.overhead_s', 'must be a number >= 0 (seconds per call)',
+                        lambda v: v >= 0)
   # Every parameter is checked, also those the chosen kind does not read: a typo is caught either way.
   errors.require_number(get('rate'), 'stragglers.rate', 'must be a number > 0 (1/seconds)', lambda v: v > 0)
   errors.require_number(get('shift_s'), 'stragglers.shift_s', 'must be a number >= 0', lambda v: v >= 0)
@@ -196,7 +204,10 @@ def slow_factors(stragglers: ml_collections.ConfigDict, workers: int) -> np.ndar
 
 
 def make_compute(stragglers: ml_collections.ConfigDict, workers: int) -> compute_lib.ComputeModel:
-  """The per-micro-batch compute model (distribution x per-worker slow factors)."""
+  """The per-micro-batch compute model: (overhead + distribution) x per-worker slow factors.
+
+  The overhead is wrapped only when > 0, so a config without it builds the model it always built.
+  """
   get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
   kind = get('kind')
   if kind in ('constant', 'slow_workers', 'random_delay'):
@@ -213,6 +224,8 @@ def make_compute(stragglers: ml_collections.ConfigDict, workers: int) -> compute
     model = compute_lib.Trace(times=compute_lib.load_trace(get('trace_path'), workers))
   else:
     raise errors.ConfigError('stragglers.kind', kind, f'known: {", ".join(STRAGGLER_KINDS)}')
+  if get('overhead_s') > 0:
+    model = compute_lib.CallOverhead(base=model, overhead_s=float(get('overhead_s')))
   factors = slow_factors(stragglers, workers)
   if np.any(factors != 1.0):
     model = compute_lib.SlowWorkers(base=model, factors=factors)
@@ -252,6 +265,7 @@ def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_by
   waits for it raises `clock.StalledError` at the first iteration that needs it, naming the worker, when it
   failed and when the run got stuck (the training loop stops there with one line, never hangs).
   """
+  rules.base.check_rule(rule)
   p = config.workers
   delay, failure = make_faults(config.stragglers, p, config.seed)
   return clock_lib.Clock(

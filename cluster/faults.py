@@ -8,10 +8,11 @@ mini-batch of m micro-batches, a non-blocking round, one node update of LAP-SGD)
   the job. This is how the WAGMA-SGD paper injects stragglers (every step, 2 random workers of 64 sleep
   320 ms, the same two on every rank for a given step number); for synchronous rules job j is iteration j.
 - `Failure`: the listed workers are down during [fail_at_s, return_at_s) of simulated time (forever when
-  return_at_s is None; the config writes that as `stragglers.return_at_s = -1`). A micro-batch in progress at fail_at_s is lost and restarts from scratch at
-  return_at_s; a micro-batch that would start while the worker is down starts at return_at_s. A worker that
-  never returns finishes nothing more: its finish time is +inf. Rules that wait for every worker would hang;
-  the clock raises `clock.StalledError` at the first iteration that needs the lost worker instead.
+  return_at_s is None; the config writes that as `stragglers.return_at_s = -1`). A micro-batch in progress at
+  fail_at_s is lost and restarts from scratch at return_at_s; a micro-batch that would start while the worker
+  is down starts at return_at_s. A worker that never returns finishes nothing more: its finish time is +inf.
+  Rules that wait for every worker would hang; the clock raises `clock.StalledError` at the first iteration
+  that needs the lost worker instead.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ SEEDS="${SEEDS:-5}"
 TUNING="${TUNING_SEEDS:-2}"
 TABLES=("$@")
 [ ${#TABLES[@]} -gt 0 ] || TABLES=(nonblocking_slow nonblocking_slow_net nonblocking_random nonblocking_random_net
-                                   lap_sgd dasgd wagma wagma_constant wagma_noise2 wagma_noise20 stale_tradeoff
+                                   nonblocking_slow_overhead nonblocking_random_overhead lap_sgd lap_sgd_overhead lap_sgd_overhead90 dasgd wagma wagma_constant wagma_noise2 wagma_noise20 stale_tradeoff
                                    ringmaster diloco)
 
 compare() {  # compare TABLE FLAGS...: one table, in WORKDIR/TABLE
@@ -36,6 +36,17 @@ NET=(--config.network.kind=alpha_beta --config.network.latency_s=1e-4 --config.n
 slow_m4="${NB_M4//MICRO/stragglers.base_s=0.0025}"
 random_m4="${NB_M4//MICRO/stragglers.shift_s=0.00125,stragglers.rate=400.0}"
 random_controls='sync,microbatches=4,stragglers.shift_s=0.00125,stragglers.rate=400.0;dpsgd,order=overlap,microbatches=4,stragglers.shift_s=0.00125,stragglers.rate=400.0'
+# With a per-call overhead (stragglers.overhead_s): half of a 16-sample batch's 10 ms is the call's overhead,
+# the low end of the share `python -m benchmarks.call_overhead` measures for the MNIST-1D CNN at its batch
+# (0.43-0.71 on 2 CPU cores; the digits MLP itself: 0.89-0.98). m = 1 entries cost what they cost above (5 + 5 ms per batch); an
+# m = 4 micro-batch costs 5 + 1.25 ms, so its batch 25 ms. Entries as above: they take OVERHEAD's flags.
+OVERHEAD=(--config.stragglers.overhead_s=0.005 --config.stragglers.base_s=0.005)
+overhead_m4="${NB_M4//MICRO/stragglers.base_s=0.00125}"
+# Random times with the 5 ms shift as the overhead: a batch 5 ms + Exp(mean 10 ms) as in (b), the same draws;
+# an m = 4 micro-batch 5 ms + Exp(mean 2.5 ms).
+RANDOM_OVERHEAD=(--config.stragglers.kind=exponential --config.stragglers.rate=100.0 --config.stragglers.overhead_s=0.005)
+random_overhead_m4="${NB_M4//MICRO/stragglers.rate=400.0}"
+random_overhead_controls='sync,microbatches=4,stragglers.rate=400.0;dpsgd,order=overlap,microbatches=4,stragglers.rate=400.0'
 with_activation() { echo "${1//nonblocking/nonblocking,activation_latency_s=1e-4}"; }
 nonblocking() {  # nonblocking TABLE SIM_TIME ENTRIES FLAGS...
   local table="$1" sim_time="$2" entries="$3"; shift 3
@@ -51,13 +62,24 @@ for table in "${TABLES[@]}"; do
     nonblocking_random_net)
       nonblocking "$table" 3 "$(with_activation "$NB_ENTRIES;$random_m4");$random_controls" "${RANDOM_TIMES[@]}" \
         "${NET[@]}" ;;
+    nonblocking_slow_overhead) nonblocking "$table" 3 "$NB_ENTRIES;$overhead_m4" "${SLOW[@]}" "${OVERHEAD[@]}" ;;
+    nonblocking_random_overhead)
+      nonblocking "$table" 2.5 "$NB_ENTRIES;$random_overhead_m4;$random_overhead_controls" "${RANDOM_OVERHEAD[@]}" ;;
     # Section 2, LAP-SGD / LPP-SGD: digits, a slow network on which the average takes 4.09 node updates; the
     # verdicts against local SGD (the paper's claim is against it and sync; sync is the slower of the two).
-    lap_sgd)
+    # lap_sgd_overhead: the same with OVERHEAD (a local-SGD step still 10 ms; Q = 4 threads share each call's
+    # 5 ms: 6.25 ms per node update), where a small batch leaves the accelerator idle (the paper's argument);
+    # lap_sgd_overhead90: the share measured for the digits MLP itself, 9 of the 10 ms (3.25 ms per update).
+    lap_sgd|lap_sgd_overhead|lap_sgd_overhead90)
+      case "$table" in
+        lap_sgd) flags=() ;;
+        lap_sgd_overhead) flags=("${OVERHEAD[@]}") ;;
+        *) flags=(--config.stragglers.overhead_s=0.009 --config.stragglers.base_s=0.001) ;;
+      esac
       compare "$table" --config=experiments/configs/digits.py --seeds="$SEEDS" \
         --algorithms='sync;local_sgd,local_steps=8;lap_sgd,threads=1,local_steps=8;lap_sgd,threads=4,local_steps=8;lpp_sgd,threads=4,local_steps=8,prepass_steps=10,partial_cost=0.5;lpp_sgd,threads=4,local_steps=8,prepass_steps=50,partial_cost=0.5;lpp_sgd,threads=4,local_steps=8,prepass_steps=10,partial_cost=1.0' \
         --config.network.kind=alpha_beta --config.network.latency_s=1e-3 --config.network.bandwidth_gbps=0.02 \
-        --config.target_accuracy=0.9 --config.eval_every=10 --baseline='local_sgd,local_steps=8' ;;
+        --config.target_accuracy=0.9 --config.eval_every=10 --baseline='local_sgd,local_steps=8' ${flags[@]+"${flags[@]}"} ;;
     # Section 3, DaSGD: digits, the all-reduce takes 2.83 local steps; the verdicts against local SGD.
     dasgd)
       compare "$table" --config=experiments/configs/digits.py --seeds="$SEEDS" \
@@ -100,7 +122,7 @@ for table in "${TABLES[@]}"; do
         --config.optimizer.name=adamw --config.network.kind=alpha_beta --config.network.latency_s=1e-3 \
         --config.network.bandwidth_gbps=0.02 --config.target_accuracy=0.8 ;;
     *) echo "unknown table '$table'; one of: nonblocking_slow nonblocking_slow_net nonblocking_random" \
-            "nonblocking_random_net lap_sgd dasgd wagma wagma_constant wagma_noise2 wagma_noise20 stale_tradeoff" \
+            "nonblocking_random_net nonblocking_slow_overhead nonblocking_random_overhead lap_sgd lap_sgd_overhead lap_sgd_overhead90 dasgd wagma wagma_constant wagma_noise2 wagma_noise20 stale_tradeoff" \
             "ringmaster diloco" >&2; exit 2 ;;
   esac
 done

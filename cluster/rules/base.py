@@ -1,4 +1,5 @@
-"""The time-rule contract: what every rule declares, what one iteration returns, shared helpers.
+"""The time-rule contract: what every rule declares and checks (what one iteration returns, `Iteration` /
+`Steps`, lives in `cluster/schedules.py`, re-exported here).
 
 A time rule turns the compute and network models into one iteration of an algorithm: it advances the clock's
 per-worker times and returns the per-worker SCHEDULE the math consumes. The schedule is the one contract
@@ -20,87 +21,24 @@ What a rule reports per iteration besides the common statistics (idle time, stal
 from __future__ import annotations
 
 import abc
-import dataclasses
-from typing import Any, ClassVar, Mapping, NamedTuple, Optional, TYPE_CHECKING
+from typing import ClassVar, Mapping, TYPE_CHECKING
 
 import numpy as np
+
+# The records and schedule helpers live in `cluster/schedules.py` (the clock reads them without importing
+# the rules); re-exported here, where rules have always found them.
+from cluster.schedules import Iteration
+from cluster.schedules import Steps
+from cluster.schedules import full  # noqa: F401  pylint: disable=unused-import
+from cluster.schedules import split  # noqa: F401  pylint: disable=unused-import
+from cluster.schedules import stack  # noqa: F401  pylint: disable=unused-import
+from cluster.schedules import take  # noqa: F401  pylint: disable=unused-import
+from cluster.schedules import uniform_fields
 
 if TYPE_CHECKING:
   from cluster.clock import Clock
 
 REDUCTIONS = ('mean', 'sum', 'max')
-
-
-def uniform_fields(schedule_type: type) -> tuple[str, ...]:
-  """The declared uniform fields of a schedule type (each must be one of its fields)."""
-  uniform = tuple(schedule_type.UNIFORM)
-  unknown = set(uniform) - set(schedule_type._fields)
-  if unknown:
-    raise TypeError(f'{schedule_type.__name__}.UNIFORM names unknown fields {sorted(unknown)}')
-  return uniform
-
-
-def split(schedule: NamedTuple) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(per-worker fields, uniform fields) of a schedule, as name -> value dicts."""
-  uniform = uniform_fields(type(schedule))
-  fields = schedule._asdict()
-  return ({k: v for k, v in fields.items() if k not in uniform}, {k: v for k, v in fields.items() if k in uniform})
-
-
-def stack(schedules: list[NamedTuple]) -> NamedTuple:
-  """The schedules of n iterations stacked field by field: per-worker (n, P), uniform (n,)."""
-  kind = type(schedules[0])
-  return kind(*(np.stack(values) for values in zip(*schedules)))
-
-
-def take(schedule: NamedTuple, index) -> NamedTuple:
-  """Iteration(s) `index` of a stacked schedule (the leading axis of every field)."""
-  return type(schedule)(*(np.asarray(v)[index] for v in schedule))
-
-
-@dataclasses.dataclass(frozen=True)
-class Iteration:
-  """What one iteration did, on the host.
-
-  Attributes:
-    schedule: the rule's schedule for this iteration: per-worker fields (P,), uniform fields ().
-    idle: float64 (P,), seconds each worker waited (barriers, blocked collectives) in this iteration; time
-      spent communicating, and compute that was cancelled or abandoned, is not idle.
-    bytes_communicated: bytes put on the network by all workers together in this iteration.
-    staleness: float64 (P,), staleness of each worker's contribution (0 for synchronous rules).
-    mean_staleness: mean staleness of the contributions applied in this iteration, weighted by gradients;
-      None means `staleness.mean()`.
-    measurements: the rule's declared `reports`, one number each for this iteration.
-  """
-  schedule: NamedTuple
-  idle: np.ndarray
-  bytes_communicated: float
-  staleness: np.ndarray
-  mean_staleness: Optional[float] = None
-  measurements: Mapping[str, float] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class Steps:
-  """n iterations at once, from a rule's vectorised `iterate_block(clock, iteration, n)`.
-
-  Attributes:
-    schedule: the rule's schedule stacked: per-worker fields (n, P), uniform fields (n,).
-    idle: float64 (n, P).
-    bytes_communicated: float64 (n,).
-    mean_staleness: float64 (n,).
-    end_time: float64 (n,): every worker's time after each iteration.
-    measurements: name -> float64 (n,), the declared `reports`.
-    times: float64 (n, P), each worker's time after each iteration, for rules whose workers do not move in
-      step (then end_time = times.max(axis=1)); None: every worker's time is end_time.
-  """
-  schedule: NamedTuple
-  idle: np.ndarray
-  bytes_communicated: np.ndarray
-  mean_staleness: np.ndarray
-  end_time: np.ndarray
-  measurements: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
-  times: Optional[np.ndarray] = None
 
 
 class TimeRule(abc.ABC):
@@ -154,11 +92,6 @@ def check_rule(rule: TimeRule) -> None:
   bad = {k: v for k, v in rule.reports.items() if v not in REDUCTIONS}
   if bad:
     raise TypeError(f'{type(rule).__name__}.reports: reductions must be one of {REDUCTIONS}, got {bad}')
-
-
-def full(p: int, value, dtype) -> np.ndarray:
-  """A per-worker schedule field holding the same value for every worker."""
-  return np.full((p,), value, dtype)
 
 
 def check_positive_int(value, name: str, minimum: int = 1) -> None:

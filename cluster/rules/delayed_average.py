@@ -34,7 +34,6 @@ from typing import Callable, NamedTuple, Optional, TYPE_CHECKING
 import numpy as np
 
 from cluster import network as network_lib
-from cluster.rules import base
 
 if TYPE_CHECKING:
   from cluster.clock import Clock

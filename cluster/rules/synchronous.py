@@ -50,10 +50,11 @@ class WaitsForEveryone(base.TimeRule):
         end_time=times.max(axis=1), times=times)
 
 
-def job_seconds(clock: 'Clock', n: int, m: int):
+def job_seconds(clock: 'Clock', n: int, m: int, per_call: int = 1):
   """float64 (n, P): every worker's job of m micro-batches in each of n iterations (`Clock.work`'s sum, in
-  `np.cumsum` order), drawn ahead and counted as consumed; None where it cannot be drawn ahead (failures)."""
-  seconds = clock.draw_jobs(n, m)
+  `np.cumsum` order; `per_call` micro-batches per call), drawn ahead and counted as consumed; None where it
+  cannot be drawn ahead (failures)."""
+  seconds = clock.draw_jobs(n, m, per_call=per_call)
   if seconds is None:
     return None
   return np.ascontiguousarray(seconds[:, :, 0] if m == 1 else np.cumsum(seconds, axis=2)[:, :, -1])

@@ -38,6 +38,9 @@ STRAGGLERS = {
     'slow_workers': {'kind': 'shifted_exponential', 'shift_s': 0.005, 'rate': 200.0, 'slow_fraction': 0.25,
                      'slow_factor': 3.0},
     'random_delay': {'kind': 'exponential', 'rate': 100.0, 'delayed_workers': 2, 'delay_s': 0.03},
+    # A per-call overhead, scaled by the slow factor; LAP-SGD's threads share it (`per_call`).
+    'overhead_slow': {'kind': 'exponential', 'rate': 150.0, 'overhead_s': 0.003, 'slow_workers': (2, 9),
+                      'slow_factor': 2.0, 'delayed_workers': 1, 'delay_s': 0.01},
     'trace_delay': {'kind': 'trace', 'delayed_workers': 3, 'delay_s': 0.02},
     'failure_returns': {'kind': 'exponential', 'rate': 100.0, 'fail_worker': (1, 5), 'fail_at_s': 0.2,
                         'return_at_s': 0.5},

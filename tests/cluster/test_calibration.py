@@ -7,9 +7,14 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
+import config_errors as errors
+from algorithms import sync
+from benchmarks import call_overhead
 from cluster import calibration
 from cluster import factory
+from experiments.configs import digits
 from tests.cluster import helpers
 
 
@@ -44,6 +49,82 @@ class CalibrationTest(parameterized.TestCase):
     model = factory.make_compute(config.stragglers, 4)
     self.assertAlmostEqual(model.mean(), 0.02)
     self.assertEqual(config.stragglers.get('delay_s'), overrides.get('delay_s', 0.0))
+
+
+  def test_calibrated_keeps_or_sets_the_overhead(self):
+    config = helpers.config(workers=4, kind='exponential', rate=3.0, overhead_s=0.005)
+    kept = calibration.calibrated(config.stragglers, 0.02)
+    self.assertEqual(kept.overhead_s, 0.005)
+    self.assertAlmostEqual(1.0 / kept.rate, 0.015)
+    fitted = calibration.calibrated(config.stragglers, 0.02, overhead_s=0.0125)
+    self.assertEqual(fitted.overhead_s, 0.0125)
+    self.assertAlmostEqual(factory.make_compute(fitted, 4).mean(), 0.02)
+    with self.assertRaisesRegex(errors.ConfigError, r'stragglers.overhead_s=0.005 .*below the measured 0.004 s'):
+      calibration.calibrated(config.stragglers, 0.004)
+    with self.assertRaisesRegex(errors.ConfigError, r'stragglers.overhead_s=-1.0 .*>= 0'):
+      calibration.calibrated(config.stragglers, 0.02, overhead_s=-1.0)
+    with self.assertRaisesRegex(ValueError, 'seconds=0.0 must be > 0'):
+      calibration.calibrated(config.stragglers, 0.0)
+
+
+class FitOverheadTest(parameterized.TestCase):
+
+  def test_two_points_give_the_line_through_them(self):
+    fit = calibration.fit_overhead([8, 32], [0.000258, 0.000408])
+    self.assertAlmostEqual(fit.per_sample_s, 0.00015 / 24, places=15)
+    self.assertAlmostEqual(fit.overhead_s, 0.000258 - 8 * 0.00015 / 24, places=15)
+    self.assertFalse(fit.clamped)
+    self.assertAlmostEqual(fit.seconds(32), 0.000408, places=15)
+
+  def test_least_squares_over_more_sizes(self):
+    # Residuals (+1/6, -1/3, +1/6) x 1e-3 around t = 1/3 ms + s x 1.5 ms: exact in closed form.
+    fit = calibration.fit_overhead([1, 2, 3], [2e-3, 3e-3, 5e-3])
+    self.assertAlmostEqual(fit.per_sample_s, 1.5e-3, places=15)
+    self.assertAlmostEqual(fit.overhead_s, 1e-3 / 3, places=15)
+    exact = calibration.fit_overhead([1, 4, 16, 64], [0.2 + 0.01 * s for s in (1, 4, 16, 64)])
+    self.assertAlmostEqual(exact.overhead_s, 0.2, places=12)
+    self.assertAlmostEqual(exact.per_sample_s, 0.01, places=14)
+
+  def test_a_negative_overhead_is_clamped_and_the_slope_refitted_through_zero(self):
+    fit = calibration.fit_overhead([1, 2, 3], [1.0, 2.0, 4.0])  # least squares: -1/3 + 1.5 s
+    self.assertTrue(fit.clamped)
+    self.assertEqual(fit.overhead_s, 0.0)
+    self.assertAlmostEqual(fit.per_sample_s, 17 / 14, places=14)  # sum s t / sum s^2
+
+  @parameterized.named_parameters(
+      ('one_size', [16, 16], [1.0, 1.1], 'two or more distinct sizes'),
+      ('shapes', [4, 16], [1.0], 'two or more distinct sizes'),
+      ('flat', [4, 16], [1.0, 1.0], 'do not grow'),
+      ('falling', [4, 16], [1.0, 0.5], 'do not grow'),
+  )
+  def test_bad_timings(self, samples, seconds, message):
+    with self.assertRaisesRegex(ValueError, message):
+      calibration.fit_overhead(samples, seconds)
+
+  def test_times_each_size(self):
+    # A call that sleeps 10 ms + 5 ms per sample; a loaded machine only adds (wake-up latency: overhead).
+    seconds = calibration.time_sizes(lambda s: (lambda: time.sleep(0.01 + 0.005 * s), ()), [1, 4], warmup=0,
+                                     repeats=3)
+    fit = calibration.fit_overhead([1, 4], seconds)
+    self.assertAlmostEqual(fit.per_sample_s, 0.005, delta=1.5e-3)
+    self.assertBetween(fit.overhead_s, 0.007, 0.016)
+
+  def test_end_to_end_on_the_digits_mlp(self):
+    # The real step at 4 and 256 samples (far apart: this machine is noisy), fitted, written into a config
+    # whose clock then charges a configured micro-batch the fitted time.
+    config = digits.get_config('sync')
+    sizes = [4, 256]
+    seconds = calibration.time_sizes(lambda s: call_overhead.make_call(config, s), sizes, warmup=2, repeats=5,
+                                     carry=True)
+    self.assertLess(seconds[0], seconds[1])
+    fit = calibration.fit_overhead(sizes, seconds)
+    self.assertGreaterEqual(fit.overhead_s, 0.0)
+    self.assertGreater(fit.per_sample_s, 0.0)
+    unit = config.batch_size // config.microbatches
+    config.stragglers = calibration.calibrated(config.stragglers, fit.seconds(unit), overhead_s=fit.overhead_s)
+    factory.validate(config)
+    clock = factory.make_clock(config, sync.Barrier(config.microbatches), 1e4)
+    np.testing.assert_allclose(clock.next_block(3).duration, config.microbatches * fit.seconds(unit), rtol=1e-12)
 
 
 if __name__ == '__main__':

@@ -14,7 +14,6 @@ from algorithms import kbatch_async
 from algorithms import kbatch_sync
 from algorithms import ksync
 from algorithms import sync
-from cluster import rules
 from tests.cluster import helpers
 
 P = 8

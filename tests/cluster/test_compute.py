@@ -8,7 +8,6 @@ import config_errors as errors
 from algorithms import sync
 from cluster import compute
 from cluster import faults
-from cluster import rules
 from tests.cluster import helpers
 
 N = 200_000

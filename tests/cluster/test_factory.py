@@ -1,5 +1,9 @@
 """Config validation and defaults of `cluster.factory`."""
 
+import os
+import subprocess
+import sys
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
@@ -10,8 +14,9 @@ from algorithms import sync
 from cluster import compute
 from cluster import factory
 from cluster import network
-from cluster import rules
 from tests.cluster import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class ValidateTest(parameterized.TestCase):
@@ -19,6 +24,9 @@ class ValidateTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('unknown_kind', {'kind': 'gamma'}, 'stragglers.kind', 'known: constant'),
       ('base_not_positive', {'base_s': 0.0}, 'stragglers.base_s', '> 0'),
+      ('overhead_negative', {'overhead_s': -1e-3}, 'stragglers.overhead_s', r'overhead_s=-0.001 .*>= 0'),
+      ('overhead_not_a_number', {'overhead_s': 'fast'}, 'stragglers.overhead_s', 'seconds per call'),
+      ('overhead_infinite', {'overhead_s': float('inf')}, 'stragglers.overhead_s', '>= 0'),
       ('negative_rate', {'kind': 'exponential', 'rate': -1.0}, 'stragglers.rate', '> 0'),
       ('negative_shift', {'kind': 'shifted_exponential', 'shift_s': -0.1}, 'stragglers.shift_s', '>= 0'),
       ('pareto_shape', {'kind': 'pareto', 'shape': 0.0}, 'stragglers.shape', '> 0'),
@@ -153,6 +161,20 @@ class MakeTest(absltest.TestCase):
     self.assertEqual(clock.delay.count, 1)
     self.assertEqual(clock.failure.failed, (2, 3))
     self.assertEqual(clock.lost_workers, 0)
+
+
+class ImportDirectionTest(absltest.TestCase):
+
+  def test_the_clock_imports_no_rule_module(self):
+    # Rules import the clock; the clock reads what they return from `cluster.schedules` (issue 29 item 5).
+    code = 'import sys, cluster.clock; print(sorted(m for m in sys.modules if m.startswith("cluster.rules")))'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                         env={**os.environ, 'PYTHONPATH': ROOT})
+    self.assertEqual(out.stdout.strip(), '[]')
+
+  def test_make_clock_checks_the_rule(self):
+    with self.assertRaisesRegex(TypeError, 'is not a cluster.rules.TimeRule'):
+      factory.make_clock(helpers.config(workers=2), object(), 1e3)
 
 
 if __name__ == '__main__':

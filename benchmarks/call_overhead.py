@@ -1,0 +1,93 @@
+"""What one call of a model's training step costs on this machine: per-call overhead and per-sample seconds.
+
+  python -m benchmarks.call_overhead --config=experiments/configs/mnist1d.py            # the quickstart CNN
+  python -m benchmarks.call_overhead --config=experiments/configs/digits.py --sizes=4,16,64
+
+Times one worker's jitted step (gradient of the loss on one micro-batch, then the config's SGD update) at
+each of `--sizes` samples (default: a quarter of the config's micro-batch, batch_size / microbatches, and
+the micro-batch itself: the sizes that splitting it four ways compares; on a CPU the time per sample grows
+with larger sizes, past the caches, and a line through far larger sizes hides the overhead), fits
+t(s) = overhead + s x per_sample (`cluster.calibration.fit_overhead`), and prints the fit, each size's
+measured and fitted time, the overhead as a share of one configured micro-batch call (the ratio that the
+simulated runs of REPRODUCING.md sections 1-2 carry over to their 10 ms steps), and the `--config.stragglers.*`
+flags that put the calibration into a run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ''):  # run as a script: make the repository importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from ml_collections import config_flags
+
+from cluster import calibration
+from data import registry as data_registry
+from models import registry as model_registry
+
+_CONFIG = config_flags.DEFINE_config_file('config', 'experiments/configs/mnist1d.py', 'The workload.')
+_SIZES = flags.DEFINE_list('sizes', [], 'Micro-batch sizes to time (default: a quarter of the configured one, '
+                           'and the configured one).')
+_REPEATS = flags.DEFINE_integer('repeats', 30, 'Timed calls per size (the median is kept).')
+
+
+def make_call(config, size: int, seed: int = 0):
+  """(jitted step, its arguments) of one worker on a micro-batch of `size` random inputs of the dataset's shape.
+
+  The step is what one micro-batch costs a worker: the gradient of the cross-entropy at the parameters and the
+  inner SGD update (no collective: one device, one worker).
+  """
+  dataset = data_registry.make_dataset(config)
+  model = model_registry.make_model(config.model, dataset.num_classes)
+  example = np.asarray(dataset.example['image'])
+  rng = np.random.default_rng(seed)
+  images = jnp.asarray(rng.standard_normal((size,) + example.shape), jnp.float32)
+  labels = jnp.asarray(rng.integers(0, dataset.num_classes, size), jnp.int32)
+  params = model.init(jax.random.key(seed), images, train=False)['params']
+  tx = optax.sgd(config.optimizer.learning_rate, momentum=config.optimizer.momentum or None)
+
+  def loss(params, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model.apply({'params': params}, x, train=False),
+                                                           y).mean()
+
+  @jax.jit
+  def step(state, x, y):
+    params, opt_state = state
+    value, grads = jax.value_and_grad(loss)(params, x, y)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), value
+
+  return step, ((params, tx.init(params)), images, labels)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  unit = config.batch_size // config.microbatches
+  sizes = [int(s) for s in _SIZES.value] or [max(1, unit // 4), unit]
+  seconds = calibration.time_sizes(lambda s: make_call(config, s), sizes, warmup=3, repeats=_REPEATS.value,
+                                   carry=True)
+  fit = calibration.fit_overhead(sizes, seconds)
+  print(f'{config.model.name} on {jax.default_backend()} ({jax.devices()[0].device_kind}), one worker, '
+        f'median of {_REPEATS.value} calls per size')
+  for size, t in zip(sizes, seconds):
+    print(f'  {size:>5} samples: {1e6 * t:9.1f} us measured, {1e6 * fit.seconds(size):9.1f} us fitted')
+  print(f'overhead {1e6 * fit.overhead_s:.1f} us per call, {1e6 * fit.per_sample_s:.3f} us per sample'
+        + (' (least squares gave a negative overhead: clamped to 0)' if fit.clamped else ''))
+  share = fit.overhead_s / fit.seconds(unit)
+  print(f'overhead share of one configured micro-batch call ({unit} samples): {share:.2f}')
+  stragglers = calibration.calibrated(config.stragglers, fit.seconds(unit), overhead_s=fit.overhead_s)
+  print(f'--config.stragglers.overhead_s={stragglers.overhead_s:.6g} '
+        f'--config.stragglers.base_s={stragglers.base_s:.6g}  (kind={stragglers.kind})')
+
+
+if __name__ == '__main__':
+  app.run(main)
