@@ -18,16 +18,16 @@ from typing import Any, Mapping, TYPE_CHECKING
 
 import numpy as np
 
-import config_errors as errors
-from algorithms import kasync
-from algorithms import kbatch_async
-from algorithms import kbatch_sync
-from algorithms import ksync
-from algorithms import parameter_server as ps
-from cluster import rules
+from waitless import config_errors as errors
+from waitless.algorithms import kasync
+from waitless.algorithms import kbatch_async
+from waitless.algorithms import kbatch_sync
+from waitless.algorithms import ksync
+from waitless.algorithms import parameter_server as ps
+from waitless.cluster import rules
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 # The variants AdaSync can adapt, with their time rules.
 BASE_RULES = {'ksync': ksync.KSync, 'kbatch_sync': kbatch_sync.KBatchSync, 'kasync': kasync.KAsync,

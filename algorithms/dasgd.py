@@ -41,18 +41,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import delayed_averaging
-from algorithms import spec
-from cluster.rules import base
-from cluster.rules.delayed_average import DelayedAverageSchedule
-from cluster.rules import synchronous
-from cluster.rules.delayed_average import delayed_average_step
-from cluster.rules.delayed_average import delayed_average_block
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import delayed_averaging
+from waitless.algorithms import spec
+from waitless.cluster.rules import base
+from waitless.cluster.rules.delayed_average import DelayedAverageSchedule
+from waitless.cluster.rules import synchronous
+from waitless.cluster.rules.delayed_average import delayed_average_step
+from waitless.cluster.rules.delayed_average import delayed_average_block
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 # ---- the math ----

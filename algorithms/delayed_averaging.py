@@ -59,8 +59,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from algorithms import collectives
-from algorithms import spec
+from waitless.algorithms import collectives
+from waitless.algorithms import spec
 
 LOCAL_PROGRESS = 'local_progress'
 MIX = 'mix'

@@ -34,10 +34,10 @@ import jax
 from jax import lax
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import local_sgd
-from algorithms import spec
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import local_sgd
+from waitless.algorithms import spec
 
 OUTER_DEFAULTS = {'outer_learning_rate': 0.7, 'outer_momentum': 0.9, 'outer_nesterov': True}
 OUTER_HYPERPARAMETERS = ('outer_learning_rate', 'outer_momentum')  # replicas of one program may differ in these

@@ -27,14 +27,14 @@ import jax
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import spec
-from cluster import rules
-from cluster.rules import synchronous
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import spec
+from waitless.cluster import rules
+from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 ORDERS = ('gossip_then_step', 'overlap')
 

@@ -17,11 +17,11 @@ from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
-from algorithms import parameter_server as ps
-from cluster import rules
+from waitless.algorithms import parameter_server as ps
+from waitless.cluster import rules
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 @dataclasses.dataclass(frozen=True)

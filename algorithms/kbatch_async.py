@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-import config_errors as errors
-from algorithms import parameter_server as ps
-from cluster import rules
+from waitless import config_errors as errors
+from waitless.algorithms import parameter_server as ps
+from waitless.cluster import rules
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 @dataclasses.dataclass(frozen=True)

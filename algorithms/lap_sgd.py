@@ -51,17 +51,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import delayed_averaging
-from algorithms import local_sgd
-from algorithms import spec
-from cluster import rules
-from cluster.rules import delayed_average as delayed_rules
-from cluster.rules import synchronous
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import delayed_averaging
+from waitless.algorithms import local_sgd
+from waitless.algorithms import spec
+from waitless.cluster import rules
+from waitless.cluster.rules import delayed_average as delayed_rules
+from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 # ---- LPP blocks ----

@@ -50,14 +50,14 @@ import numpy as np
 import optax
 from scipy import optimize
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import spec
-from cluster import rules
-from cluster.rules import synchronous
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import spec
+from waitless.cluster import rules
+from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 _ACTIVATION_STREAM = 0x4D41  # keys the activation draws apart from any other stream of the same seed
 

@@ -43,8 +43,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import config_errors as errors
-from algorithms import nonblocking
+from waitless import config_errors as errors
+from waitless.algorithms import nonblocking
 
 
 def _require_seconds(value, field: str, devices: Optional[int] = None) -> np.ndarray:

@@ -36,17 +36,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import dpsgd
-from algorithms import spec
-from cluster import network as network_lib
-from cluster import rules
-from cluster.rules import activation as activation_lib
-from cluster.rules import synchronous
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import dpsgd
+from waitless.algorithms import spec
+from waitless.cluster import network as network_lib
+from waitless.cluster import rules
+from waitless.cluster.rules import activation as activation_lib
+from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 TRIGGERS = ('fastest', 'deadline')
 TOPOLOGIES = ('allreduce', 'ring')

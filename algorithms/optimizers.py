@@ -21,8 +21,8 @@ import ml_collections
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import spec
+from waitless import config_errors as errors
+from waitless.algorithms import spec
 
 OPTIMIZERS = ('sgd', 'adamw')
 SCHEDULES = ('constant', 'cosine', 'step', 'rsqrt')

@@ -61,14 +61,14 @@ import ml_collections
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import spec
-from cluster import compute as compute_lib
-from cluster import rules
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import spec
+from waitless.cluster import compute as compute_lib
+from waitless.cluster import rules
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 class ServerSchedule(NamedTuple):

@@ -6,23 +6,23 @@ Adding an algorithm: one module in `algorithms/` defining `SPEC = spec.Algorithm
 
 from __future__ import annotations
 
-import config_errors as errors
-from algorithms import adasync
-from algorithms import dasgd
-from algorithms import diloco
-from algorithms import dpsgd
-from algorithms import kasync
-from algorithms import kbatch_async
-from algorithms import kbatch_sync
-from algorithms import ksync
-from algorithms import lap_sgd
-from algorithms import local_sgd
-from algorithms import matcha
-from algorithms import nonblocking
-from algorithms import spec
-from algorithms import streaming_diloco
-from algorithms import sync
-from algorithms import wagma
+from waitless import config_errors as errors
+from waitless.algorithms import adasync
+from waitless.algorithms import dasgd
+from waitless.algorithms import diloco
+from waitless.algorithms import dpsgd
+from waitless.algorithms import kasync
+from waitless.algorithms import kbatch_async
+from waitless.algorithms import kbatch_sync
+from waitless.algorithms import ksync
+from waitless.algorithms import lap_sgd
+from waitless.algorithms import local_sgd
+from waitless.algorithms import matcha
+from waitless.algorithms import nonblocking
+from waitless.algorithms import spec
+from waitless.algorithms import streaming_diloco
+from waitless.algorithms import sync
+from waitless.algorithms import wagma
 
 _SPECS = (
     sync.SPEC,

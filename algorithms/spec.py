@@ -26,8 +26,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from algorithms import collectives
-from cluster import rules
+from waitless.algorithms import collectives
+from waitless.cluster import rules
 
 
 def _no_checks(config: ml_collections.ConfigDict) -> None:

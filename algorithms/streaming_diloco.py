@@ -63,18 +63,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import delayed_averaging
-from algorithms import diloco
-from algorithms import lap_sgd
-from algorithms import spec
-from cluster import network as network_lib
-from cluster.rules import base
-from cluster.rules import synchronous
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import delayed_averaging
+from waitless.algorithms import diloco
+from waitless.algorithms import lap_sgd
+from waitless.algorithms import spec
+from waitless.cluster import network as network_lib
+from waitless.cluster.rules import base
+from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 Piece = tuple[int, int, int]  # (leaf index, start, stop) in that leaf flattened
 

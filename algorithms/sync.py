@@ -15,14 +15,14 @@ from typing import NamedTuple, Optional, TYPE_CHECKING
 import numpy as np
 import optax
 
-from algorithms import collectives
-from algorithms import spec
-from cluster import network as network_lib
-from cluster import rules
-from cluster.rules import synchronous
+from waitless.algorithms import collectives
+from waitless.algorithms import spec
+from waitless.cluster import network as network_lib
+from waitless.cluster import rules
+from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 class SyncState(NamedTuple):

@@ -80,16 +80,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import spec
-from cluster import network as network_lib
-from cluster import rules
-from cluster.rules import activation as activation_lib
-from cluster.rules import synchronous as rules_synchronous
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import spec
+from waitless.cluster import network as network_lib
+from waitless.cluster import rules
+from waitless.cluster.rules import activation as activation_lib
+from waitless.cluster.rules import synchronous as rules_synchronous
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 # 'authors': W_i <- (group sum of W(t) + W_i(t)) / (S + 1) + U_i(g_i(W_i(t))) (Shigangli/WAGMA-SGD, the default);
 # 'step_then_average': W'_i = W_i + U_i(g_i), then the group average of W' (divisor S fresh, S + 1 stale).

@@ -29,9 +29,9 @@ import numpy as np
 import optax
 from ml_collections import config_flags
 
-from cluster import calibration
-from data import registry as data_registry
-from models import registry as model_registry
+from waitless.cluster import calibration
+from waitless.data import registry as data_registry
+from waitless.models import registry as model_registry
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/configs/mnist1d.py', 'The workload.')
 _SIZES = flags.DEFINE_list('sizes', [], 'Micro-batch sizes to time (default: a quarter of the configured one, '

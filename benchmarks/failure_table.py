@@ -24,10 +24,10 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 
-from algorithms import registry
-from experiments import sim_budget
-from experiments import train
-from experiments.configs import digits
+from waitless.algorithms import registry
+from waitless.experiments import sim_budget
+from waitless.experiments import train
+from waitless.experiments.configs import digits
 
 ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',
         'kbatch_async': 'kbatch_async,k=4', 'adasync': 'adasync,k0=4',

@@ -29,9 +29,9 @@ if __package__ in (None, ''):  # run as a script: make the repository importable
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from algorithms import registry
+from waitless.algorithms import registry
 from benchmarks import timing
-from experiments.configs import cifar10
+from waitless.experiments.configs import cifar10
 
 QUICK_ALGORITHMS = ('sync', 'local_sgd', 'wagma', 'ksync')
 _K_FIELDS = ('k', 'k0')  # K-of-P arguments: at most `workers`

@@ -37,11 +37,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from data import registry as data_registry
-from experiments import compilation_cache
-from experiments import train
-from experiments.configs import digits
-from models import registry as model_registry
+from waitless.data import registry as data_registry
+from waitless.experiments import compilation_cache
+from waitless.experiments import train
+from waitless.experiments.configs import digits
+from waitless.models import registry as model_registry
 
 _PER_CALL = 10
 WORKERS, DEVICES = 8, 8  # main() sets them from its flags

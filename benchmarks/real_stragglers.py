@@ -59,7 +59,7 @@ FLAGS = flags.FLAGS
 
 def parse_slow(value: str, processes: int) -> tuple[int, float]:
   """(process, seconds per micro-batch) of `--debug_slow_process`; (-1, 0) for none."""
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   if not value:
     return -1, 0.0
   parts = value.split(':')
@@ -75,7 +75,7 @@ def parse_slow(value: str, processes: int) -> tuple[int, float]:
 
 def launch(argv) -> dict:
   """Starts the processes, waits for them, returns process 0's results."""
-  from experiments import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import distributed  # pylint: disable=g-import-not-at-top
   address = f'127.0.0.1:{distributed.free_port()}'
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, 'results.json')
@@ -93,7 +93,7 @@ def launch(argv) -> dict:
 
 def run_process() -> dict:
   """One process's part: every algorithm, timed; process 0 also runs the simulator."""
-  from experiments import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize(distributed.settings_from(FLAGS.coordinator_address, FLAGS.num_processes,
                                                    FLAGS.process_id))
   import jax  # pylint: disable=g-import-not-at-top
@@ -102,7 +102,7 @@ def run_process() -> dict:
   from jax import lax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
 
-  from algorithms import dpsgd, local_sgd, measured_speeds, sync, wagma  # pylint: disable=g-import-not-at-top
+  from waitless.algorithms import dpsgd, local_sgd, measured_speeds, sync, wagma  # pylint: disable=g-import-not-at-top
 
   slow_process, slow_s = parse_slow(FLAGS.debug_slow_process, FLAGS.num_processes)
   me = jax.process_index()
@@ -210,8 +210,8 @@ def run_process() -> dict:
 
 def predict(results: dict) -> dict:
   """Simulated seconds per iteration of each algorithm for the measured speeds (ideal network)."""
-  from experiments import simulate  # pylint: disable=g-import-not-at-top
-  from experiments.configs import synthetic  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import synthetic  # pylint: disable=g-import-not-at-top
   speeds = np.asarray(results['speeds_s'])
   out = {}
   for name in ALGORITHMS:

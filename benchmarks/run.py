@@ -45,14 +45,14 @@ from absl import logging
 import jax
 import numpy as np
 
-from algorithms import registry
+from waitless.algorithms import registry
 from benchmarks import gpu
 from benchmarks import harness_overhead
 from benchmarks import replicas
 from benchmarks import simulator_speed
 from benchmarks import timing
-from experiments.configs import digits
-from experiments.configs import synthetic
+from waitless.experiments.configs import digits
+from waitless.experiments.configs import synthetic
 
 _QUICK = flags.DEFINE_bool('quick', False, 'Smaller sections (a smoke test, not figures to report).')
 _SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling', 'gpu',

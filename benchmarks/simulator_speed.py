@@ -26,22 +26,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms import adasync
-from algorithms import dasgd
-from algorithms import dpsgd
-from algorithms import kasync
-from algorithms import kbatch_async
-from algorithms import kbatch_sync
-from algorithms import ksync
-from algorithms import lap_sgd
-from algorithms import local_sgd
-from algorithms import nonblocking
-from algorithms import sync
-from algorithms import wagma
-from cluster import calibration
-from cluster import factory
-from experiments.configs import digits
-from models import registry as model_registry
+from waitless.algorithms import adasync
+from waitless.algorithms import dasgd
+from waitless.algorithms import dpsgd
+from waitless.algorithms import kasync
+from waitless.algorithms import kbatch_async
+from waitless.algorithms import kbatch_sync
+from waitless.algorithms import ksync
+from waitless.algorithms import lap_sgd
+from waitless.algorithms import local_sgd
+from waitless.algorithms import nonblocking
+from waitless.algorithms import sync
+from waitless.algorithms import wagma
+from waitless.cluster import calibration
+from waitless.cluster import factory
+from waitless.experiments.configs import digits
+from waitless.models import registry as model_registry
 
 
 

@@ -15,7 +15,7 @@ from typing import Mapping
 import jax
 import numpy as np
 
-from experiments import train
+from waitless.experiments import train
 
 
 class BlockTimer:
@@ -60,7 +60,7 @@ def gradient_ratio(config, iterations: int = 2000) -> float:
   """Micro-batch gradients the block step computes / those the simulated cluster pushes, over `iterations` of
   the config's own clock in blocks of `steps_per_call` (host only: `step.gradients_computed` counts what the
   program computes, `microbatches_done` what the cluster pushes)."""
-  from experiments import step as step_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import step as step_lib  # pylint: disable=g-import-not-at-top
   run = train.build(config)
   clock = train.make_clock(run, 4.0 * 10_000)
   computed = pushed = 0

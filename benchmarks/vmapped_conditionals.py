@@ -32,8 +32,8 @@ import jax
 import numpy as np
 import optax
 
-from experiments import train
-from experiments.configs import digits
+from waitless.experiments import train
+from waitless.experiments.configs import digits
 
 _WORKERS = flags.DEFINE_integer('workers', 8, 'Workers.')
 _DEVICES = flags.DEFINE_integer('devices', 1, 'Devices the workers are vmapped over (CPU: forced host devices).')

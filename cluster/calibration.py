@@ -36,7 +36,7 @@ import jax
 import ml_collections
 import numpy as np
 
-import config_errors as errors
+from waitless import config_errors as errors
 
 
 def time_callable(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 5, carry: bool = False) -> float:

@@ -31,10 +31,10 @@ from typing import Any, ClassVar, Mapping, NamedTuple, Optional, Protocol
 
 import numpy as np
 
-from cluster import compute as compute_lib
-from cluster import faults
-from cluster import network as network_lib
-from cluster import schedules
+from waitless.cluster import compute as compute_lib
+from waitless.cluster import faults
+from waitless.cluster import network as network_lib
+from waitless.cluster import schedules
 
 
 class Rule(Protocol):

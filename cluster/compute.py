@@ -41,7 +41,7 @@ from typing import Protocol
 
 import numpy as np
 
-import config_errors as errors
+from waitless import config_errors as errors
 
 
 class ComputeModel(Protocol):

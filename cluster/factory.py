@@ -10,13 +10,13 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
-import config_errors as errors
+from waitless import config_errors as errors
 
-from cluster import clock as clock_lib
-from cluster import compute as compute_lib
-from cluster import faults
-from cluster import network as network_lib
-from cluster import rules
+from waitless.cluster import clock as clock_lib
+from waitless.cluster import compute as compute_lib
+from waitless.cluster import faults
+from waitless.cluster import network as network_lib
+from waitless.cluster import rules
 
 DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lognormal', 'trace')
 # `slow_workers` and `random_delay` are `constant` with that modifier required; the modifiers

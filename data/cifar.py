@@ -17,8 +17,8 @@ import numpy as np
 with epy.lazy_imports():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from data import base
-from data import tfds_pipeline
+from waitless.data import base
+from waitless.data import tfds_pipeline
 
 # Per-channel statistics of the training images (pixel values in [0, 1]).
 STATS = {

@@ -10,8 +10,8 @@ import numpy as np
 from sklearn import datasets as sk_datasets
 from sklearn import model_selection
 
-from data import base
-from data import in_memory
+from waitless.data import base
+from waitless.data import in_memory
 
 SPLIT_SEED = 0
 

@@ -22,8 +22,8 @@ with epy.lazy_imports():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-from data import base
-from data import tfds_pipeline
+from waitless.data import base
+from waitless.data import tfds_pipeline
 
 CROP_PADDING = 32
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import config_errors as errors
-from data import base
+from waitless import config_errors as errors
+from waitless.data import base
 
 
 class InMemoryStreams:

@@ -24,8 +24,8 @@ import zipfile
 
 import numpy as np
 
-from data import base
-from data import in_memory
+from waitless.data import base
+from waitless.data import in_memory
 
 CACHE_ENV = 'WAITLESS_CACHE_DIR'
 NUM_CLASSES = 10

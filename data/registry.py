@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import config_errors as errors
-from data import cifar
-from data import digits
-from data import imagenet
-from data import mnist1d
-from data import synthetic
-from data import wmt
+from waitless import config_errors as errors
+from waitless.data import cifar
+from waitless.data import digits
+from waitless.data import imagenet
+from waitless.data import mnist1d
+from waitless.data import synthetic
+from waitless.data import wmt
 
 BUILDERS = {
     'digits': digits.make_dataset,

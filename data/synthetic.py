@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from data import base
-from data import in_memory
+from waitless.data import base
+from waitless.data import in_memory
 
 PROBLEMS = ('least_squares', 'logistic')
 

@@ -33,8 +33,8 @@ with epy.lazy_imports():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-import config_errors as errors
-from data import base
+from waitless import config_errors as errors
+from waitless.data import base
 
 AUTOTUNE = -1  # tf.data.AUTOTUNE
 

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-import config_errors as errors
-from data import base
-from data import in_memory
-from data import tfds_pipeline
-from data import tokenizer as tokenizer_lib
+from waitless import config_errors as errors
+from waitless.data import base
+from waitless.data import in_memory
+from waitless.data import tfds_pipeline
+from waitless.data import tokenizer as tokenizer_lib
 
 log = logging.getLogger('waitless')
 

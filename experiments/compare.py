@@ -60,12 +60,12 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import compare_plan
-from experiments import compare_runs
-from experiments import compilation_cache
-from experiments import report as report_lib
-from experiments import statistics
-from experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
+from waitless.experiments import compare_plan
+from waitless.experiments import compare_runs
+from waitless.experiments import compilation_cache
+from waitless.experiments import report as report_lib
+from waitless.experiments import statistics
+from waitless.experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
 
 flags.adopt_module_key_flags(main_lib)  # --config, --workdir, --seeds, ... in `--help` too
 
@@ -94,8 +94,8 @@ log = logging.getLogger('waitless')
 # ---------------------------------------------------------------------------------------------------------
 
 def _compare(argv_config: str, root: str) -> dict[str, Any]:
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   statistics.check_options(main_lib._SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
   if _TARGET_LOSS.value is not None:
     errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0',
@@ -122,7 +122,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   for r in runs:
     errors.require(r.config.devices == devices, 'devices', r.config.devices,
                    f'must be the same for every run of a comparison ({devices}: set it with --config.devices)')
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
   for r in runs:  # a rerun with other settings must not skip runs of the old ones and report them as the new
     try:
       train.check_workdir(r.workdir, r.config)
@@ -153,11 +153,11 @@ def main(argv):
   log.addHandler(handler)
   log.setLevel(logging.INFO)
   log.propagate = False
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from experiments import checkpointing  # pylint: disable=g-import-not-at-top
-  from experiments import metrics_io  # pylint: disable=g-import-not-at-top
-  from experiments import preemption  # pylint: disable=g-import-not-at-top
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import checkpointing  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
   root = main_lib._WORKDIR.value  # pylint: disable=protected-access
   preemption.exit_on_sigterm()
   try:
@@ -180,7 +180,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from experiments import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
   preemption.exit_on_sigterm()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')

@@ -18,9 +18,9 @@ from typing import Any, Callable, Optional, Sequence
 
 def parse_entries(text: str) -> list[str]:
   """'sync,ksync,k=6;local_sgd' -> ['sync', 'ksync,k=6', 'local_sgd']; 'all' -> every registered algorithm."""
-  from algorithms import registry  # pylint: disable=g-import-not-at-top
-  from experiments.configs import common  # pylint: disable=g-import-not-at-top
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.algorithms import registry  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   entries: list[list[str]] = []
   for group in (text or '').split(';'):
     start, after_all = True, False  # after ';' the next part starts an entry even if it has a '='
@@ -57,8 +57,8 @@ def parse_sweeps(specs: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
   Keys joined by ':' move together (one axis of tuples, not a grid): 'a:b=1:x,2:y' -> [(('a','1'),('b','x')),
   (('a','2'),('b','y'))], e.g. a learning rate with its momentum.
   """
-  from experiments.configs import common  # pylint: disable=g-import-not-at-top
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   axes = []
   for spec in specs:
     key, sep, values = spec.partition('=')
@@ -100,8 +100,8 @@ def check_sweep_axes(specs: Sequence[str], runs: Sequence['PlannedRun']) -> None
   Raises:
     config_errors.ConfigError: naming the --sweep flag.
   """
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from experiments import replicas  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import replicas  # pylint: disable=g-import-not-at-top
   for spec in specs:
     keys = [k.strip() for k in spec.partition('=')[0].split(':')]
     if len(keys) < 2:
@@ -153,7 +153,7 @@ def load_config_module(path: str):
 
 def _apply_overrides(config, overrides: dict[str, Any], named: set[str]) -> None:
   """Sets each `--config.PATH=VALUE` that this run's config has and its entry or sweep does not name."""
-  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   common.override_duration(config, [path for path in overrides if path not in named])
   for path, value in overrides.items():
     if path in named:
@@ -189,12 +189,12 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
   Returns:
     (the runs, entry -> why it was skipped).
   """
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from data import registry as data_registry  # pylint: disable=g-import-not-at-top
-  from experiments import sim_budget  # pylint: disable=g-import-not-at-top
-  from experiments import tasks  # pylint: disable=g-import-not-at-top
-  from experiments import validation  # pylint: disable=g-import-not-at-top
-  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.data import registry as data_registry  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import sim_budget  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import tasks  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import validation  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   errors.require_int(seeds, '--seeds', 1)
   if sim_time is not None:
     errors.require_number(sim_time, '--sim_time', 'must be a number > 0', lambda v: v > 0)

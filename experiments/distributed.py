@@ -33,7 +33,7 @@ import os
 import socket
 from typing import Mapping
 
-import config_errors as errors
+from waitless import config_errors as errors
 
 log = logging.getLogger('waitless')
 

@@ -32,8 +32,8 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from experiments import compilation_cache  # no JAX import at module level
-from experiments import distributed  # no JAX backend use at import
+from waitless.experiments import compilation_cache  # no JAX import at module level
+from waitless.experiments import distributed  # no JAX backend use at import
 
 if 'config' in flags.FLAGS:  # experiments.simulate imported first in the same process, as in the tests
   _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
@@ -76,8 +76,8 @@ def force_host_devices(count: int) -> None:
 def _train(config, workdir, stop_requests):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
   replicas (`train.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
-  from experiments import train  # imported after XLA_FLAGS is set
-  import config_errors as errors
+  from waitless.experiments import train  # imported after XLA_FLAGS is set
+  from waitless import config_errors as errors
   errors.require_int(_SEEDS.value, '--seeds', 1)
   if _SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests)
@@ -111,7 +111,7 @@ def _run(config, workdir, stop_requests):
 
 def _report_seeds(outcomes) -> None:
   """Each seed's summary or failure, one line each; exits 3 if one diverged, else 4 if one stalled."""
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
   progress = std_logging.getLogger('waitless')
   for workdir, outcome in outcomes.items():
     if isinstance(outcome, Exception):
@@ -132,7 +132,7 @@ def _is_jax_runtime_error(e: BaseException) -> bool:
 def _watch_peers(stop_requests, workdir):
   """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-  from experiments import peer_watchdog
+  from waitless.experiments import peer_watchdog
   watchdog = peer_watchdog.PeerWatchdog(
       jax_distributed.global_state.client, distributed.process_index(), distributed.process_count(),
       timeout_s=_HEARTBEAT.value / 2, completed_step=lambda: stop_requests.completed_step, workdir=workdir)
@@ -145,7 +145,7 @@ def _join_processes(config) -> int:
 
   Returns the number of processes (1 without any distributed setting).
   """
-  import config_errors as errors
+  from waitless import config_errors as errors
   try:
     settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                          auto=_DISTRIBUTED.value, heartbeat_timeout_s=_HEARTBEAT.value)
@@ -165,7 +165,7 @@ def _join_processes(config) -> int:
 def main(argv):
   del argv
   config = _CONFIG.value
-  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
   handler = std_logging.StreamHandler(sys.stderr)
@@ -174,10 +174,10 @@ def main(argv):
   progress.addHandler(handler)
   progress.setLevel(std_logging.INFO)
   progress.propagate = False
-  import config_errors as errors
-  from experiments import checkpointing
-  from experiments import preemption
-  from experiments import train
+  from waitless import config_errors as errors
+  from waitless.experiments import checkpointing
+  from waitless.experiments import preemption
+  from waitless.experiments import train
   preemption.exit_on_sigterm()
   stop_requests, watchdog = preemption.StopRequests(), None
   if _COMPILATION_CACHE.value:
@@ -241,7 +241,7 @@ def parse_flags(argv):
 
 
 def run():
-  from experiments import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
+  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
   preemption.exit_on_sigterm()  # from here, not after the seconds of imports that main() starts with
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # TensorFlow only feeds data here; silences its notice

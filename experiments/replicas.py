@@ -29,8 +29,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import ml_collections
 import numpy as np
 
-from algorithms import optimizers
-from algorithms import registry
+from waitless.algorithms import optimizers
+from waitless.algorithms import registry
 
 
 def replica_fields(config: ml_collections.ConfigDict) -> tuple[str, ...]:

@@ -12,10 +12,10 @@ import math
 import os
 from typing import Any, Optional, Sequence
 
-from experiments import atomic_files
-from experiments import statistics
-from experiments.compare_plan import PlannedRun
-from experiments.compare_plan import sweep_label
+from waitless.experiments import atomic_files
+from waitless.experiments import statistics
+from waitless.experiments.compare_plan import PlannedRun
+from waitless.experiments.compare_plan import sweep_label
 
 log = logging.getLogger('waitless')
 
@@ -188,7 +188,7 @@ def _curves(group: dict[str, Any], x: str, key: str, confidence: float):
   """(grid, median, low, high) of `key` against `x` over the group's seeds, low and high the pointwise bootstrap
   interval of the median (None with one seed); None when no run has `key`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
   series = []
   for record in group['runs']:
     rows = [r for r in metrics_io.read_rows(record['workdir']) if r.get(key) is not None and math.isfinite(r[key])]

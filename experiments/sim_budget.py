@@ -11,10 +11,10 @@ from typing import Optional
 
 import numpy as np
 
-from algorithms import registry
-from cluster import clock as clock_lib
-from cluster import factory as cluster_factory
-from experiments import tasks
+from waitless.algorithms import registry
+from waitless.cluster import clock as clock_lib
+from waitless.cluster import factory as cluster_factory
+from waitless.experiments import tasks
 
 
 MAX_STEPS = 10 ** 7  # the iterations a budget may buy without --max_steps

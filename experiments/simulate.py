@@ -25,10 +25,10 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-import config_errors as errors
-from algorithms import registry
-from cluster import clock as clock_lib
-from cluster import factory as cluster_factory
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.cluster import clock as clock_lib
+from waitless.cluster import factory as cluster_factory
 
 if 'config' in flags.FLAGS:  # experiments.main imported first in the same process, as in the tests
   _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
@@ -43,7 +43,7 @@ _BLOCK = flags.DEFINE_integer('block', 1000, 'Iterations drawn per clock call.')
 
 def model_bytes(config: ml_collections.ConfigDict) -> float:
   """Bytes of the config's model parameters, from shapes only (`tasks.model_bytes`: nothing is compiled)."""
-  from experiments import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
+  from waitless.experiments import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
   try:
     return tasks.model_bytes(config)
   except errors.ConfigError as e:
@@ -61,8 +61,8 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   cluster_factory.validate(config)
   spec.validate(config)
   if iterations is None and config.get('num_epochs') is not None:  # a duration in epochs: the split's size
-    from data import registry as data_registry  # pylint: disable=g-import-not-at-top
-    from experiments.configs import common  # pylint: disable=g-import-not-at-top
+    from waitless.data import registry as data_registry  # pylint: disable=g-import-not-at-top
+    from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
     config = common.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
   errors.require(isinstance(iterations, int) and iterations >= 1, 'iterations', iterations, 'must be >= 1')

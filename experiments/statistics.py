@@ -33,10 +33,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from experiments.compare_plan import PlannedRun
-from experiments.compare_runs import SUMMARY_FILE
-from experiments.compare_runs import read_json
-from experiments.compare_runs import run_status
+from waitless.experiments.compare_plan import PlannedRun
+from waitless.experiments.compare_runs import SUMMARY_FILE
+from waitless.experiments.compare_runs import read_json
+from waitless.experiments.compare_runs import run_status
 
 INTERPOLATION = 'linear interpolation between the two evaluations around the crossing'
 
@@ -60,7 +60,7 @@ def crossing(rows: Sequence[dict[str, Any]], key: str, target: float, above: boo
 
 def read_run(run: PlannedRun) -> dict[str, Any]:
   """The run's rows and summary (None while unfinished) and its status."""
-  from experiments import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
   summary = read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
   return {'rows': metrics_io.read_rows(run.workdir, complete=status == 'finished'), 'summary': summary,
@@ -127,7 +127,7 @@ TARGETS = ('time_to_target_accuracy', 'time_to_target_loss')
 def check_options(seeds: int, tuning_seeds: int, confidence: float) -> None:
   """Raises ConfigError naming the flag unless 0 <= tuning_seeds < seeds and 0 < confidence < 1 (a bad
   `seeds` is --seeds' error, raised by the plan)."""
-  import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   errors.require(seeds < 1 or isinstance(tuning_seeds, int) and 0 <= tuning_seeds < seeds, '--tuning_seeds',
                  tuning_seeds,
                  f'must be an integer in 0..{seeds - 1}: fewer than --seeds={seeds}, so that a seed reports')

@@ -39,9 +39,9 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from algorithms import spec as spec_lib
-from experiments import transfer
-from experiments import workers as workers_lib
+from waitless.algorithms import spec as spec_lib
+from waitless.experiments import transfer
+from waitless.experiments import workers as workers_lib
 
 
 class TrainState(NamedTuple):

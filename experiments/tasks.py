@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-import config_errors as errors
-from experiments import translation
+from waitless import config_errors as errors
+from waitless.experiments import translation
 
 
 def _apply(model, params, model_state, inputs, train: bool, rng):
@@ -94,8 +94,8 @@ def model_bytes(config) -> float:
   """
   # pylint: disable=g-import-not-at-top  (the data and model registries only when asked)
   import numpy as np
-  from data import registry as data_registry
-  from models import registry as model_registry
+  from waitless.data import registry as data_registry
+  from waitless.models import registry as model_registry
   dataset = data_registry.make_dataset(config)  # for one example and the number of classes
   model = model_registry.make_model(config.model, dataset.num_classes)
   example = jax.tree.map(lambda x: np.asarray(x)[None], dataset.example)

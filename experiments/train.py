@@ -27,26 +27,26 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-import config_errors as errors
-from algorithms import optimizers
-from algorithms import registry
-from cluster import calibration
-from cluster import clock as clock_lib
-from cluster import factory as cluster_factory
-from cluster import rules as rules_lib
-from data import registry as data_registry
-from experiments import atomic_files
-from experiments import checkpointing
-from experiments import metrics_io
-from experiments import preemption
-from experiments import replicas as replicas_lib
-from experiments import step as step_lib
-from experiments import transfer
-from experiments import tasks
-from experiments import validation
-from experiments import workers as workers_lib
-from experiments.configs import common as config_common
-from models import registry as model_registry
+from waitless import config_errors as errors
+from waitless.algorithms import optimizers
+from waitless.algorithms import registry
+from waitless.cluster import calibration
+from waitless.cluster import clock as clock_lib
+from waitless.cluster import factory as cluster_factory
+from waitless.cluster import rules as rules_lib
+from waitless.data import registry as data_registry
+from waitless.experiments import atomic_files
+from waitless.experiments import checkpointing
+from waitless.experiments import metrics_io
+from waitless.experiments import preemption
+from waitless.experiments import replicas as replicas_lib
+from waitless.experiments import step as step_lib
+from waitless.experiments import transfer
+from waitless.experiments import tasks
+from waitless.experiments import validation
+from waitless.experiments import workers as workers_lib
+from waitless.experiments.configs import common as config_common
+from waitless.models import registry as model_registry
 
 # Fields that may differ when a run is resumed: they do not change the trajectory.
 RESUMABLE_CHANGES = frozenset({'progress_every_s', 'devices', 'eval_batch_size', 'bleu'})

@@ -25,7 +25,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import beam_search
+from waitless.experiments import beam_search
 
 
 LABEL_SMOOTHING = 0.1

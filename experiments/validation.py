@@ -6,13 +6,13 @@ import math
 
 import ml_collections
 
-import config_errors as errors
-from algorithms import optimizers
-from algorithms import registry
-from cluster import factory as cluster_factory
-from data import registry as data_registry
-from experiments.configs import common
-from models import registry as model_registry
+from waitless import config_errors as errors
+from waitless.algorithms import optimizers
+from waitless.algorithms import registry
+from waitless.cluster import factory as cluster_factory
+from waitless.data import registry as data_registry
+from waitless.experiments.configs import common
+from waitless.models import registry as model_registry
 
 _POSITIVE_INT = ('an integer >= 1', lambda v: _is_int(v) and v >= 1)
 _FRACTION = ('a number in [0, 1)', lambda v: _is_real(v) and 0 <= v < 1)

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import config_errors as errors
+from waitless import config_errors as errors
 
 DEVICE_AXIS = 'workers'
 LOCAL_AXIS = 'local_workers'

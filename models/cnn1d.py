@@ -23,7 +23,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models import common
+from waitless.models import common
 
 
 class StridedConv1D(nn.Module):

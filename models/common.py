@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-import config_errors as errors
+from waitless import config_errors as errors
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16, 'float64': jnp.float64}
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-import config_errors as errors
-from models import cnn1d
-from models import mlp
-from models import resnet
-from models import transformer
-from models import wrn
+from waitless import config_errors as errors
+from waitless.models import cnn1d
+from waitless.models import mlp
+from waitless.models import resnet
+from waitless.models import transformer
+from waitless.models import wrn
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float64': jnp.float64}
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models import common
+from waitless.models import common
 
 ModuleDef = Any
 

@@ -29,7 +29,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from models import common
+from waitless.models import common
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models import common
+from waitless.models import common
 
 
 class WideBlock(nn.Module):

@@ -8,9 +8,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from cluster import rules
-from experiments import train
-from experiments.configs import synthetic
+from waitless.cluster import rules
+from waitless.experiments import train
+from waitless.experiments.configs import synthetic
 
 
 def synthetic_config(arg: str = 'sync', **overrides):

@@ -21,9 +21,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from ml_collections import config_flags
 
-from experiments import compare_plan
-from experiments import validation
-from experiments.configs import common
+from waitless.experiments import compare_plan
+from waitless.experiments import validation
+from waitless.experiments.configs import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG_RE = re.compile(r'(?:--config=)?(experiments/configs/\w+\.py)(?::([^\s`\'"]*))?')

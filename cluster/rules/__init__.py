@@ -12,13 +12,13 @@ Here: the shared pieces (`WaitsForEveryone`, the ring helpers, the delayed-avera
 `cluster/rules/delayed_average.py`).
 """
 
-from cluster.rules.base import Iteration
-from cluster.rules.base import Steps
-from cluster.rules.base import TimeRule
-from cluster.rules.base import check_positive_int
-from cluster.rules.base import full
-from cluster.rules.synchronous import EveryoneSchedule
-from cluster.rules.synchronous import WaitsForEveryone
+from waitless.cluster.rules.base import Iteration
+from waitless.cluster.rules.base import Steps
+from waitless.cluster.rules.base import TimeRule
+from waitless.cluster.rules.base import check_positive_int
+from waitless.cluster.rules.base import full
+from waitless.cluster.rules.synchronous import EveryoneSchedule
+from waitless.cluster.rules.synchronous import WaitsForEveryone
 
 __all__ = [
     'EveryoneSchedule', 'Iteration', 'Steps',

@@ -27,16 +27,16 @@ import numpy as np
 
 # The records and schedule helpers live in `cluster/schedules.py` (the clock reads them without importing
 # the rules); re-exported here, where rules have always found them.
-from cluster.schedules import Iteration
-from cluster.schedules import Steps
-from cluster.schedules import full  # noqa: F401  pylint: disable=unused-import
-from cluster.schedules import split  # noqa: F401  pylint: disable=unused-import
-from cluster.schedules import stack  # noqa: F401  pylint: disable=unused-import
-from cluster.schedules import take  # noqa: F401  pylint: disable=unused-import
-from cluster.schedules import uniform_fields
+from waitless.cluster.schedules import Iteration
+from waitless.cluster.schedules import Steps
+from waitless.cluster.schedules import full  # noqa: F401  pylint: disable=unused-import
+from waitless.cluster.schedules import split  # noqa: F401  pylint: disable=unused-import
+from waitless.cluster.schedules import stack  # noqa: F401  pylint: disable=unused-import
+from waitless.cluster.schedules import take  # noqa: F401  pylint: disable=unused-import
+from waitless.cluster.schedules import uniform_fields
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 REDUCTIONS = ('mean', 'sum', 'max')
 

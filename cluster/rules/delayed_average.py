@@ -33,10 +33,10 @@ from typing import Callable, NamedTuple, Optional, TYPE_CHECKING
 
 import numpy as np
 
-from cluster import network as network_lib
+from waitless.cluster import network as network_lib
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 class DelayedAverageSchedule(NamedTuple):

@@ -13,10 +13,10 @@ from typing import NamedTuple, TYPE_CHECKING
 
 import numpy as np
 
-from cluster.rules import base
+from waitless.cluster.rules import base
 
 if TYPE_CHECKING:
-  from cluster.clock import Clock
+  from waitless.cluster.clock import Clock
 
 
 class EveryoneSchedule(NamedTuple):

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments.configs import common
+from waitless.experiments.configs import common
 
 TRAIN_SIZE = 50_000
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments.configs import cifar10
-from experiments.configs import common
+from waitless.experiments.configs import cifar10
+from waitless.experiments.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -18,9 +18,9 @@ import math
 import ml_collections
 from ml_collections import config_dict
 
-import config_errors as errors
-from algorithms import registry
-from cluster import factory as cluster_factory
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.cluster import factory as cluster_factory
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments.configs import common
+from waitless.experiments.configs import common
 
 
 def workload_config() -> ml_collections.ConfigDict:

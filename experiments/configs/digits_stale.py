@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments.configs import common
-from experiments.configs import digits
+from waitless.experiments.configs import common
+from waitless.experiments.configs import digits
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

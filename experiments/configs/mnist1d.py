@@ -56,8 +56,8 @@ import math
 
 import ml_collections
 
-import config_errors as errors
-from experiments.configs import common
+from waitless import config_errors as errors
+from waitless.experiments.configs import common
 
 # `stragglers=NAME` in the config argument: compute-time presets applied before the other overrides (a later
 # `stragglers.FIELD=...` wins). A preset is a dict of `config.stragglers` fields, or a function of the number

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments.configs import common
+from waitless.experiments.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

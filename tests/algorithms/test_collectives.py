@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from algorithms import collectives
-from experiments.workers import WorkerLayout
+from waitless.algorithms import collectives
+from waitless.experiments.workers import WorkerLayout
 
 _POW2_LAYOUTS = [(p, d) for p in (1, 2, 4, 8, 16) for d in (1, 2, 4, 8) if d <= p and p % d == 0]
 _OTHER_LAYOUTS = [(6, 1), (6, 2), (6, 3), (12, 4)]

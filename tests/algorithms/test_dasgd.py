@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import dasgd
-from algorithms import delayed_averaging
-from experiments import train
+from waitless import config_errors as errors
+from waitless.algorithms import dasgd
+from waitless.algorithms import delayed_averaging
+from waitless.experiments import train
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference

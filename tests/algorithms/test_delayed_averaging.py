@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import delayed_averaging as da
+from waitless.algorithms import delayed_averaging as da
 
 P = 4
 AXIS = 'workers'

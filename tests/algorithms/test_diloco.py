@@ -5,10 +5,10 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-import config_errors as errors
-from algorithms import diloco
-from algorithms import local_sgd
-from experiments import validation
+from waitless import config_errors as errors
+from waitless.algorithms import diloco
+from waitless.algorithms import local_sgd
+from waitless.experiments import validation
 from tests import harness
 from tests.algorithms import reference
 

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms import registry
-from algorithms import spec
-from cluster import rules
-from experiments.configs import synthetic
+from waitless.algorithms import registry
+from waitless.algorithms import spec
+from waitless.cluster import rules
+from waitless.experiments.configs import synthetic
 from tests.algorithms import test_library
 
 WORKERS = 4

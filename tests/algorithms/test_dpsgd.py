@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms import dpsgd
+from waitless.algorithms import dpsgd
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_nonblocking

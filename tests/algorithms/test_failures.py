@@ -10,12 +10,12 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from algorithms import registry
-from cluster import clock as clock_lib
-from cluster import factory
-from experiments import metrics_io
-from experiments import train
-from experiments.configs import digits
+from waitless.algorithms import registry
+from waitless.cluster import clock as clock_lib
+from waitless.cluster import factory
+from waitless.experiments import metrics_io
+from waitless.experiments import train
+from waitless.experiments.configs import digits
 from tests import harness
 
 _ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',

@@ -14,14 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import lap_sgd
-from algorithms import local_sgd
-from algorithms import optimizers
-from cluster import clock as clock_lib
-from cluster import network as network_lib
-from experiments import train
-from experiments import validation
+from waitless import config_errors as errors
+from waitless.algorithms import lap_sgd
+from waitless.algorithms import local_sgd
+from waitless.algorithms import optimizers
+from waitless.cluster import clock as clock_lib
+from waitless.cluster import network as network_lib
+from waitless.experiments import train
+from waitless.experiments import validation
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms import registry
-from cluster import factory
-from cluster import rules
-from experiments.configs import synthetic
+from waitless.algorithms import registry
+from waitless.cluster import factory
+from waitless.cluster import rules
+from waitless.experiments.configs import synthetic
 
 WORKERS = 4
 STEPS = 3

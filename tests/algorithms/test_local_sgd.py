@@ -5,7 +5,7 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-from algorithms import local_sgd
+from waitless.algorithms import local_sgd
 from tests import harness
 from tests.algorithms import reference
 

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import collectives
-from algorithms import dpsgd
-from algorithms import matcha
-from experiments import validation
+from waitless import config_errors as errors
+from waitless.algorithms import collectives
+from waitless.algorithms import dpsgd
+from waitless.algorithms import matcha
+from waitless.experiments import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_nonblocking

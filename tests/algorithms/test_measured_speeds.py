@@ -10,8 +10,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import config_errors as errors
-from algorithms import measured_speeds
+from waitless import config_errors as errors
+from waitless.algorithms import measured_speeds
 from tests import hlo
 from tests.algorithms import reference
 

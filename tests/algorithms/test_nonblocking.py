@@ -21,13 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import nonblocking
-from algorithms import wagma
-from cluster.rules import activation as activation_lib
-from experiments import metrics_io
-from experiments import train
-from experiments import validation
+from waitless import config_errors as errors
+from waitless.algorithms import nonblocking
+from waitless.algorithms import wagma
+from waitless.cluster.rules import activation as activation_lib
+from waitless.experiments import metrics_io
+from waitless.experiments import train
+from waitless.experiments import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.cluster import helpers

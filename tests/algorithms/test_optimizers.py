@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import config_errors as errors
-from algorithms import optimizers
-from experiments import validation
-from experiments.configs import digits
+from waitless import config_errors as errors
+from waitless.algorithms import optimizers
+from waitless.experiments import validation
+from waitless.experiments.configs import digits
 
 
 def _optimizer_config(**fields):

@@ -18,12 +18,12 @@ import jax
 import numpy as np
 import optax
 
-import config_errors as errors
-from algorithms import parameter_server
-from experiments import metrics_io
-from experiments import train
-from experiments import validation
-from experiments.configs import common
+from waitless import config_errors as errors
+from waitless.algorithms import parameter_server
+from waitless.experiments import metrics_io
+from waitless.experiments import train
+from waitless.experiments import validation
+from waitless.experiments.configs import common
 from tests import harness
 from tests.algorithms import reference
 

@@ -17,11 +17,11 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from algorithms import adasync
-from algorithms import kasync
-from algorithms import kbatch_async
-from algorithms import kbatch_sync
-from algorithms import ksync
+from waitless.algorithms import adasync
+from waitless.algorithms import kasync
+from waitless.algorithms import kbatch_async
+from waitless.algorithms import kbatch_sync
+from waitless.algorithms import ksync
 from tests.cluster import helpers
 
 P = 16

@@ -8,11 +8,11 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-import config_errors as errors
-from algorithms import registry
-from cluster import rules
-from experiments import checkpointing
-from experiments import validation
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.cluster import rules
+from waitless.experiments import checkpointing
+from waitless.experiments import validation
 from tests import harness
 
 

@@ -13,11 +13,11 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-import config_errors as errors
-from algorithms import local_sgd
-from algorithms import streaming_diloco as sd
-from cluster import network as network_lib
-from experiments import validation
+from waitless import config_errors as errors
+from waitless.algorithms import local_sgd
+from waitless.algorithms import streaming_diloco as sd
+from waitless.cluster import network as network_lib
+from waitless.experiments import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_diloco

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import optax
 
-from algorithms import sync
+from waitless.algorithms import sync
 from tests import harness
 from tests.algorithms import reference
 

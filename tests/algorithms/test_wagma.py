@@ -12,13 +12,13 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-import config_errors as errors
-from algorithms import sync
-from algorithms import wagma
-from cluster import clock as clock_lib
-from cluster.rules import activation
-from experiments import train
-from experiments import validation
+from waitless import config_errors as errors
+from waitless.algorithms import sync
+from waitless.algorithms import wagma
+from waitless.cluster import clock as clock_lib
+from waitless.cluster.rules import activation
+from waitless.experiments import train
+from waitless.experiments import validation
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference

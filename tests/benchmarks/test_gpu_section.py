@@ -12,9 +12,9 @@ from absl.testing import parameterized
 import jax
 import pytest
 
-from algorithms import registry
+from waitless.algorithms import registry
 from benchmarks import gpu
-from experiments import validation
+from waitless.experiments import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -7,7 +7,7 @@ import json
 import ml_collections
 import numpy as np
 
-from cluster import factory
+from waitless.cluster import factory
 
 
 def config(workers: int = 8, seed: int = 0, network: dict | None = None, **stragglers) -> ml_collections.ConfigDict:

@@ -17,15 +17,15 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from algorithms import dasgd
-from algorithms import dpsgd
-from algorithms import lap_sgd
-from algorithms import local_sgd
-from algorithms import matcha
-from algorithms import nonblocking
-from algorithms import streaming_diloco
-from algorithms import sync
-from algorithms import wagma
+from waitless.algorithms import dasgd
+from waitless.algorithms import dpsgd
+from waitless.algorithms import lap_sgd
+from waitless.algorithms import local_sgd
+from waitless.algorithms import matcha
+from waitless.algorithms import nonblocking
+from waitless.algorithms import streaming_diloco
+from waitless.algorithms import sync
+from waitless.algorithms import wagma
 from tests.cluster import helpers
 
 P = 16

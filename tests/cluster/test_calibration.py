@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-import config_errors as errors
-from algorithms import sync
+from waitless import config_errors as errors
+from waitless.algorithms import sync
 from benchmarks import call_overhead
-from cluster import calibration
-from cluster import factory
-from experiments.configs import digits
+from waitless.cluster import calibration
+from waitless.cluster import factory
+from waitless.experiments.configs import digits
 from tests.cluster import helpers
 
 

@@ -4,10 +4,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-import config_errors as errors
-from algorithms import sync
-from cluster import compute
-from cluster import faults
+from waitless import config_errors as errors
+from waitless.algorithms import sync
+from waitless.cluster import compute
+from waitless.cluster import faults
 from tests.cluster import helpers
 
 N = 200_000

@@ -9,11 +9,11 @@ from absl.testing import parameterized
 import ml_collections
 import numpy as np
 
-import config_errors as errors
-from algorithms import sync
-from cluster import compute
-from cluster import factory
-from cluster import network
+from waitless import config_errors as errors
+from waitless.algorithms import sync
+from waitless.cluster import compute
+from waitless.cluster import factory
+from waitless.cluster import network
 from tests.cluster import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,20 +7,20 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from algorithms import adasync
-from algorithms import dasgd
-from algorithms import dpsgd
-from algorithms import kasync
-from algorithms import kbatch_async
-from algorithms import kbatch_sync
-from algorithms import ksync
-from algorithms import lap_sgd
-from algorithms import local_sgd
-from algorithms import nonblocking
-from algorithms import sync
-from algorithms import wagma
-from cluster import clock as clock_lib
-from cluster import rules
+from waitless.algorithms import adasync
+from waitless.algorithms import dasgd
+from waitless.algorithms import dpsgd
+from waitless.algorithms import kasync
+from waitless.algorithms import kbatch_async
+from waitless.algorithms import kbatch_sync
+from waitless.algorithms import ksync
+from waitless.algorithms import lap_sgd
+from waitless.algorithms import local_sgd
+from waitless.algorithms import nonblocking
+from waitless.algorithms import sync
+from waitless.algorithms import wagma
+from waitless.cluster import clock as clock_lib
+from waitless.cluster import rules
 from tests.cluster import helpers
 
 X = 0.01   # constant seconds per micro-batch

@@ -3,11 +3,11 @@
 from absl.testing import absltest
 import numpy as np
 
-import config_errors as errors
-from data import digits
-from data import in_memory
-from data import synthetic
-from experiments.configs import digits as digits_config
+from waitless import config_errors as errors
+from waitless.data import digits
+from waitless.data import in_memory
+from waitless.data import synthetic
+from waitless.experiments.configs import digits as digits_config
 
 
 class EmbeddedDataTest(absltest.TestCase):

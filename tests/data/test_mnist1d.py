@@ -9,8 +9,8 @@ import mnist1d.data
 import numpy as np
 import requests
 
-from data import mnist1d as mnist1d_lib
-from experiments.configs import mnist1d as mnist1d_config
+from waitless.data import mnist1d as mnist1d_lib
+from waitless.experiments.configs import mnist1d as mnist1d_config
 
 
 def _no_network(*args, **kwargs):

@@ -9,11 +9,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import config_errors as errors
-from data import cifar
-from data import imagenet
-from data import registry
-from data import tfds_pipeline
+from waitless import config_errors as errors
+from waitless.data import cifar
+from waitless.data import imagenet
+from waitless.data import registry
+from waitless.data import tfds_pipeline
 
 EXAMPLES = 48  # mock examples per split
 

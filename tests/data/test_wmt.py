@@ -11,13 +11,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import config_errors as errors
-from data import registry
-from data import tfds_pipeline
-from data import tokenizer
-from data import wmt
-from experiments import translation
-from models import registry as models_registry
+from waitless import config_errors as errors
+from waitless.data import registry
+from waitless.data import tfds_pipeline
+from waitless.data import tokenizer
+from waitless.data import wmt
+from waitless.experiments import translation
+from waitless.models import registry as models_registry
 
 EXAMPLES = 40
 

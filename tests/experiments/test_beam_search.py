@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import beam_search
-from experiments import translation
-from models import transformer
+from waitless.experiments import beam_search
+from waitless.experiments import translation
+from waitless.models import transformer
 
 EOS = 1
 

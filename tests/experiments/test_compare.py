@@ -14,19 +14,19 @@ from absl.testing import parameterized
 import numpy as np
 import pytest
 
-import config_errors as errors
-from algorithms import registry
-from cluster import factory as cluster_factory
-from data import registry as data_registry
-from experiments import compare_plan
-from experiments import compare_runs
-from experiments import metrics_io
-from experiments import report as report_lib
-from experiments import statistics
-from experiments import sim_budget
-from experiments.configs import cifar10
-from experiments.configs import common as config_common
-from experiments.configs import digits
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.cluster import factory as cluster_factory
+from waitless.data import registry as data_registry
+from waitless.experiments import compare_plan
+from waitless.experiments import compare_runs
+from waitless.experiments import metrics_io
+from waitless.experiments import report as report_lib
+from waitless.experiments import statistics
+from waitless.experiments import sim_budget
+from waitless.experiments.configs import cifar10
+from waitless.experiments.configs import common as config_common
+from waitless.experiments.configs import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HETEROGENEOUS = ('stragglers.slow_fraction=0.25', 'stragglers.slow_factor=3.0', 'stragglers.delayed_workers=1',

@@ -21,11 +21,11 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 
-import config_errors as errors
-from algorithms import registry
-from experiments import validation
-from experiments.configs import common
-from experiments.configs import digits
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.experiments import validation
+from waitless.experiments.configs import common
+from waitless.experiments.configs import digits
 
 # Free-form fields: their values are names that only the dataset or the file system can judge, when the
 # dataset is opened (data/tfds_pipeline.py, data/wmt.py), with a one-line error there.
@@ -48,7 +48,7 @@ NEGATIVE_IS_A_SENTINEL = {
 def _workload_modules():
   names = sorted(os.path.basename(f)[:-3] for f in glob.glob(
       os.path.join(os.path.dirname(digits.__file__), '*.py')))
-  return [importlib.import_module(f'experiments.configs.{n}') for n in names
+  return [importlib.import_module(f'waitless.experiments.configs.{n}') for n in names
           if n not in ('__init__', 'common')]
 
 

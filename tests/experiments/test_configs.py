@@ -3,12 +3,12 @@
 from absl.testing import absltest
 from absl.testing import parameterized
 
-import config_errors as errors
-from algorithms import registry
-from experiments import validation
-from experiments.configs import common
-from experiments.configs import digits
-from experiments.configs import synthetic
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.experiments import validation
+from waitless.experiments.configs import common
+from waitless.experiments.configs import digits
+from waitless.experiments.configs import synthetic
 
 
 class ConfigArgTest(parameterized.TestCase):

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 
 from benchmarks import timing
-from experiments import step as step_lib
-from experiments import train
-from experiments.configs import digits
+from waitless.experiments import step as step_lib
+from waitless.experiments import train
+from waitless.experiments.configs import digits
 from tests import harness
 
 

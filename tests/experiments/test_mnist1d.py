@@ -7,11 +7,11 @@ from absl.testing import parameterized
 import numpy as np
 import pytest
 
-import config_errors as errors
-from algorithms import registry
-from experiments import train
-from experiments import validation
-from experiments.configs import mnist1d
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.experiments import train
+from waitless.experiments import validation
+from waitless.experiments.configs import mnist1d
 
 
 def _tiny(arg: str, steps: int = 4):

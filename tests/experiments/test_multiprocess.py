@@ -22,10 +22,10 @@ from absl.testing import parameterized
 import numpy as np
 import pytest
 
-import config_errors as errors
-from experiments import distributed
-from experiments import metrics_io
-from experiments import peer_watchdog
+from waitless import config_errors as errors
+from waitless.experiments import distributed
+from waitless.experiments import metrics_io
+from waitless.experiments import peer_watchdog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh')

@@ -8,13 +8,13 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import tensorflow_datasets as tfds
 
-import config_errors as errors
-from experiments import train
-from experiments import validation
-from experiments.configs import cifar10
-from experiments.configs import common
-from experiments.configs import digits
-from experiments.configs import imagenet
+from waitless import config_errors as errors
+from waitless.experiments import train
+from waitless.experiments import validation
+from waitless.experiments.configs import cifar10
+from waitless.experiments.configs import common
+from waitless.experiments.configs import digits
+from waitless.experiments.configs import imagenet
 
 DIGITS_TRAIN = 1437  # 80% of the 1,797 digits
 

@@ -8,13 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-import config_errors as errors
-from algorithms import registry
-from experiments import metrics_io
-from experiments import preemption
-from experiments import replicas
-from experiments import train
-from experiments.configs import digits
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.experiments import metrics_io
+from waitless.experiments import preemption
+from waitless.experiments import replicas
+from waitless.experiments import train
+from waitless.experiments.configs import digits
 from tests import harness
 from tests.experiments import test_preemption
 from tests.experiments import test_train

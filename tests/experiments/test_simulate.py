@@ -8,11 +8,11 @@ import sys
 from absl.testing import absltest
 from absl.testing import parameterized
 
-import config_errors as errors
-from algorithms import registry
-from data import registry as data_registry
-from experiments import simulate
-from experiments.configs import digits
+from waitless import config_errors as errors
+from waitless.algorithms import registry
+from waitless.data import registry as data_registry
+from waitless.experiments import simulate
+from waitless.experiments.configs import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

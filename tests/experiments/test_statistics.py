@@ -9,10 +9,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-import config_errors as errors
-from experiments import report as report_lib
-from experiments import statistics
-from experiments.compare_plan import PlannedRun
+from waitless import config_errors as errors
+from waitless.experiments import report as report_lib
+from waitless.experiments import statistics
+from waitless.experiments.compare_plan import PlannedRun
 
 TARGET = 0.5
 BUDGET = 10.0

@@ -14,12 +14,12 @@ from absl.testing import parameterized
 import numpy as np
 import pytest
 
-import config_errors as errors
-from experiments import metrics_io
-from experiments import train
-from experiments import validation
-from experiments.configs import digits
-from experiments.configs import wmt
+from waitless import config_errors as errors
+from waitless.experiments import metrics_io
+from waitless.experiments import train
+from waitless.experiments import validation
+from waitless.experiments.configs import digits
+from waitless.experiments.configs import wmt
 from tests import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from experiments import train
-from experiments.configs import wmt
+from waitless.experiments import train
+from waitless.experiments.configs import wmt
 
 ENGLISH = ('one two three four five six seven eight nine ten red blue green black white cat dog bird fish '
            'tree').split()

@@ -9,13 +9,13 @@ from absl.testing import parameterized
 import pytest
 import tensorflow_datasets as tfds
 
-from algorithms import registry
-from experiments import train
-from experiments import validation
-from experiments.configs import cifar10
-from experiments.configs import cifar100
-from experiments.configs import imagenet
-from experiments.configs import wmt
+from waitless.algorithms import registry
+from waitless.experiments import train
+from waitless.experiments import validation
+from waitless.experiments.configs import cifar10
+from waitless.experiments.configs import cifar100
+from waitless.experiments.configs import imagenet
+from waitless.experiments.configs import wmt
 
 CONFIGS = {'cifar10': cifar10, 'cifar100': cifar100, 'imagenet': imagenet, 'wmt': wmt}
 

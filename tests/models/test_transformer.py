@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import tasks
-from experiments import translation
-from models import transformer
+from waitless.experiments import tasks
+from waitless.experiments import translation
+from waitless.models import transformer
 
 VOCAB = 20
 
