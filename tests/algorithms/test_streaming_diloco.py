@@ -456,6 +456,26 @@ class TorchftPortTest(parameterized.TestCase):
     else:  # the paper's convention merges other snapshots at other steps
       self.assertGreater(max(gaps), 1e-6)
 
+  def test_diloco_is_torchft_with_one_fragment(self):
+    # DiLoCo itself against the same literal port: torchft's DiLoCo with one fragment, no delay and
+    # fragment_update_alpha = 0 (the local model replaced by the new outer one).
+    iterations, local_steps = 13, 4
+    with jax.enable_x64(True):
+      ours = harness.run_iterations(_f64(f'diloco,local_steps={local_steps}', **{'optimizer.momentum': 0.9}),
+                                    iterations)
+    config, p = ours.run.config, ours.run.config.workers
+    a = config.algorithm
+    batches = [[tuple(harness.worker_batch(ours.run, i, int(ours.positions[t][i]), 1)[k][0]
+                      for k in ('image', 'label')) for i in range(p)] for t in range(iterations)]
+    want = torchft_trajectory([_flat(ours.initial_params, i) for i in range(p)], batches, [(0, 17)],
+                              config.optimizer.learning_rate, 0.9, a.outer_learning_rate, a.outer_momentum,
+                              a.outer_nesterov, local_steps, 0, 0.0)
+    for t in range(iterations):
+      for i in range(p):
+        np.testing.assert_allclose(_flat(ours.params[t], i), want[t, i], rtol=1e-10, atol=1e-12,
+                                   err_msg=f'step {t} worker {i}')
+    self.assertGreater(np.abs(want[-1, 0] - want[0, 0]).max(), 1e-3)  # it trained: not a trivial agreement
+
   def test_the_port_refuses_what_torchft_refuses(self):
     fragments = [{'p': np.zeros(2)}, {'p': np.zeros(2)}]
     manager = _Manager(_Shared(1), 0)
