@@ -17,9 +17,10 @@ host callback inside the loss, so the device is busy for it: a slower device, wh
 it is given, not a fixed per-step delay that no amount of skipped work can hide).
 
 The prediction: `experiments.simulate` for the same algorithm on 2 workers, constant compute time s_fast per
-micro-batch with `stragglers.worker_factors` = s_d / s_fast, where s_d are the speeds the nonblocking run
-measured (its moving average), and an ideal network: it leaves out the all-reduce, the dispatch of each call
-and the host's per-iteration work, which the real run pays (the gap says how much).
+micro-batch with `stragglers.worker_factors` = s_d / s_fast, where s_d are the seconds per micro-batch the
+nonblocking run fitted (its call modelled as c_d + n s_d, `measured_speeds.MeasuredSpeeds`), and an ideal
+network: it leaves out the all-reduce, the per-call cost c_d (reported beside s_d) and the host's per-iteration
+work, which the real run pays (the gap says how much).
 """
 
 from __future__ import annotations
@@ -40,21 +41,27 @@ import numpy as np
 
 ALGORITHMS = ('sync', 'nonblocking', 'local_sgd', 'dpsgd', 'wagma')
 
-flags.DEFINE_integer('num_processes', 2, 'Processes (one CPU device and one worker each).')
-flags.DEFINE_string('debug_slow_process', '1:0.004',
-                    'TEST-ONLY: "I:S", process I sleeps S seconds per micro-batch it computes ("" for none).')
-flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration.')
-flags.DEFINE_integer('microbatch_size', 64, 'Samples per micro-batch.')
-flags.DEFINE_integer('hidden', 256, 'Width of the MLP\'s two hidden layers.')
-flags.DEFINE_integer('timed_iterations', 20, 'Timed iterations per algorithm and repeat.')
-flags.DEFINE_integer('warmup', 3, 'Untimed iterations per algorithm (compilation; the speeds\' first measurements).')
-flags.DEFINE_integer('repeats', 3, 'Measurements per algorithm, interleaved.')
-flags.DEFINE_integer('local_steps', 4, 'local_sgd: H.')
-flags.DEFINE_string('out', '', 'Write the results as JSON here (process 0).')
-# Set by the launcher for each process.
-flags.DEFINE_integer('process_id', -1, 'Internal: this process\'s id (the launcher sets it).')
-flags.DEFINE_string('coordinator_address', '', 'Internal: the coordinator (the launcher sets it).')
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The flags, defined when the script runs (not on import: a test process that also imports another benchmark
+  or `experiments.main` would define `repeats`, `num_processes`, ... twice)."""
+  flags.DEFINE_integer('num_processes', 2, 'Processes (one CPU device and one worker each).')
+  flags.DEFINE_string('debug_slow_process', '1:0.004',
+                      'TEST-ONLY: "I:S", process I sleeps S seconds per micro-batch it computes ("" for none).')
+  flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration.')
+  flags.DEFINE_integer('microbatch_size', 64, 'Samples per micro-batch.')
+  flags.DEFINE_integer('hidden', 256, 'Width of the MLP\'s two hidden layers.')
+  flags.DEFINE_integer('timed_iterations', 20, 'Timed iterations per algorithm and repeat.')
+  flags.DEFINE_integer('warmup', 3, 'Untimed iterations per algorithm (compilation; nonblocking: then its probes at '
+                       'n = m and n = 1, the fit\'s two sizes).')
+  flags.DEFINE_integer('repeats', 3, 'Measurements per algorithm, interleaved.')
+  flags.DEFINE_integer('local_steps', 4, 'local_sgd: H.')
+  flags.DEFINE_string('out', '', 'Write the results as JSON here (process 0).')
+  # Set by the launcher for each process.
+  flags.DEFINE_integer('process_id', -1, 'Internal: this process\'s id (the launcher sets it).')
+  flags.DEFINE_string('coordinator_address', '', 'Internal: the coordinator (the launcher sets it).')
 
 
 def parse_slow(value: str, processes: int) -> tuple[int, float]:
@@ -203,7 +210,8 @@ def run_process() -> dict:
       seconds[name].append((time.perf_counter() - begin) / FLAGS.timed_iterations)
   speeds = measured_step.speeds.seconds.tolist()
   counts = np.asarray(nb_state['counts'][FLAGS.warmup:])
-  return {'per_iteration_s': seconds, 'speeds_s': speeds, 'mean_counts': counts.mean(axis=0).tolist(),
+  return {'per_iteration_s': seconds, 'speeds_s': speeds, 'overhead_s': measured_step.speeds.overhead.tolist(),
+          'mean_counts': counts.mean(axis=0).tolist(), 'min_counts': counts.min(axis=0).tolist(),
           'microbatches': m, 'workers': p, 'slow_process': slow_process, 'slow_s': slow_s,
           'model_bytes': 4 * sum(int(np.size(v)) for v in init.values())}
 
@@ -230,10 +238,12 @@ def predict(results: dict) -> dict:
 
 
 def report(results: dict, predicted: dict) -> str:
+  counts = zip(results['mean_counts'], results['min_counts'])
   lines = [f"workers {results['workers']}, m = {results['microbatches']}, slowed process "
-           f"{results['slow_process']} (+{results['slow_s'] * 1e3:.1f} ms per micro-batch); measured seconds per "
-           f"micro-batch {', '.join(f'{s * 1e3:.2f} ms' for s in results['speeds_s'])}; nonblocking's mean "
-           f"micro-batches per device {', '.join(f'{c:.2f}' for c in results['mean_counts'])}",
+           f"{results['slow_process']} (+{results['slow_s'] * 1e3:.1f} ms per micro-batch); fitted call "
+           f"c + n s: c {', '.join(f'{c * 1e3:.2f} ms' for c in results['overhead_s'])}, s "
+           f"{', '.join(f'{s * 1e3:.2f} ms' for s in results['speeds_s'])}; nonblocking's micro-batches per "
+           f"device, mean (min) {', '.join(f'{c:.2f} ({n})' for c, n in counts)}",
            '', '| algorithm | real min (ms/it) | real median | simulated | real median / simulated |',
            '|---|---|---|---|---|']
   for name in ALGORITHMS:
@@ -261,4 +271,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
