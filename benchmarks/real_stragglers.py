@@ -44,24 +44,26 @@ ALGORITHMS = ('sync', 'nonblocking', 'local_sgd', 'dpsgd', 'wagma')
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
-  """The flags, defined when the script runs (not on import: a test process that also imports another benchmark
-  or `experiments.main` would define `repeats`, `num_processes`, ... twice)."""
-  flags.DEFINE_integer('num_processes', 2, 'Processes (one CPU device and one worker each).')
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """The flags, in `flag_values`; defined when the script runs, not on import (a test process that also imports
+  another benchmark or `experiments.main` would define `repeats`, `num_processes`, ... twice)."""
+  where = {'flag_values': flag_values}
+  flags.DEFINE_integer('num_processes', 2, 'Processes (one CPU device and one worker each).', **where)
   flags.DEFINE_string('debug_slow_process', '1:0.004',
-                      'TEST-ONLY: "I:S", process I sleeps S seconds per micro-batch it computes ("" for none).')
-  flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration.')
-  flags.DEFINE_integer('microbatch_size', 64, 'Samples per micro-batch.')
-  flags.DEFINE_integer('hidden', 256, 'Width of the MLP\'s two hidden layers.')
-  flags.DEFINE_integer('timed_iterations', 20, 'Timed iterations per algorithm and repeat.')
+                      'TEST-ONLY: "I:S", process I sleeps S seconds per micro-batch it computes ("" for none).',
+                      **where)
+  flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration.', **where)
+  flags.DEFINE_integer('microbatch_size', 64, 'Samples per micro-batch.', **where)
+  flags.DEFINE_integer('hidden', 256, 'Width of the MLP\'s two hidden layers.', **where)
+  flags.DEFINE_integer('timed_iterations', 20, 'Timed iterations per algorithm and repeat.', **where)
   flags.DEFINE_integer('warmup', 3, 'Untimed iterations per algorithm (compilation; nonblocking: then its probes at '
-                       'n = m and n = 1, the fit\'s two sizes).')
-  flags.DEFINE_integer('repeats', 3, 'Measurements per algorithm, interleaved.')
-  flags.DEFINE_integer('local_steps', 4, 'local_sgd: H.')
-  flags.DEFINE_string('out', '', 'Write the results as JSON here (process 0).')
+                       'n = m and n = 1, the fit\'s two sizes).', **where)
+  flags.DEFINE_integer('repeats', 3, 'Measurements per algorithm, interleaved.', **where)
+  flags.DEFINE_integer('local_steps', 4, 'local_sgd: H.', **where)
+  flags.DEFINE_string('out', '', 'Write the results as JSON here (process 0).', **where)
   # Set by the launcher for each process.
-  flags.DEFINE_integer('process_id', -1, 'Internal: this process\'s id (the launcher sets it).')
-  flags.DEFINE_string('coordinator_address', '', 'Internal: the coordinator (the launcher sets it).')
+  flags.DEFINE_integer('process_id', -1, 'Internal: this process\'s id (the launcher sets it).', **where)
+  flags.DEFINE_string('coordinator_address', '', 'Internal: the coordinator (the launcher sets it).', **where)
 
 
 def parse_slow(value: str, processes: int) -> tuple[int, float]:
@@ -80,15 +82,25 @@ def parse_slow(value: str, processes: int) -> tuple[int, float]:
   return int(parts[0]), seconds
 
 
-def launch(argv) -> dict:
+# The settings every process runs with (not the per-process `out`, `process_id`, `coordinator_address`).
+SHARED_FLAGS = ('num_processes', 'debug_slow_process', 'microbatches', 'microbatch_size', 'hidden', 'timed_iterations',
+                'warmup', 'repeats', 'local_steps')
+
+
+def child_flags() -> list[str]:
+  """The launcher's parsed values of `SHARED_FLAGS`, as --name=value (the argv that `app.run` hands to `main`
+  holds no flags, and `--debug_slow_process=` must reach the processes as the empty value)."""
+  return [f'--{name}={getattr(FLAGS, name)}' for name in SHARED_FLAGS]
+
+
+def launch() -> dict:
   """Starts the processes, waits for them, returns process 0's results."""
   from waitless.experiments import distributed  # pylint: disable=g-import-not-at-top
   address = f'127.0.0.1:{distributed.free_port()}'
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, 'results.json')
     env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1', 'JAX_PLATFORMS': 'cpu'}
-    passed = [a for a in argv[1:] if not a.startswith(('--out', '--process_id', '--coordinator_address'))]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *passed, f'--process_id={i}',
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *child_flags(), f'--process_id={i}',
                                f'--coordinator_address={address}', f'--out={out}'], env=env)
              for i in range(FLAGS.num_processes)]
     codes = [p.wait() for p in procs]
@@ -262,7 +274,7 @@ def main(argv):
         json.dump(results, f)
     return
   parse_slow(FLAGS.debug_slow_process, FLAGS.num_processes)  # a bad flag is refused before anything starts
-  results = launch(argv)
+  results = launch()
   predicted = predict(results)
   print(report(results, predicted))
   if FLAGS.out:

@@ -1,9 +1,11 @@
-"""`benchmarks/real_stragglers.py`'s `--debug_slow_process=I:S`: what it accepts, and that a bad value is refused
-in one line naming the flag before any process starts."""
+"""`benchmarks/real_stragglers.py`'s flags, without starting processes: `--debug_slow_process=I:S` (what it
+accepts; a bad value refused in one line naming the flag, before any process starts) and the flags the launcher
+hands its processes."""
 
 import types
 from unittest import mock
 
+from absl import flags
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -49,6 +51,29 @@ class ParseSlowTest(parameterized.TestCase):
       with self.assertRaisesRegex(errors.ConfigError, '^debug_slow_process='):
         real_stragglers.main(['real_stragglers.py'])
     launch.assert_not_called()
+
+
+class ChildFlagsTest(absltest.TestCase):
+
+  def _parsed(self, argv):
+    flag_values = flags.FlagValues()
+    real_stragglers.define_flags(flag_values)
+    flag_values(['real_stragglers.py', *argv])
+    return flag_values
+
+  def test_processes_get_the_launchers_values(self):
+    """What the launcher parsed reaches every process, the empty `--debug_slow_process=` (no process slowed)
+    included; the per-process flags are the launcher's to set."""
+    launcher = self._parsed(['--debug_slow_process=', '--repeats=2', '--microbatches=6', '--out=/tmp/x.json'])
+    with mock.patch.object(real_stragglers, 'FLAGS', launcher):
+      passed = real_stragglers.child_flags()
+    self.assertIn('--debug_slow_process=', passed)
+    self.assertFalse([a for a in passed if a.startswith(('--out', '--process_id', '--coordinator_address'))])
+    child = self._parsed(passed)
+    for name in real_stragglers.SHARED_FLAGS:
+      self.assertEqual(getattr(child, name), getattr(launcher, name), name)
+    self.assertEqual((child.debug_slow_process, child.repeats, child.microbatches), ('', 2, 6))
+    self.assertEqual(real_stragglers.parse_slow(child.debug_slow_process, child.num_processes), (-1, 0.0))
 
 
 if __name__ == '__main__':
