@@ -3,36 +3,46 @@
 One `shard_map` program is lock-step: every collective waits for all its participants, so without the
 simulator's schedule `nonblocking` is synchronous SGD. What a lock-step program can still do is give a slow
 device less work. This is He & Dube's idea (every worker contributes the micro-batches it finished when the
-round ends) with a deadline computed on the host in place of the first finisher's "I am done" message:
-    s_d       = exponential moving average of device d's measured seconds per micro-batch
-    deadline  = m min_d s_d                 (the time the fastest device needs for all m micro-batches)
-    n_d       = clip(floor(deadline / s_d), 1, m)
+round ends) with a deadline computed on the host in place of the first finisher's "I am done" message. A call
+of device d on n micro-batches is modelled as t = c_d + n s_d (a fixed per-call cost c_d: dispatch, launch,
+host sync; s_d seconds per micro-batch), fitted from its measured calls:
+    c_d, s_d  = least-squares line through device d's last `window` (n, seconds) calls
+    deadline  = min_d (c_d + m s_d)         (the time the fastest device needs for all m micro-batches)
+    n_d       = clip(floor((deadline - c_d) / s_d), 1, m)
 Device d then runs exactly n_d micro-batches, a real `lax.while_loop` whose trip count is a per-device input
 (not a masked scan over all m), and the all-reduce weights each device by what it ran: the update is
 `nonblocking.nonblocking_sgd` with `microbatches_done` = n_d, g = (sum_d G_d) / (sum_d n_d), W <- W + U(g).
 
 How a process measures its speed inside a lock-step program: each iteration is two jitted calls.
   1. `gradients`: the local gradient sums only (no collective, so nothing waits for another process), timed on
-     the host from dispatch to `block_until_ready` of this process's shards: seconds / n = seconds per
-     micro-batch of this process's devices (the devices of one process share one measurement).
+     the host from dispatch to `block_until_ready` of this process's shards: the seconds of one call on n
+     micro-batches, n the largest count of this process's devices (they share one measurement).
   2. `apply`: the all-reduce and update of `nonblocking_sgd`, plus an all-gather of every process's measurement,
-     so that every process holds the same speed table and computes the same counts for the next iteration.
+     so that every process holds the same table of calls and computes the same counts for the next iteration.
 The slow device's smaller n_d shortens its call 1, so it reaches the all-reduce about when the fast ones do:
 the barrier remains, the waiting at it is what shrinks. Savings that survive on real hardware: the fast
 devices' idle time, minus one extra dispatch per iteration. What does not: a device that slows down within
-an iteration (the counts follow the moving average, one iteration late), and abandoned work (none: a device
-never starts a micro-batch it will not finish, unlike the simulated rule, which cuts one mid-way).
-Known bias (open): a measurement is the call's seconds / n_d, so a fixed per-call cost c (dispatch, launch)
-counts as c / n_d per micro-batch: a device cut to few micro-batches looks slower than it is, and one cut to 1
-can stay at 1 (`benchmarks/real_stragglers.py` with no process slowed locked one of 2 CPU processes at n = 1
-under load). The fix is to fit c + n s from calls of two sizes, as `cluster/calibration.py` does for the
-simulator's compute model.
+an iteration (the counts follow the fit, one iteration late), and abandoned work (none: a device never starts
+a micro-batch it will not finish, unlike the simulated rule, which cuts one mid-way).
+
+The per-call cost: measured as seconds / n, c would count as c / n per micro-batch, so a device cut to few
+micro-batches would look slower than it is, and one cut to 1 could stay at 1 (`benchmarks/real_stragglers.py`
+with no process slowed locked one of 2 CPU processes at n = 1 before the fit). The line is
+`cluster/calibration.py`'s `fit_overhead`, the one the simulator's compute model is calibrated with (a negative
+intercept clamped to 0). Two sizes to fit from: `MeasuredStep` starts with a short warm-up, the compiling call
+(not measured), then one call at n = m and one at n = 1 on every device (`probe`). A window that holds one
+size only (a device kept at the same count for `window` calls), or times that do not grow with n (noise),
+keeps the previous c_d and folds (t - c_d) / n into a moving average of s_d (c_d reset to 0 when t <= c_d);
+with c_d = 0 that is the plain seconds / n estimate. Not modelled: a c_d that drifts while a device stays at
+one size (the split between c and s is then the last fit's), and a noisy call in a two-point window, which
+tilts the line until it leaves the window (nothing probes again once the counts settle).
 
 Reference: He & Dube, "Accelerating Parallel Stochastic Gradient Descent via Non-blocking Mini-batches".
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -45,6 +55,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from waitless import config_errors as errors
 from waitless.algorithms import nonblocking
+from waitless.cluster import calibration
 
 
 def _require_seconds(value, field: str, devices: Optional[int] = None) -> np.ndarray:
@@ -59,62 +70,121 @@ def _require_seconds(value, field: str, devices: Optional[int] = None) -> np.nda
 
 
 def microbatch_counts(seconds_per_microbatch: Sequence[float], microbatches: int,
-                      deadline_s: Optional[float] = None) -> np.ndarray:
-  """n_d = clip(floor(deadline / s_d), 1, m): the micro-batches device d finishes by the deadline.
+                      deadline_s: Optional[float] = None,
+                      overhead_s: Optional[Sequence[float]] = None) -> np.ndarray:
+  """n_d = clip(floor((deadline - c_d) / s_d), 1, m): the micro-batches device d finishes by the deadline.
 
   Args:
     seconds_per_microbatch: s_d, one per device, finite and > 0.
     microbatches: m, the micro-batches of a full local batch.
-    deadline_s: the round's budget in seconds; None (default) is m min_d s_d, the time the fastest device needs
-      for all m (He & Dube's trigger, the first finisher, known in advance from the speeds).
+    deadline_s: the round's budget in seconds; None (default) is min_d (c_d + m s_d), the time the fastest
+      device needs for all m (He & Dube's trigger, the first finisher, known in advance from the speeds).
+    overhead_s: c_d, each device's fixed seconds per call, finite and >= 0; None (default) is 0 for all.
 
   Returns:
     int32 (devices,) counts in 1..m; the fastest device gets m when `deadline_s` is None.
   """
   errors.require_int(microbatches, 'microbatches', 1)
   seconds = _require_seconds(seconds_per_microbatch, 'seconds_per_microbatch')
+  overhead = np.zeros_like(seconds) if overhead_s is None else _require_overhead(overhead_s, seconds.size)
   if deadline_s is None:
-    # m * (s_min / s_d), not (m s_min) / s_d: the fastest device's ratio is exactly 1, so it gets exactly m.
-    finished = np.floor(microbatches * (seconds.min() / seconds))
+    deadline_s = (overhead + microbatches * seconds).min()  # the fastest device's time for all m
   else:
     errors.require_number(deadline_s, 'deadline_s', 'must be a finite number of seconds > 0', lambda v: v > 0)
-    finished = np.floor(deadline_s / seconds)
+  # 1e-9 of a micro-batch: a device that ties with the deadline (the fastest one itself, or one as fast) gets
+  # the count, not one less when rounding leaves (deadline - c_d) / s_d a few ulps below it.
+  finished = np.floor((deadline_s - overhead) / seconds + 1e-9)
   return np.clip(finished, 1, microbatches).astype(np.int32)
 
 
-class MeasuredSpeeds:
-  """The host's moving average of seconds per micro-batch per device, and the counts it implies.
+def _require_overhead(value, devices: int) -> np.ndarray:
+  """`value` as a float64 (devices,) array of finite seconds >= 0, else a one-line ConfigError."""
+  table = np.asarray(value, np.float64)
+  errors.require(table.shape == (devices,), 'overhead_s', value, f'must be a list of one number per device ({devices})')
+  errors.require(bool(np.all(np.isfinite(table)) and np.all(table >= 0)), 'overhead_s', value,
+                 'every entry must be a finite number of seconds >= 0')
+  return table
 
-  s_d <- smoothing s_d + (1 - smoothing) observed_d (the first observation sets s_d). Before any observation
-  (and without `initial_seconds`) every device runs all m micro-batches: a synchronous iteration, which is
-  also what measures the speeds.
+
+class MeasuredSpeeds:
+  """The host's estimate of each device's call, t = c_d + n s_d, and the counts it implies.
+
+  Two ways to feed it:
+    `observe_calls(counts, call_seconds)`: device d ran counts[d] micro-batches in call_seconds[d]. Its last
+      `window` calls are fitted with `calibration.fit_overhead` when they hold two or more sizes (c_d, s_d:
+      the fit); otherwise (or when the fit fails: times that do not grow with n) c_d stays the previous
+      estimate and s_d <- smoothing s_d + (1 - smoothing) (t - c_d) / n (c_d reset to 0 if t <= c_d).
+    `observe(seconds_per_microbatch)`: a measurement that has no per-call part: the same moving average of s_d.
+  The first observation sets s_d. Before any (and without `initial_seconds`) every device runs all m
+  micro-batches: a synchronous iteration, which is also what measures the speeds. `probe` (n_1, n_2, ...): the
+  counts of every device before the 1st, 2nd, ... observation, so that the fit has two sizes from the start
+  (`MeasuredStep` uses (m, 1)).
   """
 
   def __init__(self, devices: int, microbatches: int, smoothing: float = 0.5,
-               initial_seconds: Optional[Sequence[float]] = None, deadline_s: Optional[float] = None):
+               initial_seconds: Optional[Sequence[float]] = None, deadline_s: Optional[float] = None,
+               window: int = 8, probe: Sequence[int] = ()):
     errors.require_int(devices, 'devices', 1)
     errors.require_int(microbatches, 'microbatches', 1)
     errors.require_number(smoothing, 'smoothing', 'must be a number in [0, 1) (the weight of the old average)',
                           lambda v: 0 <= v < 1)
     if deadline_s is not None:
       errors.require_number(deadline_s, 'deadline_s', 'must be a finite number of seconds > 0', lambda v: v > 0)
+    errors.require_int(window, 'window', 2)
+    errors.require(all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= microbatches for n in probe),
+                   'probe', probe, f'must be a list of micro-batch counts in 1..{microbatches}')
     self.devices, self.microbatches, self.smoothing, self.deadline_s = devices, microbatches, smoothing, deadline_s
+    self.window, self.probe = window, tuple(probe)
     self.seconds = None if initial_seconds is None else _require_seconds(initial_seconds, 'initial_seconds', devices)
+    self.overhead = np.zeros(devices)  # c_d
+    self.fits: list[Optional[calibration.Fit]] = [None] * devices  # each device's last fit; None before one
+    self.calls = [collections.deque(maxlen=window) for _ in range(devices)]  # (n, seconds) per device
+    self.observations = 0
+
+  def _average(self, observed: np.ndarray, devices: np.ndarray) -> None:
+    """s_d <- smoothing s_d + (1 - smoothing) observed_d where `devices` (a mask); the first sets s_d."""
+    previous = observed if self.seconds is None else self.seconds
+    # a new array: never writes into the caller's `initial_seconds`
+    self.seconds = np.where(devices, self.smoothing * previous + (1 - self.smoothing) * observed, previous)
 
   def observe(self, seconds_per_microbatch: Sequence[float]) -> None:
-    """Folds one iteration's measured seconds per micro-batch (one per device) into the average."""
+    """Folds one iteration's measured seconds per micro-batch (one per device, no per-call part) into s_d."""
     observed = _require_seconds(seconds_per_microbatch, 'seconds_per_microbatch', self.devices)
-    if self.seconds is None:
-      self.seconds = observed
-    else:
-      self.seconds = self.smoothing * self.seconds + (1 - self.smoothing) * observed
+    self._average(observed, np.ones(self.devices, bool))
+    self.observations += 1
+
+  def observe_calls(self, counts: Sequence[int], call_seconds: Sequence[float]) -> None:
+    """Folds one call per device, counts[d] micro-batches in call_seconds[d], into c_d and s_d."""
+    n = np.asarray(counts)
+    errors.require(n.shape == (self.devices,) and np.issubdtype(n.dtype, np.integer)
+                   and bool(np.all((n >= 1) & (n <= self.microbatches))), 'counts', counts,
+                   f'must be one micro-batch count in 1..{self.microbatches} per device ({self.devices})')
+    t = _require_seconds(call_seconds, 'call_seconds', self.devices)
+    fitted = np.zeros(self.devices, bool)
+    per_microbatch = np.zeros(self.devices)
+    for d in range(self.devices):
+      self.calls[d].append((int(n[d]), float(t[d])))
+      sizes, seconds = zip(*self.calls[d])
+      try:
+        self.fits[d] = calibration.fit_overhead(sizes, seconds)
+        fitted[d] = True
+      except ValueError:  # one size in the window, or noise: keep c_d, follow s_d
+        if t[d] <= self.overhead[d]:
+          self.overhead[d] = 0.0
+        per_microbatch[d] = (t[d] - self.overhead[d]) / n[d]
+    self._average(per_microbatch, ~fitted)
+    for d in np.flatnonzero(fitted):
+      self.overhead[d], self.seconds[d] = self.fits[d].overhead_s, self.fits[d].per_sample_s
+    self.observations += 1
 
   def counts(self) -> np.ndarray:
-    """int32 (devices,) micro-batches each device runs next iteration (`microbatch_counts`); m before any
-    measurement."""
+    """int32 (devices,) micro-batches each device runs next iteration (`microbatch_counts`); the next `probe`
+    count while one is left, m before any measurement."""
+    if self.observations < len(self.probe):
+      return np.full(self.devices, self.probe[self.observations], np.int32)
     if self.seconds is None:
       return np.full(self.devices, self.microbatches, np.int32)
-    return microbatch_counts(self.seconds, self.microbatches, self.deadline_s)
+    return microbatch_counts(self.seconds, self.microbatches, self.deadline_s, self.overhead)
 
 
 def local_gradient_sums(value_and_grad: Callable[[Any, Any], tuple[jax.Array, Any]], params, microbatches,
@@ -149,8 +219,9 @@ class MeasuredStep:
   `step(params, opt_state, microbatches)`: params and opt_state (D, ...) sharded over `axis_name` (every device
   its copy, kept identical by the all-reduce), microbatches (D, m, ...) likewise. Returns the new params,
   opt_state and the mean loss over all finished micro-batches. `last_counts` holds the counts it used,
-  `last_trips` (D,) the while loops' own trip counters, `speeds` the moving average and `timed_seconds` this
-  process's last measured gradient call.
+  `last_trips` (D,) the while loops' own trip counters, `speeds` the fitted c_d + n s_d (`MeasuredSpeeds`) and
+  `timed_seconds` this process's last measured gradient call. The first three calls are the warm-up (compile,
+  then n = m and n = 1 on every device: the fit's two sizes).
 
   Example (one process, D devices; with `jax.distributed` every process runs the same lines):
     step = MeasuredStep(lambda w, mb: loss(w, mb), optax.sgd(0.1), mesh, microbatches=4)
@@ -160,11 +231,13 @@ class MeasuredStep:
 
   def __init__(self, loss_fn: Callable[[Any, Any], jax.Array], inner: optax.GradientTransformation, mesh: Mesh,
                microbatches: int, axis_name: str = 'workers', smoothing: float = 0.5,
-               deadline_s: Optional[float] = None):
+               deadline_s: Optional[float] = None, window: int = 8):
     errors.require(mesh.axis_names == (axis_name,), 'mesh', mesh.axis_names,
                    f'must have the one axis {axis_name!r} (one worker per device: a speed is a device\'s)')
     self.mesh, self.axis_name, self.microbatches = mesh, axis_name, microbatches
-    self.speeds = MeasuredSpeeds(mesh.size, microbatches, smoothing, deadline_s=deadline_s)
+    # The warm-up: the compiling call at m (not measured), then one measured call at m and one at 1.
+    self.speeds = MeasuredSpeeds(mesh.size, microbatches, smoothing, deadline_s=deadline_s, window=window,
+                                 probe=(microbatches, 1) if microbatches > 1 else ())
     self.tx = nonblocking.nonblocking_sgd(inner, axis_name=axis_name, gradient_sums=True)
     self.per_device = NamedSharding(mesh, PartitionSpec(axis_name))
     self.replicated = NamedSharding(mesh, PartitionSpec())
@@ -208,13 +281,14 @@ class MeasuredStep:
     jax.block_until_ready((grads, losses, trips))
     self.timed_seconds = time.perf_counter() - begin
     self.last_trips = trips
-    # The devices of this process ran in parallel: the longest of them set the time.
-    per_microbatch = self.timed_seconds / max(int(counts[mine].max()), 1)
     total = jax.device_put(np.int32(counts.sum()), self.replicated)
     params, opt_state, loss, table = self.apply(params, opt_state, grads, losses, self._global(counts[mine]), total,
-                                                self._global(np.full(len(mine), per_microbatch, np.float32)))
+                                                self._global(np.full(len(mine), self.timed_seconds, np.float32)))
     self._calls += 1
     if self._calls > 1:  # the first call's time is mostly compilation
-      self.speeds.observe(np.asarray(table))
+      # The devices of a process ran in parallel and share its one time: the largest count among them set it.
+      process = np.array([d.process_index for d in self.mesh.devices.flat])
+      ran = np.array([counts[process == process[i]].max() for i in range(len(process))])
+      self.speeds.observe_calls(ran, np.asarray(table, np.float64))
     return params, opt_state, loss
 

@@ -17,9 +17,10 @@ host callback inside the loss, so the device is busy for it: a slower device, wh
 it is given, not a fixed per-step delay that no amount of skipped work can hide).
 
 The prediction: `experiments.simulate` for the same algorithm on 2 workers, constant compute time s_fast per
-micro-batch with `stragglers.worker_factors` = s_d / s_fast, where s_d are the speeds the nonblocking run
-measured (its moving average), and an ideal network: it leaves out the all-reduce, the dispatch of each call
-and the host's per-iteration work, which the real run pays (the gap says how much).
+micro-batch with `stragglers.worker_factors` = s_d / s_fast, where s_d are the seconds per micro-batch the
+nonblocking run fitted (its call modelled as c_d + n s_d, `measured_speeds.MeasuredSpeeds`), and an ideal
+network: it leaves out the all-reduce, the per-call cost c_d (reported beside s_d) and the host's per-iteration
+work, which the real run pays (the gap says how much).
 """
 
 from __future__ import annotations
@@ -40,21 +41,29 @@ import numpy as np
 
 ALGORITHMS = ('sync', 'nonblocking', 'local_sgd', 'dpsgd', 'wagma')
 
-flags.DEFINE_integer('num_processes', 2, 'Processes (one CPU device and one worker each).')
-flags.DEFINE_string('debug_slow_process', '1:0.004',
-                    'TEST-ONLY: "I:S", process I sleeps S seconds per micro-batch it computes ("" for none).')
-flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration.')
-flags.DEFINE_integer('microbatch_size', 64, 'Samples per micro-batch.')
-flags.DEFINE_integer('hidden', 256, 'Width of the MLP\'s two hidden layers.')
-flags.DEFINE_integer('timed_iterations', 20, 'Timed iterations per algorithm and repeat.')
-flags.DEFINE_integer('warmup', 3, 'Untimed iterations per algorithm (compilation; the speeds\' first measurements).')
-flags.DEFINE_integer('repeats', 3, 'Measurements per algorithm, interleaved.')
-flags.DEFINE_integer('local_steps', 4, 'local_sgd: H.')
-flags.DEFINE_string('out', '', 'Write the results as JSON here (process 0).')
-# Set by the launcher for each process.
-flags.DEFINE_integer('process_id', -1, 'Internal: this process\'s id (the launcher sets it).')
-flags.DEFINE_string('coordinator_address', '', 'Internal: the coordinator (the launcher sets it).')
 FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """The flags, in `flag_values`; defined when the script runs, not on import (a test process that also imports
+  another benchmark or `experiments.main` would define `repeats`, `num_processes`, ... twice)."""
+  where = {'flag_values': flag_values}
+  flags.DEFINE_integer('num_processes', 2, 'Processes (one CPU device and one worker each).', **where)
+  flags.DEFINE_string('debug_slow_process', '1:0.004',
+                      'TEST-ONLY: "I:S", process I sleeps S seconds per micro-batch it computes ("" for none).',
+                      **where)
+  flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration.', **where)
+  flags.DEFINE_integer('microbatch_size', 64, 'Samples per micro-batch.', **where)
+  flags.DEFINE_integer('hidden', 256, 'Width of the MLP\'s two hidden layers.', **where)
+  flags.DEFINE_integer('timed_iterations', 20, 'Timed iterations per algorithm and repeat.', **where)
+  flags.DEFINE_integer('warmup', 3, 'Untimed iterations per algorithm (compilation; nonblocking: then its probes at '
+                       'n = m and n = 1, the fit\'s two sizes).', **where)
+  flags.DEFINE_integer('repeats', 3, 'Measurements per algorithm, interleaved.', **where)
+  flags.DEFINE_integer('local_steps', 4, 'local_sgd: H.', **where)
+  flags.DEFINE_string('out', '', 'Write the results as JSON here (process 0).', **where)
+  # Set by the launcher for each process.
+  flags.DEFINE_integer('process_id', -1, 'Internal: this process\'s id (the launcher sets it).', **where)
+  flags.DEFINE_string('coordinator_address', '', 'Internal: the coordinator (the launcher sets it).', **where)
 
 
 def parse_slow(value: str, processes: int) -> tuple[int, float]:
@@ -73,15 +82,25 @@ def parse_slow(value: str, processes: int) -> tuple[int, float]:
   return int(parts[0]), seconds
 
 
-def launch(argv) -> dict:
+# The settings every process runs with (not the per-process `out`, `process_id`, `coordinator_address`).
+SHARED_FLAGS = ('num_processes', 'debug_slow_process', 'microbatches', 'microbatch_size', 'hidden', 'timed_iterations',
+                'warmup', 'repeats', 'local_steps')
+
+
+def child_flags() -> list[str]:
+  """The launcher's parsed values of `SHARED_FLAGS`, as --name=value (the argv that `app.run` hands to `main`
+  holds no flags, and `--debug_slow_process=` must reach the processes as the empty value)."""
+  return [f'--{name}={getattr(FLAGS, name)}' for name in SHARED_FLAGS]
+
+
+def launch() -> dict:
   """Starts the processes, waits for them, returns process 0's results."""
   from waitless.experiments import distributed  # pylint: disable=g-import-not-at-top
   address = f'127.0.0.1:{distributed.free_port()}'
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, 'results.json')
     env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1', 'JAX_PLATFORMS': 'cpu'}
-    passed = [a for a in argv[1:] if not a.startswith(('--out', '--process_id', '--coordinator_address'))]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *passed, f'--process_id={i}',
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *child_flags(), f'--process_id={i}',
                                f'--coordinator_address={address}', f'--out={out}'], env=env)
              for i in range(FLAGS.num_processes)]
     codes = [p.wait() for p in procs]
@@ -203,7 +222,8 @@ def run_process() -> dict:
       seconds[name].append((time.perf_counter() - begin) / FLAGS.timed_iterations)
   speeds = measured_step.speeds.seconds.tolist()
   counts = np.asarray(nb_state['counts'][FLAGS.warmup:])
-  return {'per_iteration_s': seconds, 'speeds_s': speeds, 'mean_counts': counts.mean(axis=0).tolist(),
+  return {'per_iteration_s': seconds, 'speeds_s': speeds, 'overhead_s': measured_step.speeds.overhead.tolist(),
+          'mean_counts': counts.mean(axis=0).tolist(), 'min_counts': counts.min(axis=0).tolist(),
           'microbatches': m, 'workers': p, 'slow_process': slow_process, 'slow_s': slow_s,
           'model_bytes': 4 * sum(int(np.size(v)) for v in init.values())}
 
@@ -230,10 +250,12 @@ def predict(results: dict) -> dict:
 
 
 def report(results: dict, predicted: dict) -> str:
+  counts = zip(results['mean_counts'], results['min_counts'])
   lines = [f"workers {results['workers']}, m = {results['microbatches']}, slowed process "
-           f"{results['slow_process']} (+{results['slow_s'] * 1e3:.1f} ms per micro-batch); measured seconds per "
-           f"micro-batch {', '.join(f'{s * 1e3:.2f} ms' for s in results['speeds_s'])}; nonblocking's mean "
-           f"micro-batches per device {', '.join(f'{c:.2f}' for c in results['mean_counts'])}",
+           f"{results['slow_process']} (+{results['slow_s'] * 1e3:.1f} ms per micro-batch); fitted call "
+           f"c + n s: c {', '.join(f'{c * 1e3:.2f} ms' for c in results['overhead_s'])}, s "
+           f"{', '.join(f'{s * 1e3:.2f} ms' for s in results['speeds_s'])}; nonblocking's micro-batches per "
+           f"device, mean (min) {', '.join(f'{c:.2f} ({n})' for c, n in counts)}",
            '', '| algorithm | real min (ms/it) | real median | simulated | real median / simulated |',
            '|---|---|---|---|---|']
   for name in ALGORITHMS:
@@ -252,7 +274,7 @@ def main(argv):
         json.dump(results, f)
     return
   parse_slow(FLAGS.debug_slow_process, FLAGS.num_processes)  # a bad flag is refused before anything starts
-  results = launch(argv)
+  results = launch()
   predicted = predict(results)
   print(report(results, predicted))
   if FLAGS.out:
@@ -261,4 +283,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

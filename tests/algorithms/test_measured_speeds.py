@@ -1,5 +1,7 @@
-"""Non-blocking SGD with host-measured speeds: the count rule on hand-made speed tables, the moving average, the
-per-device while loop (its trips and its compiled form), and the update against a sequential float64 reference.
+"""Non-blocking SGD with host-measured speeds: the count rule on hand-made speed tables, the fit of t = c + n s
+from measured calls (against numpy's least squares and against the old seconds / n estimate), the moving
+average, the per-device while loop (its trips and its compiled form), and the update against a sequential
+float64 reference.
 """
 
 from absl.testing import absltest
@@ -118,6 +120,183 @@ class MeasuredSpeedsTest(parameterized.TestCase):
       speeds.observe([0.01, np.nan])
 
 
+class OverheadCountRuleTest(parameterized.TestCase):
+  """n_d = clip(floor((min_f (c_f + m s_f) - c_d) / s_d), 1, m), on binary-exact tables."""
+
+  @parameterized.named_parameters(
+      # same c: the overhead changes nothing
+      ('same_overhead', [0.25, 0.25], [0.125, 0.25], 4, [4, 2]),
+      # same s, c larger by 2 s: it cannot finish m by the fastest's time, 2 fewer
+      ('larger_overhead', [0.125, 0.625], [0.25, 0.25], 4, [4, 2]),
+      # the fastest by c + m s, not by s: device 1 has the smaller s but the larger total
+      ('fastest_by_total', [0.0, 2.0], [0.5, 0.25], 4, [4, 1]),
+  )
+  def test_counts(self, overhead, seconds, m, expected):
+    np.testing.assert_array_equal(measured_speeds.microbatch_counts(seconds, m, overhead_s=overhead), expected)
+
+  def test_zero_overhead_is_the_old_rule(self):
+    seconds = [0.01, 0.02, 0.03, 0.05]
+    np.testing.assert_array_equal(measured_speeds.microbatch_counts(seconds, 4, overhead_s=[0.0] * 4),
+                                  measured_speeds.microbatch_counts(seconds, 4))
+
+  def test_fastest_gets_every_microbatch_whatever_rounding(self):
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+      seconds, overhead = rng.uniform(1e-4, 1.0, size=5), rng.uniform(0.0, 1.0, size=5)
+      counts = measured_speeds.microbatch_counts(seconds, 7, overhead_s=overhead)
+      totals = overhead + 7 * seconds
+      self.assertEqual(counts[np.argmin(totals)], 7)
+      # nobody above 1 is given more than it finishes by the fastest's time
+      self.assertTrue(np.all((counts == 1) | (overhead + counts * seconds <= totals.min() * (1 + 1e-12))))
+
+  @parameterized.named_parameters(
+      ('negative', [0.0, -0.01]), ('nan', [0.0, np.nan]), ('wrong_length', [0.0]), ('table', [[0.0, 0.0]]))
+  def test_bad_overhead(self, overhead):
+    with self.assertRaisesRegex(errors.ConfigError, '^overhead_s=') as e:
+      measured_speeds.microbatch_counts([0.01, 0.02], 4, overhead_s=overhead)
+    self.assertNotIn('\n', str(e.exception))
+
+
+def _calls(overhead, seconds, counts, noise=None):
+  """Seconds of one call per device on counts[d] micro-batches: c_d + n_d s_d (times 1 + noise_d)."""
+  t = np.asarray(overhead) + np.asarray(counts) * np.asarray(seconds)
+  return t if noise is None else t * (1 + noise)
+
+
+class OverheadFitTest(parameterized.TestCase):
+  """`MeasuredSpeeds.observe_calls`: c_d and s_d from (n, seconds) calls, in float64."""
+
+  def _run(self, speeds, overhead, seconds, iterations, rng=None, relative_noise=0.0):
+    """Closed loop: each iteration every device runs the counts the estimate gives; returns them."""
+    history = []
+    for _ in range(iterations):
+      counts = speeds.counts()
+      noise = None if rng is None else rng.normal(scale=relative_noise, size=len(counts))
+      speeds.observe_calls(counts, _calls(overhead, seconds, counts, noise))
+      history.append(counts)
+    return np.array(history)
+
+  def test_fit_recovers_overhead_and_seconds(self):
+    overhead, seconds = [0.003, 0.0007, 0.012], [0.0011, 0.0042, 0.0009]
+    speeds = measured_speeds.MeasuredSpeeds(3, 6, probe=(6, 1))
+    history = self._run(speeds, overhead, seconds, 5)
+    np.testing.assert_array_equal(history[:2], [[6, 6, 6], [1, 1, 1]])  # the warm-up probes both sizes
+    np.testing.assert_allclose(speeds.overhead, overhead, rtol=1e-12)
+    np.testing.assert_allclose(speeds.seconds, seconds, rtol=1e-12)
+    self.assertFalse(any(fit.clamped for fit in speeds.fits))
+    # and the counts follow: c + 6 s = 9.6, 25.9, 17.4 ms, so the deadline is device 0's 9.6 ms:
+    # floor((9.6 - 0.7) / 4.2) = 2 for device 1, and device 2's 12 ms overhead alone is past it: 1
+    np.testing.assert_array_equal(history[2:], [[6, 2, 1]] * 3)
+
+  def test_window_fit_is_the_least_squares_line_of_the_last_calls(self):
+    rng = np.random.default_rng(3)
+    speeds = measured_speeds.MeasuredSpeeds(1, 8, window=5)
+    calls = [(int(n), 0.004 + n * 0.001 + rng.uniform(0, 5e-4)) for n in rng.integers(1, 9, size=12)]
+    for n, t in calls:
+      speeds.observe_calls([n], [t])
+    n, t = np.array(calls[-5:]).T
+    self.assertGreater(len(np.unique(n)), 1)
+    slope, intercept = np.polyfit(n, t, 1)
+    np.testing.assert_allclose([speeds.overhead[0], speeds.seconds[0]], [intercept, slope], rtol=1e-10)
+
+  def test_a_large_overhead_does_not_lock_a_device_the_old_estimate_cuts(self):
+    """Both devices take c + n s with the same c >> s; device 1 was cut once (to 1)."""
+    c, s, m = 0.006, 0.0013, 4
+    # the old estimate, seconds / n: the cut device measures c + s per micro-batch against the other's
+    # (c + m s) / m, so it is cut to 1 and, measured at 1, stays there
+    old = measured_speeds.MeasuredSpeeds(2, m)
+    counts = np.array([m, 1])
+    for _ in range(10):
+      old.observe(_calls([c, c], [s, s], counts) / counts)
+      counts = old.counts()
+    np.testing.assert_array_equal(counts, [m, 1])
+    # the fit: after the same cut call the line through both sizes is exact, and nobody is cut
+    new = measured_speeds.MeasuredSpeeds(2, m)
+    new.observe_calls([m, m], _calls([c, c], [s, s], [m, m]))
+    new.observe_calls([m, 1], _calls([c, c], [s, s], [m, 1]))
+    history = self._run(new, [c, c], [s, s], 10)
+    np.testing.assert_array_equal(history, np.full((10, 2), m))
+    # device 1's line is exact; device 0 only ever ran m, so its c is not resolved (0) and s = t / m: its
+    # deadline c + m s is right either way
+    np.testing.assert_allclose(new.overhead, [0.0, c], rtol=1e-12)
+    np.testing.assert_allclose(new.overhead + m * new.seconds, [c + m * s] * 2, rtol=1e-12)
+
+  def test_twice_as_slow_per_microbatch_gets_half(self):
+    overhead, seconds, m = [0.004, 0.004], [0.001, 0.002], 8
+    exact = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1))
+    np.testing.assert_array_equal(self._run(exact, overhead, seconds, 6)[-1], [8, 4])
+    # with 3% noise on every call: about half, every iteration
+    noisy = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1))
+    history = self._run(noisy, overhead, seconds, 40, np.random.default_rng(0), 0.03)[2:]
+    self.assertTrue(np.all(history[:, 0] >= m - 1), history[:, 0])
+    self.assertTrue(np.all(np.abs(history[:, 1] - m / 2) <= 1), history[:, 1])
+    # the floor takes 4 down to 3 whenever the noise puts the estimate just below it: between 3 and 4 on average
+    self.assertBetween(history[:, 1].mean(), m / 2 - 1, m / 2)
+
+  def test_one_size_is_the_old_moving_average(self):
+    """Without a probe and at one count only, c = 0 and s_d the moving average of seconds / n."""
+    calls, old = measured_speeds.MeasuredSpeeds(2, 4), measured_speeds.MeasuredSpeeds(2, 4)
+    for t in ([0.02, 0.03], [0.04, 0.01], [0.02, 0.02]):
+      calls.observe_calls([4, 4], t)
+      old.observe(np.array(t) / 4)
+    np.testing.assert_allclose(calls.seconds, old.seconds, rtol=1e-15)
+    np.testing.assert_array_equal(calls.overhead, [0.0, 0.0])
+    self.assertEqual(calls.fits, [None, None])
+    np.testing.assert_array_equal(calls.counts(), old.counts())
+
+  def test_window_of_one_size_keeps_the_last_overhead(self):
+    c, s, slower = 0.01, 0.002, 0.005
+    speeds = measured_speeds.MeasuredSpeeds(1, 4, window=3)
+    for n in (4, 1, 2, 2, 2):  # the window now holds 2, 2, 2: the last fit was through 1, 2, 2, exact
+      speeds.observe_calls([n], [c + n * s])
+    fit = speeds.fits[0]
+    np.testing.assert_allclose([speeds.overhead[0], speeds.seconds[0]], [c, s], rtol=1e-12)
+    speeds.observe_calls([2], [c + 2 * slower])  # the device slowed down: c kept, s moves halfway
+    self.assertIs(speeds.fits[0], fit)
+    np.testing.assert_allclose([speeds.overhead[0], speeds.seconds[0]], [c, 0.5 * s + 0.5 * slower], rtol=1e-12)
+    speeds.observe_calls([2], [0.5 * c])  # a call shorter than c: c cannot be that large, it is dropped
+    self.assertEqual(speeds.overhead[0], 0.0)
+    np.testing.assert_allclose(speeds.seconds[0], 0.5 * (0.5 * s + 0.5 * slower) + 0.5 * (0.25 * c), rtol=1e-12)
+
+  def test_times_that_do_not_grow_with_n_fall_back(self):
+    speeds = measured_speeds.MeasuredSpeeds(1, 4)
+    speeds.observe_calls([4], [0.01])
+    speeds.observe_calls([1], [0.02])  # fit_overhead refuses a slope <= 0: the moving average of t / n
+    self.assertIsNone(speeds.fits[0])
+    np.testing.assert_allclose(speeds.seconds, [0.5 * 0.0025 + 0.5 * 0.02], rtol=1e-15)
+
+  def test_probe_counts(self):
+    speeds = measured_speeds.MeasuredSpeeds(2, 5, probe=(5, 1, 3))
+    for expected in (5, 1, 3):
+      np.testing.assert_array_equal(speeds.counts(), [expected, expected])
+      speeds.observe_calls(speeds.counts(), _calls([0.01, 0.01], [0.002, 0.004], speeds.counts()))
+    np.testing.assert_array_equal(speeds.counts(), [5, 2])  # floor((0.02 - 0.01) / 0.004) = 2
+
+  @parameterized.named_parameters(
+      ('window', {'window': 1}, '^window=1 .*>= 2'),
+      ('probe_zero', {'probe': (4, 0)}, '^probe=.*in 1..4'),
+      ('probe_above_m', {'probe': (5,)}, '^probe=.*in 1..4'),
+      ('probe_float', {'probe': (1.0,)}, '^probe='),
+  )
+  def test_bad_settings(self, overrides, message):
+    with self.assertRaisesRegex(errors.ConfigError, message) as e:
+      measured_speeds.MeasuredSpeeds(2, 4, **overrides)
+    self.assertNotIn('\n', str(e.exception))
+
+  @parameterized.named_parameters(
+      ('wrong_length', [4], [0.01, 0.01], '^counts=.*one micro-batch count in 1..4 per device'),
+      ('zero', [4, 0], [0.01, 0.01], '^counts='),
+      ('above_m', [4, 5], [0.01, 0.01], '^counts='),
+      ('float', [4.0, 4.0], [0.01, 0.01], '^counts='),
+      ('negative_time', [4, 4], [0.01, -0.01], '^call_seconds=.*> 0'),
+      ('short_times', [4, 4], [0.01], '^call_seconds=.*needs one per device'),
+  )
+  def test_bad_calls(self, counts, seconds, message):
+    with self.assertRaisesRegex(errors.ConfigError, message) as e:
+      measured_speeds.MeasuredSpeeds(2, 4).observe_calls(counts, seconds)
+    self.assertNotIn('\n', str(e.exception))
+
+
 class WhileLoopTest(parameterized.TestCase):
 
   def setUp(self):
@@ -209,8 +388,13 @@ class MeasuredStepTest(parameterized.TestCase):
     params = jax.device_put({'w': np.zeros((D, FEATURES), np.float32), 'b': np.zeros(D, np.float32)}, per_device)
     opt_state = jax.device_put(jax.vmap(step.tx.init)(params), per_device)
     batch = jax.device_put(_problem(0, np.float32), per_device)
+    warmup = []
     for _ in range(3):
       params, opt_state, _ = step(params, opt_state, batch)
+      warmup.append(step.last_counts.tolist())
+    # compile (not measured), then the two measured sizes the fit needs
+    self.assertEqual(warmup, [[M] * D, [M] * D, [1] * D])
+    self.assertEqual([n for n, _ in step.speeds.calls[0]], [M, 1])
     self.assertIsNotNone(step.speeds.seconds)  # observed after the compiling call
     self.assertEqual(step.speeds.seconds.shape, (D,))
     self.assertTrue(np.all(step.speeds.seconds > 0))
