@@ -15,6 +15,14 @@ def unpack(params, worker: int = 0):
   return (np.asarray(dense['kernel'][worker], np.float64)[:, 0], float(np.asarray(dense['bias'][worker])[0]))
 
 
+def assert_workers_match(params, models, label: str = '') -> None:
+  """Every worker's (W, b) in the harness's stacked `params` equals `models[i]` to 1e-10 relative."""
+  for i, (want_w, want_b) in enumerate(models):
+    got_w, got_b = unpack(params, i)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-10, atol=1e-12, err_msg=f'{label} worker {i}')
+    np.testing.assert_allclose(got_b, want_b, rtol=1e-10, atol=1e-12, err_msg=f'{label} worker {i}')
+
+
 def gradient(w: np.ndarray, b: float, x: np.ndarray, y: np.ndarray):
   """Gradient of 0.5 * mean((x w + b - y)^2) with respect to (w, b)."""
   r = x.astype(np.float64) @ w + b - y.astype(np.float64)

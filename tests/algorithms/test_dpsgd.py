@@ -58,10 +58,7 @@ class DPSGDMathTest(parameterized.TestCase):
         models = [[mixed[i][k] + moved[i][k] - models[i][k] for k in range(2)] for i in range(p)]
       if (t + 1) % block:
         continue
-      for i in range(p):
-        got_w, got_b = reference.unpack(traj.params[t // block], i)
-        np.testing.assert_allclose(got_w, models[i][0], rtol=1e-10, atol=1e-12, err_msg=f'iteration {t} worker {i}')
-        np.testing.assert_allclose(got_b, models[i][1], rtol=1e-10, atol=1e-12)
+      reference.assert_workers_match(traj.params[t // block], models, f'iteration {t}')
     if p > 2:
       kernel = traj.params[-1]['Dense_0']['kernel']
       self.assertGreater(np.abs(kernel[0] - kernel[1]).max(), 1e-8, 'models never differed')

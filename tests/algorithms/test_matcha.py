@@ -86,10 +86,7 @@ class MatchaMathTest(parameterized.TestCase):
       models = gossip([opts[i].step(models[i], grads[i]) for i in range(p)], matchings, active, alpha)
       if (t + 1) % block:
         continue
-      for i in range(p):
-        got_w, got_b = reference.unpack(traj.params[t // block], i)
-        np.testing.assert_allclose(got_w, models[i][0], rtol=1e-10, atol=1e-12, err_msg=f'iteration {t} worker {i}')
-        np.testing.assert_allclose(got_b, models[i][1], rtol=1e-10, atol=1e-12)
+      reference.assert_workers_match(traj.params[t // block], models, f'iteration {t}')
     if matchings:  # the draws switched matchings on and off: the loop above tested both branches
       self.assertGreater(len(seen), 1, seen)
     if p > 2:

@@ -86,10 +86,7 @@ def replay(test, traj, config, weighting, topology, block):
     positions = positions + done  # unfinished micro-batches are not consumed: they come first next round
     if (t + 1) % block:
       continue
-    for i in range(p):
-      got_w, got_b = reference.unpack(traj.params[t // block], i)
-      np.testing.assert_allclose(got_w, models[i][0], rtol=1e-10, atol=1e-12, err_msg=f'iteration {t} worker {i}')
-      np.testing.assert_allclose(got_b, models[i][1], rtol=1e-10, atol=1e-12)
+    reference.assert_workers_match(traj.params[t // block], models, f'iteration {t}')
 
 
 class NonBlockingMathTest(parameterized.TestCase):
@@ -196,8 +193,8 @@ class NonBlockingRuleTest(parameterized.TestCase):
   @parameterized.parameters(('fastest', -1), ('deadline', -1), ('fastest', 2))
   def test_host_totals_are_the_divisors(self, trigger, fail_worker):
     config = harness.synthetic_config('nonblocking', microbatches=4, **{
-        'algorithm.trigger': trigger, 'algorithm.deadline_s': 0.02, 'stragglers.kind': 'exponential', 'stragglers.fail_worker': fail_worker,
-        'stragglers.fail_at_s': 0.05})
+        'algorithm.trigger': trigger, 'algorithm.deadline_s': 0.02, 'stragglers.kind': 'exponential',
+        'stragglers.fail_worker': fail_worker, 'stragglers.fail_at_s': 0.05})
     run = train.build(config)
     schedule = train.make_clock(run, 1e3).next_block(40).schedule
     np.testing.assert_array_equal(schedule.microbatches_total, schedule.microbatches_done.sum(axis=1))
@@ -324,7 +321,8 @@ class NonBlockingRuleTest(parameterized.TestCase):
 class ConfigTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ('m_not_dividing_batch', 'nonblocking,microbatches=3', r'^microbatches=3 is not allowed: must divide batch_size=8$'),
+      ('m_not_dividing_batch', 'nonblocking,microbatches=3',
+       r'^microbatches=3 is not allowed: must divide batch_size=8$'),
       ('deadline_zero', 'nonblocking,trigger=deadline', r'^algorithm.deadline_s=0.0 is not allowed: must be > 0'),
       ('deadline_negative', 'nonblocking,trigger=deadline,deadline_s=-1',
        r'^algorithm.deadline_s=-1.0 is not allowed: must be > 0'),

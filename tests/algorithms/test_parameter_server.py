@@ -124,10 +124,7 @@ def replay(test, traj, config, variant, block):
         test.assertEqual(pushes[i], 0)
     if (t + 1) % block and t + 1 < len(traj.schedules):
       continue
-    for i in range(config.workers):
-      got_w, got_b = reference.unpack(traj.params[t // block], i)
-      np.testing.assert_allclose(got_w, server.views[i][0], rtol=1e-10, atol=1e-12, err_msg=f'iteration {t} {i}')
-      np.testing.assert_allclose(got_b, server.views[i][1], rtol=1e-10, atol=1e-12)
+    reference.assert_workers_match(traj.params[t // block], server.views[:config.workers], f'iteration {t}')
   state = traj.final_state
   final = jax.device_get(state.params if state.opt_state.server is None else state.opt_state.server)  # fresh views
   for i in range(config.workers):
