@@ -13,7 +13,7 @@
 #   SEEDS=N reporting seeds (default 5), TUNING_SEEDS=K (default 2; 0: the step size is chosen on the reported
 #   seeds themselves, which the table calls optimistic). The seeds of an algorithm train as replicas of one
 #   compiled program, so 7 seeds cost about 2.5x one seed, not 7x.
-# About 9 minutes on 2 CPU cores after the install (SEEDS=5 TUNING_SEEDS=0: about 7).
+# About 10 minutes on 2 CPU cores after the install (SEEDS=5 TUNING_SEEDS=0: about 7).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 OUT="${1:-runs/quickstart}"
