@@ -32,7 +32,6 @@ from absl import flags
 from absl import logging
 import jax
 from jax import lax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec

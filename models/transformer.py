@@ -24,7 +24,6 @@ import functools
 from typing import Any, Callable
 
 import flax.linen as nn
-import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np

@@ -16,7 +16,6 @@ from waitless.cluster import factory
 from waitless.experiments import metrics_io
 from waitless.experiments import train
 from waitless.experiments.configs import digits
-from tests import harness
 
 _ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',
          'kbatch_async': 'kbatch_async,k=4', 'adasync': 'adasync,k0=4'}

@@ -24,7 +24,6 @@ import ml_collections
 from waitless import config_errors as errors
 from waitless.algorithms import registry
 from waitless.experiments import validation
-from waitless.experiments.configs import common
 from waitless.experiments.configs import digits
 
 # Free-form fields: their values are names that only the dataset or the file system can judge, when the

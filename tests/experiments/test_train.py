@@ -6,12 +6,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import numpy as np
 import pytest
 
 from waitless import config_errors as errors
