@@ -1,17 +1,19 @@
 """The `waitless` distribution: installed, it is `waitless.*` and nothing else; in a checkout, one name per module.
 
-`pip install --no-deps --no-build-isolation --target DIR` of a copy of the sources (what `pip install .` or a git
-URL builds, without touching the checkout or the environment), then a fresh interpreter in an empty directory,
-isolated from PYTHONPATH and the checkout, imports `waitless.algorithms` from DIR and finds no top-level
-`algorithms`, `config_errors`, ... And the imports of the checkout go through `waitless.` only
-(`launch/rewrite_imports.py --check`), so no module runs under two names and `except ConfigError` catches what
-an algorithm raises.
+A clean venv (`python -m venv`, its own pip and setuptools), `pip install --no-deps --no-build-isolation` of a copy
+of the sources into it (what `pip install .` or a git URL builds, without touching the checkout), the
+dependencies reached through a .pth file naming this environment's site-packages (CI reaches no index at test
+time), then the venv's interpreter, isolated (-I) in an empty directory, imports `waitless.algorithms` from the
+venv and finds no top-level `algorithms`, `config_errors`, ... And the imports of the checkout go through
+`waitless.` only (`launch/rewrite_imports.py --check`), so no module runs under two names and `except
+ConfigError` catches what an algorithm raises.
 """
 
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 
 from absl.testing import absltest
@@ -88,7 +90,7 @@ class InstallTest(absltest.TestCase):
 
   def test_install_gives_waitless_and_nothing_top_level(self):
     tmp = self.create_tempdir().full_path
-    source, target, empty = (os.path.join(tmp, d) for d in ('source', 'target', 'empty'))
+    source, venv, empty = (os.path.join(tmp, d) for d in ('source', 'venv', 'empty'))
     os.makedirs(empty)
     ignore = shutil.ignore_patterns('__pycache__', '*.egg-info', 'build')
     os.makedirs(source)
@@ -96,25 +98,31 @@ class InstallTest(absltest.TestCase):
       shutil.copy(os.path.join(ROOT, name), source)
     for name in ('waitless',) + rewrite_imports.PACKAGES:
       shutil.copytree(os.path.join(ROOT, name), os.path.join(source, name), ignore=ignore)
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps', '--no-build-isolation',
-                    '--target', target, source], check=True, capture_output=True, text=True, cwd=tmp)
-    installed = sorted(n for n in os.listdir(target) if not n.endswith('.dist-info'))
+    subprocess.run([sys.executable, '-m', 'venv', venv], check=True, capture_output=True, text=True, cwd=tmp)
+    python = os.path.join(venv, 'bin', 'python')
+    site = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    before = set(os.listdir(site))
+    with open(os.path.join(site, 'dependencies.pth'), 'w') as f:  # jax, flax, ... from this environment
+      f.write(sysconfig.get_paths()['purelib'] + '\n')
+    subprocess.run([python, '-m', 'pip', 'install', '-q', '--no-deps', '--no-build-isolation', '--no-index', source],
+                   check=True, capture_output=True, text=True, cwd=tmp)
+    installed = sorted(n for n in set(os.listdir(site)) - before if not n.endswith(('.dist-info', '.pth')))
     self.assertEqual(installed, ['waitless'])
     probe = textwrap.dedent(f'''\
         import importlib.util, sys
-        sys.path.insert(0, {target!r})
         import waitless.algorithms.registry as registry
         from waitless import config_errors
         from waitless.cluster import factory
         assert all(importlib.util.find_spec(n) is None for n in {TOP_LEVEL!r}), 'a top-level module is installed'
-        assert registry.__file__.startswith({target!r}), registry.__file__
+        assert registry.__file__.startswith({site!r}), registry.__file__
         try:
           registry.get('no_such_algorithm')
         except config_errors.ConfigError as e:
           print(len(registry.names()), 'algorithms;', e)
         ''')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    result = subprocess.run([sys.executable, '-I', '-c', probe], cwd=empty, env=env, capture_output=True, text=True,
+    result = subprocess.run([python, '-I', '-c', probe], cwd=empty, env=env, capture_output=True, text=True,
                             check=False)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertRegex(result.stdout, r'^\d+ algorithms;.*no_such_algorithm')
