@@ -48,7 +48,6 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from scipy import optimize
 
 from waitless import config_errors as errors
 from waitless.algorithms import collectives
@@ -142,6 +141,7 @@ def activation_probabilities(laplacians: Sequence[np.ndarray], budget: float, to
   Returns:
     float64 (J,), each in [0, 1].
   """
+  from scipy import optimize  # pylint: disable=g-import-not-at-top  (scipy: only when a plan is made)
   j = len(laplacians)
   if j == 0 or budget >= 1:
     return np.ones(j)
@@ -200,6 +200,7 @@ def mixing_weight(laplacians: Sequence[np.ndarray], probabilities: np.ndarray) -
   Returns:
     alpha (0 where no matching is ever active).
   """
+  from scipy import optimize  # pylint: disable=g-import-not-at-top
   if not laplacians:
     return 0.0
   mean, _ = _contraction(laplacians, probabilities, _complement_of_ones(laplacians[0].shape[0]))
@@ -228,11 +229,17 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def ring_plan(workers: int, budget: float, alpha: Optional[float] = None) -> Plan:
-  """MATCHA's plan on the ring of `workers` (the paper's alpha unless `alpha` is given)."""
+def _ring_matchings(workers: int, budget: float):
+  """(partner tables, Laplacians, probabilities) of the ring: the LP runs once per (P, budget), whatever alpha."""
   partners = decompose(ring_edges(workers), workers)
   laps = [laplacian(m) for m in partners]
-  probs = activation_probabilities(laps, budget)
+  return partners, laps, activation_probabilities(laps, budget)
+
+
+@functools.lru_cache(maxsize=64)
+def ring_plan(workers: int, budget: float, alpha: Optional[float] = None) -> Plan:
+  """MATCHA's plan on the ring of `workers` (the paper's alpha unless `alpha` is given)."""
+  partners, laps, probs = _ring_matchings(workers, budget)
   alpha = mixing_weight(laps, probs) if alpha is None else float(alpha)
   return Plan(partners=partners, probabilities=tuple(float(x) for x in probs), alpha=alpha,
               rho=contraction_factor(laps, probs, alpha))
@@ -270,6 +277,7 @@ def matcha(inner: optax.GradientTransformation, budget: float = 0.5, alpha: Opti
   _check(budget, alpha)
   inner = optax.with_extra_args_support(inner)
 
+  @spec.owns_its_buffers
   def init_fn(params):
     return MatchaState(inner=inner.init(params))
 
@@ -305,10 +313,10 @@ class MatchaSchedule(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def _tables(workers: int, budget: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(partner index (J, P), matched float64 (J, P), p (J,)) of `ring_plan(workers, budget)`."""
-  plan = ring_plan(workers, budget)
-  table = np.asarray(plan.partners, np.int64).reshape(len(plan.partners), workers)
-  return table, (table != np.arange(workers)).astype(np.float64), np.asarray(plan.probabilities)
+  """(partner index (J, P), matched float64 (J, P), p (J,)) of `ring_plan(workers, budget)` (no alpha needed)."""
+  partners, _, probs = _ring_matchings(workers, budget)
+  table = np.asarray(partners, np.int64).reshape(len(partners), workers)
+  return table, (table != np.arange(workers)).astype(np.float64), np.asarray(probs, np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
