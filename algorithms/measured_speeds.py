@@ -165,10 +165,15 @@ class MeasuredSpeeds:
     for d in range(self.devices):
       self.calls[d].append((int(n[d]), float(t[d])))
       sizes, seconds = zip(*self.calls[d])
-      try:
-        self.fits[d] = calibration.fit_overhead(sizes, seconds)
-        fitted[d] = True
-      except ValueError:  # one size in the window, or noise: keep c_d, follow s_d
+      fit = None
+      if len(set(sizes)) > 1:  # one size in the window has no line to fit
+        try:
+          fit = calibration.fit_overhead(sizes, seconds)
+        except ValueError:  # times that do not grow with the size: noise
+          pass
+      if fit is not None:
+        self.fits[d], fitted[d] = fit, True
+      else:  # keep c_d, follow s_d
         if t[d] <= self.overhead[d]:
           self.overhead[d] = 0.0
         per_microbatch[d] = (t[d] - self.overhead[d]) / n[d]
@@ -242,6 +247,9 @@ class MeasuredStep:
     self.per_device = NamedSharding(mesh, PartitionSpec(axis_name))
     self.replicated = NamedSharding(mesh, PartitionSpec())
     self.last_counts, self.last_trips, self.timed_seconds, self._calls = None, None, None, 0
+    process = np.array([d.process_index for d in mesh.devices.flat])
+    self._mine = np.flatnonzero(process == jax.process_index())  # this process's devices, in mesh order
+    self._same_process = process[:, None] == process[None, :]    # (D, D): device j shares device i's process
     value_and_grad = jax.value_and_grad(loss_fn)
     spec = PartitionSpec(axis_name)
     first = lambda tree: jax.tree.map(lambda x: x[0], tree)  # pylint: disable=unnecessary-lambda-assignment
@@ -275,20 +283,19 @@ class MeasuredStep:
   def __call__(self, params, opt_state, microbatches):
     counts = self.speeds.counts()  # the same on every process: the table is all-gathered
     self.last_counts = counts
-    mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
+    local_counts = self._global(counts[self._mine])
     begin = time.perf_counter()
-    grads, losses, trips = self.gradients(params, microbatches, self._global(counts[mine]))
+    grads, losses, trips = self.gradients(params, microbatches, local_counts)
     jax.block_until_ready((grads, losses, trips))
     self.timed_seconds = time.perf_counter() - begin
     self.last_trips = trips
     total = jax.device_put(np.int32(counts.sum()), self.replicated)
-    params, opt_state, loss, table = self.apply(params, opt_state, grads, losses, self._global(counts[mine]), total,
-                                                self._global(np.full(len(mine), self.timed_seconds, np.float32)))
+    params, opt_state, loss, table = self.apply(params, opt_state, grads, losses, local_counts, total,
+                                                self._global(np.full(len(self._mine), self.timed_seconds, np.float32)))
     self._calls += 1
     if self._calls > 1:  # the first call's time is mostly compilation
       # The devices of a process ran in parallel and share its one time: the largest count among them set it.
-      process = np.array([d.process_index for d in self.mesh.devices.flat])
-      ran = np.array([counts[process == process[i]].max() for i in range(len(process))])
+      ran = np.where(self._same_process, counts[None, :], 0).max(axis=1)
       self.speeds.observe_calls(ran, np.asarray(table, np.float64))
     return params, opt_state, loss
 
