@@ -262,6 +262,7 @@ def matching_exchange(tree: Any, axis_name: AxisName, partners: Sequence[int]) -
   if not matched:
     return tree
   axes = _axes(axis_name)
+  _check_layout(tree, axes)
   wide = [a for a in axes if lax.axis_size(a) > 1]
   if len(wide) == 1:  # the global index is the index along that axis
     # The whole involution (an unmatched worker "sends" to itself: a local copy): ppermute along a vmapped axis
