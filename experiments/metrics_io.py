@@ -27,6 +27,8 @@ import google_crc32c
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 
+from waitless.experiments import atomic_files
+
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
 SIM_TIME_RUN = 'sim_time'  # tensorboard/sim_time: the scalars with the simulated millisecond as their step
@@ -132,10 +134,7 @@ class MetricsWriter:
       return
     path = os.path.join(workdir, METRICS_FILE)
     kept = [] if keep_through_step is None else [r for r in read_rows(workdir) if r['step'] <= keep_through_step]
-    with open(path + '.tmp', 'w') as f:
-      for row in kept:
-        f.write(json.dumps(row) + '\n')
-    os.replace(path + '.tmp', path)
+    atomic_files.write_text(path, ''.join(json.dumps(row) + '\n' for row in kept))
     self._file = open(path, 'a')
     self._events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR))
     # The same scalars against simulated time: a second TensorBoard run whose step is the simulated millisecond.
