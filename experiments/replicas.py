@@ -134,8 +134,12 @@ def replicas_that_fit(state_bytes: float, input_bytes: float, available: Optiona
   MEMORY_SHARE of `available` bytes; None when the memory is unknown (no limit)."""
   if available is None:
     return None
-  per_replica = STATE_COPIES * state_bytes + INPUT_COPIES * input_bytes
-  return max(1, int(MEMORY_SHARE * available // max(per_replica, 1.0)))
+  return max(1, int(MEMORY_SHARE * available // max(bytes_per_replica(state_bytes, input_bytes), 1.0)))
+
+
+def bytes_per_replica(state_bytes: float, input_bytes: float) -> float:
+  """Device memory one replica holds: STATE_COPIES of its training state and INPUT_COPIES of its block inputs."""
+  return STATE_COPIES * state_bytes + INPUT_COPIES * input_bytes
 
 
 def partition(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],

@@ -331,10 +331,11 @@ def state_bytes_of(run: Run) -> int:
   return param_count_and_bytes(jax.eval_shape(lambda: init_state(run)))[1]
 
 
-def replica_memory_bytes(run: Run) -> tuple[float, float]:
+def replica_memory_bytes(run: Run, state_bytes: Optional[int] = None) -> tuple[float, float]:
   """(training state, block inputs) bytes of one replica of `run` on one device's memory, from shapes only
-  (`jax.eval_shape`: nothing is allocated). CPU devices share the host's memory: there, all of them."""
-  state_bytes = state_bytes_of(run)
+  (`jax.eval_shape`: nothing is allocated; `state_bytes`, `state_bytes_of(run)`, when the caller has it). CPU
+  devices share the host's memory: there, all of them."""
+  state_bytes = state_bytes_of(run) if state_bytes is None else state_bytes
   example = jax.tree.map(np.asarray, run.dataset.example)
   _, example_bytes = param_count_and_bytes(example)
   input_bytes = example_bytes * run.config.batch_size * run.config.workers * run.config.steps_per_call
@@ -342,12 +343,12 @@ def replica_memory_bytes(run: Run) -> tuple[float, float]:
   return state_bytes / share, input_bytes / share
 
 
-def check_memory(group: Group) -> None:
+def check_memory(group: Group, state_bytes: Optional[int] = None) -> None:
   """Raises errors.ConfigError (naming `workers`) when the group's state and inputs cannot fit in the memory
-  of a device, from shapes only: before anything is allocated."""
+  of a device, from shapes only: before anything is allocated (`state_bytes`: `state_bytes_of(group.lead)`)."""
   run = group.lead
-  state_bytes, input_bytes = replica_memory_bytes(run)
-  need = group.size * (replicas_lib.STATE_COPIES * state_bytes + replicas_lib.INPUT_COPIES * input_bytes)
+  state_bytes, input_bytes = replica_memory_bytes(run, state_bytes)
+  need = group.size * replicas_lib.bytes_per_replica(state_bytes, input_bytes)
   available = replicas_lib.available_memory_bytes(run.layout.mesh.devices.flat[0])
   errors.require(available is None or need <= available, 'workers', run.config.workers,
                  f'this run needs about {need / 1e9:.3g} GB per device for its training state and inputs '
@@ -789,11 +790,11 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   """
   group = build_group(configs)
   lead = jax.process_index() == 0
-  checkpoint_bytes = state_bytes_of(group.lead) / jax.process_count()  # shapes only: nothing allocated yet
+  state_bytes = state_bytes_of(group.lead)  # shapes only (one trace of the init): nothing allocated yet
   for config, workdir in zip(configs, workdirs):
     check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
-    checkpointing.check_writable(workdir, checkpoint_bytes=checkpoint_bytes)
-  check_memory(group)
+    checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / jax.process_count())
+  check_memory(group, state_bytes)
   if lead:
     for config, workdir in zip(configs, workdirs):
       os.makedirs(workdir, exist_ok=True)
