@@ -74,6 +74,7 @@ INHERENT = {
     'lap_sgd': 'Q thread views per node',
     'lpp_sgd': 'Q thread views per node',
     'dpsgd': 'two neighbour exchanges per iteration',
+    'matcha': 'one point-to-point exchange per active matching (the ring has two; each active with its probability)',
     'nonblocking': 'm micro-batches scanned per worker',
 }
 _ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',
