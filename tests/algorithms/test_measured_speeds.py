@@ -223,10 +223,10 @@ class OverheadFitTest(parameterized.TestCase):
 
   def test_twice_as_slow_per_microbatch_gets_half(self):
     overhead, seconds, m = [0.004, 0.004], [0.001, 0.002], 8
-    exact = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1))
+    exact = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1), tolerance=0.0)
     np.testing.assert_array_equal(self._run(exact, overhead, seconds, 6)[-1], [8, 4])
     # with 3% noise on every call: about half, every iteration
-    noisy = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1))
+    noisy = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1), tolerance=0.0)
     history = self._run(noisy, overhead, seconds, 40, np.random.default_rng(0), 0.03)[2:]
     self.assertTrue(np.all(history[:, 0] >= m - 1), history[:, 0])
     self.assertTrue(np.all(np.abs(history[:, 1] - m / 2) <= 1), history[:, 1])
@@ -266,14 +266,42 @@ class OverheadFitTest(parameterized.TestCase):
     np.testing.assert_allclose(speeds.seconds, [0.5 * 0.0025 + 0.5 * 0.02], rtol=1e-15)
 
   def test_probe_counts(self):
-    speeds = measured_speeds.MeasuredSpeeds(2, 5, probe=(5, 1, 3))
+    speeds = measured_speeds.MeasuredSpeeds(2, 5, probe=(5, 1, 3), tolerance=0.0)
     for expected in (5, 1, 3):
       np.testing.assert_array_equal(speeds.counts(), [expected, expected])
       speeds.observe_calls(speeds.counts(), _calls([0.01, 0.01], [0.002, 0.004], speeds.counts()))
     np.testing.assert_array_equal(speeds.counts(), [5, 2])  # floor((0.02 - 0.01) / 0.004) = 2
 
+  def test_tolerance_keeps_equally_fast_devices_at_m_through_noise(self):
+    """Two equally fast devices, 5% noise on every call: without a tolerance the floor gives the
+    slower-looking one m - 1 (one device of the two on about every iteration); 0.1 of the deadline keeps both
+    at m nearly always."""
+    overhead, seconds, m = [0.002, 0.002], [0.001, 0.001], 4
+    history = {}
+    for tolerance in (0.0, 0.1):
+      speeds = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1), tolerance=tolerance)
+      history[tolerance] = self._run(speeds, overhead, seconds, 200, np.random.default_rng(1), 0.05)[2:]
+    self.assertLess(history[0.0].mean(), m - 0.3)
+    self.assertGreater(history[0.1].mean(), m - 0.05)
+    self.assertGreater(history[0.1].mean(), history[0.0].mean())
+
+  def test_tolerance_still_cuts_a_slow_device(self):
+    """A device 1.5x slower per micro-batch is past (1 + 0.1) of the deadline on all m: it is cut."""
+    speeds = measured_speeds.MeasuredSpeeds(2, 8, probe=(8, 1))
+    counts = self._run(speeds, [0.0, 0.0], [0.001, 0.0015], 4)[-1]
+    # floor(1.1 * 8 ms / 1.5 ms) = 5
+    np.testing.assert_array_equal(counts, [8, 5])
+
+  def test_counts_with_tolerance(self):
+    # deadline 1.1 * 8 ms = 8.8 ms: floor(8.8 / 1.2) = 7, floor((8.8 - 2) / 2) = 3
+    np.testing.assert_array_equal(
+        measured_speeds.microbatch_counts([0.001, 0.0012, 0.002], 8, overhead_s=[0.0, 0.0, 0.002], tolerance=0.1),
+        [8, 7, 3])
+
   @parameterized.named_parameters(
       ('window', {'window': 1}, '^window=1 .*>= 2'),
+      ('tolerance_negative', {'tolerance': -0.1}, '^tolerance=-0.1 .*>= 0'),
+      ('tolerance_nan', {'tolerance': float('nan')}, '^tolerance=nan .*>= 0'),
       ('probe_zero', {'probe': (4, 0)}, '^probe=.*in 1..4'),
       ('probe_above_m', {'probe': (5,)}, '^probe=.*in 1..4'),
       ('probe_float', {'probe': (1.0,)}, '^probe='),
