@@ -62,6 +62,11 @@ always averages (sum + own W) / (S + 1)). On digits (16 workers, target 95 %, 3 
 iteration behind (its previous step had not finished when the activation reached it: its buffer is older than
 one iteration; 20 % noise: about 3.4 of 16 workers per iteration) is still treated as one iteration stale by
 the math; the rule counts such workers (`behind`).
+Off the simulator (no schedule: every member is fresh) the group exchange is log2 S pairwise `ppermute`s, so on
+a multi-process run a slow process delays its partners of that iteration only, but it does delay them: a
+lock-step program cannot skip a late partner. Measured on 4 CPU processes, S = 2 (`benchmarks/real_stragglers.py`,
+RESULTS.md section 8): a random 40 ms straggler per iteration cost 23-26 ms per iteration against sync's 37-45;
+this rule, which does skip late members, predicted 12-13.
 
 Reference: Li, Ben-Nun, Di Girolamo, Alistarh, Hoefler, "Breaking (Global) Barriers in Parallel Stochastic
 Optimization with Wait-Avoiding Group Averaging", IEEE TPDS 2020 (arXiv 2005.00124).
