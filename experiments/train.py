@@ -37,6 +37,7 @@ from waitless.cluster import rules as rules_lib
 from waitless.data import registry as data_registry
 from waitless.experiments import atomic_files
 from waitless.experiments import checkpointing
+from waitless.experiments import measured_time
 from waitless.experiments import metrics_io
 from waitless.experiments import preemption
 from waitless.experiments import replicas as replicas_lib
@@ -73,9 +74,10 @@ def to_host(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
-def measurements_to_host(packed) -> dict[str, np.ndarray]:
-  """The block step's packed measurements as the host dict of `step.unpack_measurements`."""
-  return step_lib.unpack_measurements(to_host(packed))
+def measurements_to_host(packed, timed: bool = False) -> dict[str, np.ndarray]:
+  """The block step's packed measurements as the host dict of `step.unpack_measurements` (`timed`: a step with
+  a `Stopwatch`)."""
+  return step_lib.unpack_measurements(to_host(packed), timed)
 
 
 def _next_boundary(step: int, config) -> int:
@@ -90,8 +92,11 @@ def block_length(step: int, config, round_length: int | None = None) -> int:
 
   With a round length R the block is whole rounds where it can be (max(1, steps_per_call // R) of them); after
   a boundary that falls inside a round, a shorter block reaches the next round boundary. Lengths depend only on
-  absolute step numbers, so a resumed run runs the same blocks.
+  absolute step numbers, so a resumed run runs the same blocks. Measured nonblocking: one iteration
+  (`measured_time.one_iteration_blocks`).
   """
+  if measured_time.one_iteration_blocks(config):
+    return 1
   limit = _next_boundary(step, config) - step
   if round_length is None:
     return min(config.steps_per_call, limit)
@@ -128,11 +133,17 @@ class Run:
     return self.spec.microbatches_per_iteration(self.config)
 
   @property
+  def measured(self) -> bool:
+    """Real time, nothing simulated (`stragglers.kind='measured'`, experiments/measured_time.py)."""
+    return measured_time.is_measured(self.config)
+
+  @property
   def finished_only(self) -> bool:
     """The batch can hold more than m micro-batches per worker (K-batch rules: up to K mini-batches, about K / P
     of them finished): each block's batch then holds only as many as its busiest worker finished (rounded up
-    to a power of two, so that few programs compile), and the step loops over the finished ones."""
-    return self.microbatches > self.config.microbatches
+    to a power of two, so that few programs compile), and the step loops over the finished ones. Measured
+    nonblocking too: a slow device must really run fewer micro-batches (a while loop of its own count)."""
+    return self.microbatches > self.config.microbatches or measured_time.one_iteration_blocks(self.config)
 
 
 def make_tx(config: ml_collections.ConfigDict, spec, axis_name) -> Any:
@@ -238,9 +249,13 @@ class BlockStep:
   programs carry a replica axis and take the group's differing values as inputs (`step.ReplicaAxis`).
   """
 
-  def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True):
+  def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True,
+               loss_hook=None):
     group = as_group(run_or_group)
     run = group.lead
+    # A measured run times every device's gradient phase (`step.Stopwatch`); `compiled`: the last call compiled.
+    self.stopwatch = step_lib.Stopwatch() if run.measured else None
+    self.compiled = False
     replica_axis, self.values = None, None
     streams = run.dataset.train
     self.data = None if streams.resident is None else jax.device_put(
@@ -254,7 +269,8 @@ class BlockStep:
     make = functools.partial(
         step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
         schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params,
-        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis)
+        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis,
+        loss_hook=loss_hook, stopwatch=self.stopwatch)
     if rounds is None:
       rounds = rounds_pay_off(run.layout)
     self.round_length = run.round_length if rounds else None
@@ -270,20 +286,31 @@ class BlockStep:
     return self.rounds if self.whole_rounds(steps) else self.per_iteration
 
   def __call__(self, state, packed, spec, steps, slots=None):
-    return self.program(steps)(state, packed, self.data, self.values, spec=spec, slots=slots)
+    program = self.program(steps)
+    if self.stopwatch is None:
+      return program(state, packed, self.data, self.values, spec=spec, slots=slots)
+    programs = program._cache_size()  # pylint: disable=protected-access
+    self.stopwatch.start()
+    out = program(state, packed, self.data, self.values, spec=spec, slots=slots)
+    self.compiled = program._cache_size() > programs  # pylint: disable=protected-access
+    return out
 
   def lower(self, state, packed, spec, steps, slots=None):
     return self.program(steps).lower(state, packed, self.data, self.values, spec=spec, slots=slots)
 
 
-def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool = True) -> BlockStep:
+def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool = True,
+                    loss_hook=None) -> BlockStep:
   """The block step of a run or group; `rounds`: see `BlockStep` (None: the round program on accelerators);
-  `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`)."""
-  return BlockStep(run_or_group, rounds, vectorized)
+  `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`);
+  `loss_hook`: TEST-ONLY, on every micro-batch's loss (`experiments.slowdown`)."""
+  return BlockStep(run_or_group, rounds, vectorized, loss_hook)
 
 
 def make_clock(run: Run, model_bytes: float):
-  """A fresh seeded clock driving the run's time rule."""
+  """A fresh seeded clock driving the run's time rule; for a measured run, its `measured_time.MeasuredClock`."""
+  if run.measured:
+    return measured_time.MeasuredClock(run.config, run.rule, model_bytes, run.layout.devices)
   return cluster_factory.make_clock(run.config, run.rule, model_bytes)
 
 
@@ -743,16 +770,22 @@ def _restore(group: Group, replicas: list[_Replica], state):
     r.positions = np.asarray(meta['positions'], np.int64)
     r.clock.load_state_dict(meta['clock'])
     r.time_to_target, r.last_eval = meta['time_to_target'], meta['last_eval']
-    r.window = _Window(r.run.rule.reports, meta['window'])
+    r.window = _Window(_reports(r.run), meta['window'])
     r.last_train_loss = float(meta['train_loss'])
     r.sim_time = r.clock.sim_time
     log.info('Resumed from the checkpoint at step %d in %s', step, r.workdir)
   return stack_replicas(group, [s for s, _ in restored]), step
 
 
+def _reports(run: Run) -> dict[str, str]:
+  """The window's reductions beyond the step's: the rule's reports, and a measured run's counts and times."""
+  return {**run.rule.reports, **(measured_time.reports(run.config) if run.measured else {})}
+
+
 def _summary(r: _Replica, step: int, wall: float, num_params: int, group_size: int) -> dict[str, Any]:
   last_eval = r.last_eval
-  return {
+  measured = r.clock.summary() if r.run.measured else {}
+  return {**measured,
       'steps': step, 'sim_time': r.sim_time, 'wall_time': wall,
       'final_train_loss': r.last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
       'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
@@ -768,10 +801,11 @@ class _Prepared:
   blocks: list
   inputs: tuple
   stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
+  seconds: float = 0.0  # host seconds spent preparing it (a measured run's clock counts them)
 
 
 def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
-                stop_requests: preemption.StopRequests | None = None) -> list[Any]:
+                stop_requests: preemption.StopRequests | None = None, loss_hook=None) -> list[Any]:
   """Trains the runs of `configs` in `workdirs` as the replicas of one program, resuming from their checkpoints.
 
   The configs must be able to share a program (`replicas.partition`): the same workload, algorithm and cadence,
@@ -780,6 +814,8 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   own state, at the same steps as the others); its trajectory is the one it has alone (float64: to rounding;
   float32: XLA may round the batched program differently). A replica that has spent its budget, or that
   diverged or stalled, is frozen (it computes what is never read) while the others go on.
+
+  `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.slowdown.loss_hook`).
 
   Returns:
     Per run, its summary dict, or the TrainingDiverged / ClusterStalled it stopped with.
@@ -806,7 +842,7 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   num_params, model_bytes = param_count_and_bytes(state.params)
   num_params, model_bytes = (num_params // (run.config.workers * group.size),
                              model_bytes // (run.config.workers * group.size))
-  block_step = make_block_step(group)
+  block_step = make_block_step(group, loss_hook=loss_hook)
   if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
     run.config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
   replicas = []
@@ -814,7 +850,7 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     replicas.append(_Replica(
         run=r, workdir=workdir, clock=make_clock(r, model_bytes),
         checkpointer=checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints')),
-        positions=np.zeros(r.config.workers, np.int64), window=_Window(r.rule.reports)))
+        positions=np.zeros(r.config.workers, np.int64), window=_Window(_reports(r))))
   try:
     state, step = _restore(group, replicas, state)
     for r in replicas:
@@ -857,6 +893,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
     live = running(at)
     if not live:
       return None
+    begin = time.perf_counter()
     n = min(block_length(at, replicas[i].config, run.round_length) for i in live)
     blocks, stalled = [None] * len(replicas), {}
     for i in live:
@@ -873,7 +910,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
       after = [position]
     for r, position in zip(replicas, after):
       r.positions = position
-    return _Prepared(at, blocks, inputs, stalled)
+    return _Prepared(at, blocks, inputs, stalled, time.perf_counter() - begin)
 
   def stall(i: int, error: Exception, at: int, first: bool) -> None:
     r = replicas[i]
@@ -890,7 +927,9 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
   # of this block's state, which the next block donates). Not across a checkpoint (the saved clocks and data
   # positions must be those after the saved step), and not at all for a rule that adapts to this block's loss
   # (AdaSync): the schedules, and so the trajectory, stay exactly the same.
-  lookahead = not run.rule.uses_feedback
+  # A measured run never looks ahead: its next block's counts need this block's times, and its clock times one
+  # block at a time (`measured_time`).
+  lookahead = not run.rule.uses_feedback and not run.measured
   stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
   try:
     stop_requests.install()
@@ -918,7 +957,12 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
         if following is not None and any(b is not None for b in following.blocks):
           state, next_measured = block_step(state, *following.inputs)
 
-      host = measurements_to_host(measured)
+      host = measurements_to_host(measured, timed=run.measured)
+      if run.measured:  # group of one (a measured run never shares its program)
+        seconds = measured_time.block_seconds(
+            current.seconds, block_step.stopwatch.origin, time.perf_counter(), block_step.compiled,
+            host['started_s'][0, run.layout.local_worker_ids()])
+        current.blocks[0] = replicas[0].clock.record(current.blocks[0], host['compute_s'], seconds)
       evaluated = None
       for i in live:
         r = replicas[i]
@@ -942,6 +986,8 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
         r.sim_time, r.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
         if is_eval[i] or end % r.config.log_every == 0:
           row = {'step': end, 'sim_time': r.sim_time, 'wall_time': wall(r), **r.window.row()}
+          if r.run.measured:
+            row = measured_time.finish_row(row, r.config.workers)
           if is_eval[i]:
             if evaluated is None:
               evaluated = evaluate.measure(snapshot)
@@ -981,7 +1027,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       stop_requests: preemption.StopRequests | None = None) -> dict[str, Any]:
+                       stop_requests: preemption.StopRequests | None = None, loss_hook=None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
 
   Writes metrics.jsonl, summary.json, config.json, TensorBoard events and orbax checkpoints in `workdir`.
@@ -992,7 +1038,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; the run finished its
       block and checkpointed, and the same call resumes it.
   """
-  outcome, = train_group([config], [workdir], stop_requests)
+  outcome, = train_group([config], [workdir], stop_requests, loss_hook)
   if isinstance(outcome, Exception):
     raise outcome
   return outcome

@@ -11,6 +11,7 @@ from waitless.algorithms import optimizers
 from waitless.algorithms import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
+from waitless.experiments import measured_time
 from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 
@@ -109,3 +110,4 @@ def validate(config: ml_collections.ConfigDict) -> None:
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')
   spec.validate(config)
   cluster_factory.validate(config)
+  measured_time.validate(config)
