@@ -29,9 +29,12 @@ on that device right before and right after its gradients, before the update's c
 counts of every device reach every process with the block's measurements (one all-gather), so every process
 feeds the same table to `MeasuredSpeeds.observe_calls` and computes the same counts. The first measured
 iteration of a process is not fed (first execution of a program); then, as `MeasuredStep` does, the counts
-follow the probe (m, then 1 on every device: the fit's two sizes). A nonblocking block is one iteration
-(the next iteration's counts need this one's times), and the loop never dispatches a block before it read
-the previous one's (no lookahead, for every algorithm in this mode: the clock times one block at a time).
+follow the probe (m, then 1 on every device: the fit's two sizes), one iteration per block. After that a
+block has its usual length (`steps_per_call`) and its counts are those of the speeds when it starts: they
+follow a change of speed one block late, and the per-block host work (schedules, data, the all-gather of the
+measurements) is paid once per block, as in any run. The loop never dispatches a block before it read the
+previous one's (no lookahead, for every algorithm in this mode: the counts need the last block's times, and
+the clock times one block at a time).
 
 Resume: the speed estimates are not checkpointed; a resumed run probes again (the process may be on other
 hardware, or the slowdown gone). The checkpoint keeps the measured time so far and the schedule clock.
@@ -96,9 +99,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                    f'{name} on measured time needs an explicit delay d (None takes it from the simulated network)')
 
 
-def one_iteration_blocks(config: ml_collections.ConfigDict) -> bool:
-  """Whether every block is one iteration: measured nonblocking (each iteration's counts follow the last's
-  times)."""
+def counts_measured(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run's micro-batch counts come from measured speeds (measured nonblocking)."""
   return is_measured(config) and config.algorithm.name == 'nonblocking'
 
 
@@ -139,7 +141,7 @@ class MeasuredClock:
     m = self.microbatches
     self.speeds = measured_speeds.MeasuredSpeeds(
         self.devices, m, deadline_s=self.deadline_s, probe=(m, 1) if self.counted and m > 1 else ())
-    self._unfed = 1  # the first measured iteration of this process: the program's first execution
+    self._unfed = 1  # the first measured iteration of this process (the program's first execution): not fed
 
   def counts(self) -> np.ndarray:
     """int32 (P,): each worker's micro-batches next iteration (its device's `MeasuredSpeeds.counts()`)."""
@@ -147,8 +149,15 @@ class MeasuredClock:
       return np.full(self.workers, self.microbatches, np.int32)
     return np.repeat(self.speeds.counts(), self.local).astype(np.int32)
 
+  @property
+  def probing(self) -> bool:
+    """Whether the speeds still need single measurements: the first, not fed, then the probe's sizes."""
+    return self.counted and self._unfed + len(self.speeds.probe) > self.speeds.observations
+
   def next_block(self, n: int):
-    """The next n iterations' schedules (`cluster.clock.Block`; its times are filled by `record`)."""
+    """The next iterations' schedules (`cluster.clock.Block`; its times are filled by `record`): n of them,
+    or 1 while `probing` (each probe size is one measured iteration; the loop runs the block it gets)."""
+    n = 1 if self.probing else n
     block = self.schedules.next_block(n)
     if self.counted:
       done = np.broadcast_to(self.counts(), (n, self.workers))

@@ -206,13 +206,18 @@ class Stopwatch:
   long as the slowest device's. So the program reads the host clock on each device (a `pure_callback`) right
   before the iteration's gradients and right after them, before the update's collectives: the difference is
   that device's own compute time, its wait at the collectives excluded. Each read is tied into the dataflow
-  with `lax.optimization_barrier`: the gradients take the parameters that come out of the barrier with the
-  first read (so they cannot start before it), and the update takes the gradient sums that come out of the
-  barrier with the second (so the collectives cannot start before it, and the read cannot slip past them).
-  The read's argument is a scalar that depends on every leaf it guards (not the leaves themselves: nothing
-  large is copied to the host). Reads are seconds since `start()`, which the caller calls right before each
-  dispatch (so float32 keeps microseconds); a second dispatch before the first finished would mix origins
-  (the measured training loop never looks ahead).
+  both ways, by data dependencies the compiler cannot drop: its argument is a scalar that depends on every
+  leaf it guards (the first element of each: nothing large is copied to the host), and every leaf that comes
+  out is `where(seconds < 0, 0, leaf)` (never true, but the compiler cannot know): the gradients take the
+  parameters that come out of the first read, so they cannot start before it, and the update's collectives
+  take the gradient sums that come out of the second, so the read cannot slip past them. (An
+  `optimization_barrier` did not do it: inside the block's scan the second read landed after the all-reduce,
+  and every device measured the slowest one's time.) The selects cost one elementwise pass over the state and
+  the gradients per iteration. Reads are seconds since `start()`, which the caller calls right before each
+  dispatch (so float32 keeps microseconds); a second dispatch before the first finished would mix origins (the
+  measured training loop never looks ahead). A read needs the host's Python lock: while the host thread
+  compiles or runs Python, a read waits for it (the loop waits for the block's results with the lock
+  released).
 
   Chosen over two calls per iteration (a gradient call timed on the host, then the update call, as
   `algorithms.measured_speeds.MeasuredStep` does): the block program stays one dispatch for n iterations, the
@@ -230,12 +235,14 @@ class Stopwatch:
     return np.float32(time.perf_counter() - self.origin)
 
   def stamp(self, tree):
-    """(tree, seconds since `start`), the read taken once every leaf of `tree` is computed, and `tree`
-    usable only after it."""
-    leaves = [x for x in jax.tree.leaves(tree) if x.size and jnp.issubdtype(x.dtype, jnp.number)]
-    token = sum((x.ravel()[0].astype(jnp.float32) for x in leaves), jnp.zeros((), jnp.float32))
+    """(tree, seconds since `start`): the read taken once every leaf of `tree` is computed, and every numeric
+    leaf of the returned tree computed only after it."""
+    numeric = lambda x: x.size and jnp.issubdtype(x.dtype, jnp.number)  # pylint: disable=unnecessary-lambda-assignment
+    token = sum((x.ravel()[0].astype(jnp.float32) for x in jax.tree.leaves(tree) if numeric(x)),
+                jnp.zeros((), jnp.float32))
     seconds = jax.pure_callback(self._read, jax.ShapeDtypeStruct((), jnp.float32), token)
-    return lax.optimization_barrier((tree, seconds))
+    after = lambda x: jnp.where(seconds < 0, jnp.zeros_like(x), x) if numeric(x) else x  # pylint: disable=unnecessary-lambda-assignment
+    return jax.tree.map(after, tree), seconds
 
 
 def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int,

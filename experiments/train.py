@@ -92,11 +92,8 @@ def block_length(step: int, config, round_length: int | None = None) -> int:
 
   With a round length R the block is whole rounds where it can be (max(1, steps_per_call // R) of them); after
   a boundary that falls inside a round, a shorter block reaches the next round boundary. Lengths depend only on
-  absolute step numbers, so a resumed run runs the same blocks. Measured nonblocking: one iteration
-  (`measured_time.one_iteration_blocks`).
+  absolute step numbers, so a resumed run runs the same blocks.
   """
-  if measured_time.one_iteration_blocks(config):
-    return 1
   limit = _next_boundary(step, config) - step
   if round_length is None:
     return min(config.steps_per_call, limit)
@@ -143,7 +140,7 @@ class Run:
     of them finished): each block's batch then holds only as many as its busiest worker finished (rounded up
     to a power of two, so that few programs compile), and the step loops over the finished ones. Measured
     nonblocking too: a slow device must really run fewer micro-batches (a while loop of its own count)."""
-    return self.microbatches > self.config.microbatches or measured_time.one_iteration_blocks(self.config)
+    return self.microbatches > self.config.microbatches or measured_time.counts_measured(self.config)
 
 
 def make_tx(config: ml_collections.ConfigDict, spec, axis_name) -> Any:
@@ -957,6 +954,8 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
         if following is not None and any(b is not None for b in following.blocks):
           state, next_measured = block_step(state, *following.inputs)
 
+      if run.measured:  # wait with the Python lock released: the program's clock reads need it
+        jax.block_until_ready(measured)
       host = measurements_to_host(measured, timed=run.measured)
       if run.measured:  # group of one (a measured run never shares its program)
         seconds = measured_time.block_seconds(
