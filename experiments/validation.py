@@ -108,6 +108,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   unknown = sorted(set(config.algorithm.keys()) - set(spec.defaults) - {'name'})
   errors.require(not unknown, 'algorithm', ', '.join(unknown),
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')
+  measured_time.validate(config)  # first: a refused algorithm is the news, not its other fields
   spec.validate(config)
   cluster_factory.validate(config)
-  measured_time.validate(config)
