@@ -77,6 +77,11 @@ class ValidationTest(parameterized.TestCase):
     if name == 'wagma':
       self.assertTrue(np.all(block.schedule.fresh))
 
+  def test_simulate_refuses_a_measured_config(self):
+    from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
+    with self.assertRaisesRegex(errors.ConfigError, r"^stragglers.kind='measured' is not allowed: .*no simulated"):
+      simulate.simulate(_config('sync'), iterations=10)
+
   @parameterized.parameters(('', (-1, 0.0)), ('1:0.004', (1, 0.004)), ('0:0', (0, 0.0)))
   def test_parse_slow(self, value, expected):
     self.assertEqual(slowdown.parse_slow(value, 2), expected)
