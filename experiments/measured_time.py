@@ -7,10 +7,13 @@ workers=2,devices=2,microbatches=4 --workdir=/tmp/nb_2p --debug_slow_process=1:0
 
 Nothing is simulated. The run's clock (`sim_time` in metrics.jsonl, `time_to_target`; every row and
 summary.json then say `"clock": "measured"`) is the measured training time of this process: per block, the
-host's work to prepare it (schedules, data, transfers) plus the time from its dispatch to its results on the
-host. Evaluation, checkpoints and metrics are left out; so is compilation: a block whose call compiled a
-program is counted from when the program started on this process's devices (the `Stopwatch` reads), not from
-its dispatch.
+host's work to prepare it (schedules, data, transfers) plus the time from its dispatch until its results are
+ready. Evaluation, checkpoints (waited for before the next block, so that they do not run under it) and metrics
+are left out, and so is the all-gather that brings the block's measurements to every host (it compiles once
+per block length); so is compilation: a block whose call compiled a program is counted from when the program
+started on this process's devices (the `Stopwatch` reads), not from its dispatch. While a block runs, the
+host thread only waits (no lookahead, the evaluation's consensus model taken after the block): the clock reads
+inside the program need the Python lock.
 
 Schedules: an algorithm whose time rule is the synchronous schedule runs it as on a real lock-step cluster:
 its rule is driven by a clock on which every worker takes the same constant time (`cluster/factory.py`:

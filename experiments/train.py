@@ -948,7 +948,9 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
                        or stop for i in live}
       following = next_measured = None
       # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
-      snapshot = evaluate.consensus(state) if any(is_eval.values()) else None
+      # A measured run takes it after its block's results (`measured_time`): compiling it on this thread while
+      # the block runs would hold the Python lock that the block's clock reads wait for.
+      snapshot = evaluate.consensus(state) if any(is_eval.values()) and not run.measured else None
       if lookahead and not any(is_checkpoint.values()):
         following = prepare(end)
         if following is not None and any(b is not None for b in following.blocks):
@@ -956,12 +958,14 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
 
       if run.measured:  # wait with the Python lock released: the program's clock reads need it
         jax.block_until_ready(measured)
+        ready = time.perf_counter()  # before the all-gather below, which compiles once per block length
       host = measurements_to_host(measured, timed=run.measured)
       if run.measured:  # group of one (a measured run never shares its program)
-        seconds = measured_time.block_seconds(
-            current.seconds, block_step.stopwatch.origin, time.perf_counter(), block_step.compiled,
-            host['started_s'][0, run.layout.local_worker_ids()])
+        seconds = measured_time.block_seconds(current.seconds, block_step.stopwatch.origin, ready,
+                                              block_step.compiled, host['started_s'][0, run.layout.local_worker_ids()])
         current.blocks[0] = replicas[0].clock.record(current.blocks[0], host['compute_s'], seconds)
+        if any(is_eval.values()):
+          snapshot = evaluate.consensus(state)
       evaluated = None
       for i in live:
         r = replicas[i]
@@ -1000,6 +1004,8 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
                   'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
                   'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
           r.checkpointer.save(end, replica_state(group, state, i), meta, copy=not group.batched)
+          if r.run.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
+            r.checkpointer.wait()
         if end == r.config.num_steps:
           finish(r, end)
       step = end
