@@ -9,6 +9,10 @@ Several runs can share the loop and its program (`experiments/replicas.py`): `tr
 configs differ only in their seed, budget and scalar hyper-parameters, and `train_group` trains a group as R
 replicas of one compiled block step, each with its own clock, data positions, budget and workdir (metrics,
 summary, TensorBoard, checkpoints: the files a run alone writes). `train_and_evaluate` is a group of one.
+
+With `stragglers.kind='measured'` nothing is simulated (`experiments/measured_time.py`): the clock is a
+`MeasuredClock`, `sim_time` and `time_to_target` hold measured training seconds (every row and the summary say
+`"clock": "measured"`), and nonblocking's counts come from the devices' measured speeds.
 """
 
 from __future__ import annotations
@@ -458,8 +462,10 @@ def _to_devices(layout, packed: transfer.Packed, leading: int = 1) -> transfer.P
 
 def batch_slots(run: Run, blocks) -> int:
   """Micro-batch slots in each worker's batch of these blocks: all of them, or for `run.finished_only` the most
-  any worker finished in one iteration rounded up to a power of two (the same on every process)."""
-  if not run.finished_only:
+  any worker finished in one iteration rounded up to a power of two (the same on every process). Measured
+  nonblocking keeps all m: its counts change with every fit, and a new batch shape is a new program whose first
+  execution is slow (it landed in the probe at n = 1 and made the fast device look slow for a block)."""
+  if not run.finished_only or measured_time.counts_measured(run.config):
     return run.microbatches
   done = max(int(block.schedule.microbatches_done.max()) for block in blocks)
   return min(run.microbatches, 1 << max(done - 1, 0).bit_length())
