@@ -82,6 +82,10 @@ class ValidationTest(parameterized.TestCase):
     with self.assertRaisesRegex(errors.ConfigError, r"^stragglers.kind='measured' is not allowed: .*no simulated"):
       simulate.simulate(_config('sync'), iterations=10)
 
+  def test_block_seconds_leave_compilation_out(self):
+    self.assertAlmostEqual(measured_time.block_seconds(0.5, 10.0, 13.0, False, np.array([2.0])), 3.5)
+    self.assertAlmostEqual(measured_time.block_seconds(0.5, 10.0, 13.0, True, np.array([2.5, 2.0])), 1.5)
+
   @parameterized.parameters(('', (-1, 0.0)), ('1:0.004', (1, 0.004)), ('0:0', (0, 0.0)))
   def test_parse_slow(self, value, expected):
     self.assertEqual(slowdown.parse_slow(value, 2), expected)
@@ -204,7 +208,9 @@ class TwoProcessTest(absltest.TestCase):
       summary = json.load(f)
     seconds = summary['measured_seconds_per_microbatch']
     self.assertGreater(seconds[1], 0.003)  # the 4 ms sleep, measured on process 1's device
-    self.assertGreater(seconds[1], 3 * seconds[0])
+    # Process 0's device is timed without its wait for process 1 at the all-reduce (about 0.25 ms per
+    # micro-batch here; 4.5 ms when the clock read slipped past the all-reduce).
+    self.assertLess(seconds[0], 0.002)
 
 
 if __name__ == '__main__':
