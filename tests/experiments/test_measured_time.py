@@ -82,6 +82,12 @@ class ValidationTest(parameterized.TestCase):
     with self.assertRaisesRegex(errors.ConfigError, r"^stragglers.kind='measured' is not allowed: .*no simulated"):
       simulate.simulate(_config('sync'), iterations=10)
 
+  def test_a_sim_time_budget_is_refused(self):
+    from waitless.experiments import compare_plan  # pylint: disable=g-import-not-at-top
+    with self.assertRaisesRegex(errors.ConfigError, r"stragglers.kind='measured' is not allowed: .*--sim_time"):
+      compare_plan.plan(digits.get_config, [f'sync,{SMALL}'], [()], seeds=1, root=self.create_tempdir().full_path,
+                        sim_time=1.0)
+
   def test_block_seconds_leave_compilation_out(self):
     self.assertAlmostEqual(measured_time.block_seconds(0.5, 10.0, 13.0, False, np.array([2.0])), 3.5)
     self.assertAlmostEqual(measured_time.block_seconds(0.5, 10.0, 13.0, True, np.array([2.5, 2.0])), 1.5)
