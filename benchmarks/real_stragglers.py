@@ -60,6 +60,8 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import numpy as np
 
+from waitless.experiments.slowdown import parse_delay, parse_slow  # pylint: disable=g-importing-member  # no JAX
+
 ALGORITHMS = ('sync', 'nonblocking', 'local_sgd', 'dpsgd', 'wagma')
 CONDITIONS = ('none', 'slowed', 'delayed')
 
@@ -95,37 +97,6 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   # Set by the launcher for each process.
   flags.DEFINE_integer('process_id', -1, 'Internal: this process\'s id (the launcher sets it).', **where)
   flags.DEFINE_string('coordinator_address', '', 'Internal: the coordinator (the launcher sets it).', **where)
-
-
-def _pair(value: str, field: str, allowed: str, first_ok) -> tuple[int, float]:
-  """"N:S" as (N, S): N a non-negative integer accepted by `first_ok`, S finite seconds >= 0; else a one-line
-  ConfigError naming `field` and saying `allowed`."""
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  parts = value.split(':')
-  ok = len(parts) == 2 and parts[0].isdigit() and first_ok(int(parts[0]))
-  try:
-    seconds = float(parts[1]) if ok else -1.0
-  except ValueError:
-    seconds = -1.0
-  errors.require(ok and np.isfinite(seconds) and seconds >= 0, field, value, allowed)
-  return int(parts[0]), seconds
-
-
-def parse_slow(value: str, processes: int) -> tuple[int, float]:
-  """(process, seconds per micro-batch) of `--debug_slow_process`; (-1, 0) for none."""
-  if not value:
-    return -1, 0.0
-  return _pair(value, 'debug_slow_process',
-               f'must be "I:S", a process I in 0..{processes - 1} and S >= 0 seconds per micro-batch',
-               lambda i: i < processes)
-
-
-def parse_delay(value: str, processes: int) -> tuple[int, float]:
-  """(processes delayed per iteration, seconds) of `--debug_delay`; (0, 0) for none."""
-  if not value:
-    return 0, 0.0
-  return _pair(value, 'debug_delay', f'must be "K:S", K in 0..{processes} processes per iteration and S >= 0 '
-               'seconds', lambda k: k <= processes)
 
 
 def parse_conditions(value: Sequence[str]) -> tuple[str, ...]:
@@ -348,28 +319,38 @@ def replayed_trace(results: dict, condition: str) -> np.ndarray:
   return (base[None, :, None] + sleeps).transpose(0, 2, 1).reshape(-1, p)
 
 
-def predict(results: dict, local_steps: int) -> dict:
-  """Simulated seconds per iteration of each algorithm in each condition, `algorithm/condition` -> seconds
-  (the replayed trace, an ideal network)."""
+def simulate_iteration_seconds(trace: np.ndarray, microbatches: int, model_bytes: float, iterations: int,
+                               local_steps: int) -> dict[str, float]:
+  """Each algorithm's simulated mean seconds per iteration on `trace` ((rows, P) seconds per micro-batch,
+  replayed by position: `stragglers.kind='trace'`) with an ideal network, P = trace.shape[1] workers."""
   from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import synthetic  # pylint: disable=g-import-not-at-top
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
-    for condition in results['conditions']:
-      path = os.path.join(tmp, f'{condition}.npy')
-      np.save(path, replayed_trace(results, condition))
-      for name in ALGORITHMS:
-        config = synthetic.get_config(name)
-        config.workers = config.devices = results['workers']
-        config.microbatches = results['microbatches']
-        config.batch_size = 8 * results['microbatches']
-        config.stragglers.kind = 'trace'
-        config.stragglers.trace_path = path
-        config.network.kind = 'ideal'
-        if name == 'local_sgd':
-          config.algorithm.local_steps = local_steps
-        out[f'{name}/{condition}'] = simulate.simulate(config, iterations=results['timed'],
-                                                       nbytes=results['model_bytes'])['mean_iteration_time']
+    path = os.path.join(tmp, 'trace.npy')
+    np.save(path, np.asarray(trace, np.float64))
+    for name in ALGORITHMS:
+      config = synthetic.get_config(name)
+      config.workers = config.devices = trace.shape[1]
+      config.microbatches = microbatches
+      config.batch_size = 8 * microbatches
+      config.stragglers.kind = 'trace'
+      config.stragglers.trace_path = path
+      config.network.kind = 'ideal'
+      if name == 'local_sgd':
+        config.algorithm.local_steps = local_steps
+      out[name] = simulate.simulate(config, iterations=iterations, nbytes=model_bytes)['mean_iteration_time']
+  return out
+
+
+def predict(results: dict, local_steps: int) -> dict:
+  """Simulated seconds per iteration of each algorithm in each condition, `algorithm/condition` -> seconds
+  (the replayed trace, an ideal network)."""
+  out = {}
+  for condition in results['conditions']:
+    simulated = simulate_iteration_seconds(replayed_trace(results, condition), results['microbatches'],
+                                           results['model_bytes'], results['timed'], local_steps)
+    out.update({f'{name}/{condition}': seconds for name, seconds in simulated.items()})
   return out
 
 

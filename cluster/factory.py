@@ -21,14 +21,18 @@ from waitless.cluster import rules
 DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lognormal', 'trace')
 # `slow_workers` and `random_delay` are `constant` with that modifier required; the modifiers
 # (slow_*, delayed_workers / delay_s, fail_*) compose with every kind.
-STRAGGLER_KINDS = DISTRIBUTIONS + ('slow_workers', 'random_delay')
+# `measured`: no compute model at all. The run's clock is the measured time of the real devices
+# (`experiments/measured_time.py`); the rule is driven by a clock on which every worker takes `base_s` per
+# micro-batch, so it gives its synchronous schedule (every worker finishes its m micro-batches).
+MEASURED = 'measured'
+STRAGGLER_KINDS = DISTRIBUTIONS + ('slow_workers', 'random_delay', MEASURED)
 NETWORK_KINDS = ('ideal', 'alpha_beta')
 
 
 def default_stragglers_config() -> ml_collections.ConfigDict:
   """`config.stragglers`: the compute-time model of one micro-batch (seconds)."""
   c = ml_collections.ConfigDict()
-  c.kind = 'constant'     # one of STRAGGLER_KINDS
+  c.kind = 'constant'     # one of STRAGGLER_KINDS; 'measured': real time, nothing simulated (measured_time.py)
   c.base_s = 0.01         # constant / lognormal (median) / slow_workers / random_delay: seconds per micro-batch
   c.calibrate = False     # replace the scale of the distribution by a measured step (cluster/calibration.py)
   # Per-call overhead (any kind): every micro-batch, one accelerator call, costs overhead_s on top of the
@@ -177,6 +181,19 @@ def validate(config: ml_collections.ConfigDict) -> None:
     errors.require_number(back, 'stragglers.return_at_s', 'must be a time > fail_at_s, or -1 (never returns)',
                           lambda v: v > get('fail_at_s'))
 
+  if kind == MEASURED:  # nothing is simulated: a modifier of the simulated compute times would be ignored
+    for name in ('calibrate', 'overhead_s', 'slow_fraction', 'slow_workers', 'worker_factors', 'delayed_workers',
+                 'delay_s', 'fail_worker'):
+      value = get(name)
+      unset = not _worker_list(value) if name in ('slow_workers', 'fail_worker', 'worker_factors') else (
+          value == _STRAGGLER_DEFAULTS[name])
+      errors.require(unset, f'stragglers.{name}', value,
+                     f'modifies simulated compute times; with stragglers.kind={MEASURED!r} the devices are real '
+                     f'and nothing is simulated: leave it unset')
+    errors.require(_get(config.network, 'kind', _NETWORK_DEFAULTS) == 'ideal', 'network.kind',
+                   _get(config.network, 'kind', _NETWORK_DEFAULTS),
+                   f"must be 'ideal' with stragglers.kind={MEASURED!r}: the network is the real one, not simulated")
+
   n = config.network
   net_kind = _get(n, 'kind', _NETWORK_DEFAULTS)
   errors.require(net_kind in NETWORK_KINDS, 'network.kind', net_kind, f'known: {", ".join(NETWORK_KINDS)}')
@@ -210,7 +227,7 @@ def make_compute(stragglers: ml_collections.ConfigDict, workers: int) -> compute
   """
   get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
   kind = get('kind')
-  if kind in ('constant', 'slow_workers', 'random_delay'):
+  if kind in ('constant', 'slow_workers', 'random_delay', MEASURED):
     model = compute_lib.Constant(base_s=float(get('base_s')))
   elif kind == 'exponential':
     model = compute_lib.Exponential(rate=float(get('rate')))

@@ -222,6 +222,8 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
           if sim_time is not None:
             errors.require(not config.stragglers.calibrate, 'stragglers.calibrate', True,
                            'a --sim_time budget needs the configured times (calibration rescales them at run time)')
+            errors.require(config.stragglers.kind != 'measured', 'stragglers.kind', 'measured',
+                           'a --sim_time budget needs simulated times; a measured run knows its time only as it runs')
             key = json.dumps([config.dataset.to_dict(), config.model.to_dict()], sort_keys=True, default=str)
             model_bytes.setdefault(key, tasks.model_bytes(config))
             # The clock reads no optimizer field: the sweep points of a seed share its count of iterations.

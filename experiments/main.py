@@ -11,6 +11,10 @@ stalled). SIGTERM or Ctrl-C (SIGINT) finish the current block, checkpoint, and e
 (`preemption.EXIT_PREEMPTED`) and one line: rerunning the same command resumes; a second signal stops at once
 (status 75 after a SIGTERM, 130 after Ctrl-C), and a SIGTERM before training starts exits 75 too.
 
+Real time (`--config=...:nonblocking,stragglers.kind=measured`, experiments/measured_time.py): nothing is
+simulated; TEST-ONLY `--debug_slow_process=I:S` makes process I sleep S seconds in every micro-batch it computes
+(experiments/slowdown.py), a bad value is one line and status 2.
+
 `--compilation_cache_dir=DIR` (or $WAITLESS_COMPILATION_CACHE_DIR) keeps the compiled programs for later runs:
 a 10-step digits run then spends about half the CPU time (no compilation), with identical results.
 
@@ -34,6 +38,7 @@ from ml_collections import config_flags
 
 from waitless.experiments import compilation_cache  # no JAX import at module level
 from waitless.experiments import distributed  # no JAX backend use at import
+from waitless.experiments import slowdown  # no JAX import at module level
 
 if 'config' in flags.FLAGS:  # experiments.simulate imported first in the same process, as in the tests
   _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
@@ -63,6 +68,9 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     'compilation_cache_dir', os.environ.get('WAITLESS_COMPILATION_CACHE_DIR') or None,
     'Keep every compiled program in this directory and reuse it in later runs (same results, no compilation); '
     'default $WAITLESS_COMPILATION_CACHE_DIR, unset: off.')
+_DEBUG_SLOW = flags.DEFINE_string(
+    'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
+    'slower device, experiments/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -73,14 +81,14 @@ def force_host_devices(count: int) -> None:
   os.environ['XLA_FLAGS'] = ' '.join(existing + [flag])
 
 
-def _train(config, workdir, stop_requests):
+def _train(config, workdir, stop_requests, loss_hook=None):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
   replicas (`train.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
   from waitless.experiments import train  # imported after XLA_FLAGS is set
   from waitless import config_errors as errors
   errors.require_int(_SEEDS.value, '--seeds', 1)
   if _SEEDS.value == 1:
-    return train.train_and_evaluate(config, workdir, stop_requests)
+    return train.train_and_evaluate(config, workdir, stop_requests, loss_hook)
   configs = []
   for i in range(_SEEDS.value):
     seeded = config.copy_and_resolve_references()
@@ -89,14 +97,15 @@ def _train(config, workdir, stop_requests):
   workdirs = [os.path.join(workdir, f'seed{c.seed}') for c in configs]
   outcomes = {}
   for group in train.plan_groups(configs, workdirs, _MAX_REPLICAS.value):
-    results = train.train_group([configs[i] for i in group], [workdirs[i] for i in group], stop_requests)
+    results = train.train_group([configs[i] for i in group], [workdirs[i] for i in group], stop_requests,
+                                loss_hook)
     outcomes.update({workdirs[i]: result for i, result in zip(group, results)})
   return {w: outcomes[w] for w in workdirs}
 
 
-def _run(config, workdir, stop_requests):
+def _run(config, workdir, stop_requests, loss_hook=None):
   if not _MOCK_DATA.value:
-    return _train(config, workdir, stop_requests)
+    return _train(config, workdir, stop_requests, loss_hook)
   import tensorflow_datasets as tfds
   # tfds's mock generator reads the deprecated `TensorInfo.dtype` itself, a warning per feature per split: not
   # this run's business, and it buried the run's own lines. Only that message is dropped.
@@ -104,7 +113,7 @@ def _run(config, workdir, stop_requests):
   absl_logging.get_absl_logger().addFilter(deprecated)
   try:
     with tfds.testing.mock_data(num_examples=_MOCK_EXAMPLES.value):
-      return _train(config, workdir, stop_requests)
+      return _train(config, workdir, stop_requests, loss_hook)
   finally:
     absl_logging.get_absl_logger().removeFilter(deprecated)
 
@@ -182,12 +191,18 @@ def main(argv):
   stop_requests, watchdog = preemption.StopRequests(), None
   if _COMPILATION_CACHE.value:
     compilation_cache.enable(_COMPILATION_CACHE.value)
-  if _join_processes(config) > 1:
+  processes = _join_processes(config)
+  try:
+    loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
+  except errors.ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  if processes > 1:
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
     watchdog = _watch_peers(stop_requests, _WORKDIR.value)
   try:
-    summary = _run(config, _WORKDIR.value, stop_requests)
+    summary = _run(config, _WORKDIR.value, stop_requests, loss_hook)
   except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

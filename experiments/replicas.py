@@ -54,10 +54,11 @@ def program_key(config: ml_collections.ConfigDict) -> Optional[str]:
   """A key equal for configs whose runs can share one program; None for a config that runs alone.
 
   A run that calibrates its straggler model to this machine's step (`stragglers.calibrate`) times its own
-  program, so it never shares one. `progress_every_s` only paces the log.
+  program, so it never shares one; nor does a measured run (`stragglers.kind='measured'`). `progress_every_s`
+  only paces the log.
   """
-  if config.stragglers.get('calibrate'):
-    return None
+  if config.stragglers.get('calibrate') or config.stragglers.get('kind') == 'measured':
+    return None  # a measured run (experiments/measured_time.py) times its own program too
   tree = json.loads(config.to_json_best_effort())
   for path in (*replica_fields(config), 'progress_every_s'):
     node = tree

@@ -59,6 +59,9 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   """
   spec = registry.get(config.algorithm.name)
   cluster_factory.validate(config)
+  errors.require(config.stragglers.get('kind') != cluster_factory.MEASURED, 'stragglers.kind',
+                 cluster_factory.MEASURED, 'a measured run has no simulated clock to simulate; give a compute model '
+                 '(e.g. constant with worker_factors)')
   spec.validate(config)
   if iterations is None and config.get('num_epochs') is not None:  # a duration in epochs: the split's size
     from waitless.data import registry as data_registry  # pylint: disable=g-import-not-at-top

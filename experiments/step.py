@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
@@ -58,7 +59,7 @@ def tree_l2(tree) -> jax.Array:
 
 
 def make_worker_gradient(task, model, microbatches: int, gradient_params=spec_lib.at_own_params,
-                         finished_only: bool = False):
+                         finished_only: bool = False, loss_hook: Optional[Callable[[jax.Array], jax.Array]] = None):
   """One worker's gradient: (params, opt_state, model_state, batch (m, b/m, ...), schedule, rng) ->
   (sum of the gradients of the micro-batches it finished, sum of their losses, its model state after them).
 
@@ -68,10 +69,13 @@ def make_worker_gradient(task, model, microbatches: int, gradient_params=spec_li
   the finished micro-batches only (a while loop; vmapped workers run as many trips as the most any of them
   finished) instead of scanning every slot of the buffer: the same sums, for buffers much larger than what a
   worker finishes (K-batch rules: K mini-batches per worker, about K / P of them used). Each micro-batch's
-  gradient is taken where `gradient_params` says (default: the worker's own parameters).
+  gradient is taken where `gradient_params` says (default: the worker's own parameters). `loss_hook`: applied to
+  every micro-batch's loss (TEST-ONLY: `experiments.slowdown.loss_hook`, a slower device).
   """
   def masked_loss(params, model_state, batch, rng, used):
     loss, new_model_state = task.loss(model, params, model_state, batch, rng)
+    if loss_hook is not None:
+      loss = loss_hook(loss)
     return jnp.where(used, loss, jnp.zeros_like(loss)), new_model_state
 
   grad_fn = jax.value_and_grad(masked_loss, has_aux=True)
@@ -195,10 +199,57 @@ def gradients_computed(done: np.ndarray, devices: int, microbatches: int, finish
   return int(np.sum(computing * trips))
 
 
+class Stopwatch:
+  """The host's clock read inside the block program, around each iteration's gradient phase (measured time).
+
+  One lock-step program cannot time a device from outside: its collectives make every process's call last as
+  long as the slowest device's. So the program reads the host clock on each device (a `pure_callback`) right
+  before the iteration's gradients and right after them, before the update's collectives: the difference is
+  that device's own compute time, its wait at the collectives excluded. Each read is tied into the dataflow
+  both ways, by data dependencies the compiler cannot drop: its argument is a scalar that depends on every
+  leaf it guards (the first element of each: nothing large is copied to the host), and every leaf that comes
+  out is `where(seconds < 0, 0, leaf)` (never true, but the compiler cannot know): the gradients take the
+  parameters that come out of the first read, so they cannot start before it, and the update's collectives
+  take the gradient sums that come out of the second, so the read cannot slip past them. (An
+  `optimization_barrier` did not do it: inside the block's scan the second read landed after the all-reduce,
+  and every device measured the slowest one's time.) The selects cost one elementwise pass over the state and
+  the gradients per iteration. Reads are seconds since `start()`, which the caller calls right before each
+  dispatch (so float32 keeps microseconds); a second dispatch before the first finished would mix origins (the
+  measured training loop never looks ahead). A read needs the host's Python lock: while the host thread
+  compiles or runs Python, a read waits for it (the loop waits for the block's results with the lock
+  released).
+
+  Chosen over two calls per iteration (a gradient call timed on the host, then the update call, as
+  `algorithms.measured_speeds.MeasuredStep` does): the block program stays one dispatch for n iterations, the
+  same program the simulated run compiles plus two host reads per iteration and device, and every device
+  is timed on its own (a process with several devices shares one time in the two-call scheme).
+  """
+
+  def __init__(self):
+    self.origin = time.perf_counter()
+
+  def start(self) -> None:
+    self.origin = time.perf_counter()
+
+  def _read(self, _) -> np.ndarray:
+    return np.float32(time.perf_counter() - self.origin)
+
+  def stamp(self, tree):
+    """(tree, seconds since `start`): the read taken once every leaf of `tree` is computed, and every numeric
+    leaf of the returned tree computed only after it."""
+    numeric = lambda x: x.size and jnp.issubdtype(x.dtype, jnp.number)  # pylint: disable=unnecessary-lambda-assignment
+    token = sum((x.ravel()[0].astype(jnp.float32) for x in jax.tree.leaves(tree) if numeric(x)),
+                jnp.zeros((), jnp.float32))
+    seconds = jax.pure_callback(self._read, jax.ShapeDtypeStruct((), jnp.float32), token)
+    after = lambda x: jnp.where(seconds < 0, jnp.zeros_like(x), x) if numeric(x) else x  # pylint: disable=unnecessary-lambda-assignment
+    return jax.tree.map(after, tree), seconds
+
+
 def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatches: int, seed: int,
                     schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None,
                     finished_only: bool = False, gradient_sums: bool = False,
-                    replicas: Optional[ReplicaAxis] = None):
+                    replicas: Optional[ReplicaAxis] = None, loss_hook: Optional[Callable] = None,
+                    stopwatch: Optional[Stopwatch] = None):
   """The jitted `(state, packed, data, values, spec, slots) -> (state, measurements)` for a block of n
   iterations.
 
@@ -222,15 +273,18 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     slots: static, `gradient_slots` of the block's `microbatches_done`: None, every slot computes (no skip).
   With `round_length` R, n must be a multiple of R and steps[0] a multiple of R (whole rounds).
   `tx`, `seed`: the run's; with `replicas`, each replica's come from `replicas.build(values)` instead.
-  `gradient_params`, `finished_only`: see `make_worker_gradient`; `gradient_sums`: see `make_worker_update`.
+  `gradient_params`, `finished_only`, `loss_hook`: see `make_worker_gradient`; `gradient_sums`: see
+  `make_worker_update`. `stopwatch`: time each device's gradient phase (`Stopwatch`, measured time).
 
   Returns:
     The new state and the measurements packed in one float32 (2n + 1, P) array, (R, 2n + 1, P) with replicas
     (`unpack_measurements` on the host): `loss` and `l2_grads` (n, P), per iteration; `l2_params` (P,), the
     norm of each worker's parameters after the block (once per block: a pass over the model per iteration
-    cost 2% of the digits step).
+    cost 2% of the digits step). With `stopwatch`, (4n + 1, P): also `compute_s` and `started_s` (n, P), the
+    seconds of each iteration's gradient phase on the worker's device and when it started (seconds since
+    `stopwatch.start()`, read on that device's host).
   """
-  gradient = make_worker_gradient(task, model, microbatches, gradient_params, finished_only)
+  gradient = make_worker_gradient(task, model, microbatches, gradient_params, finished_only, loss_hook)
   local = layout.local
   count = 1 if replicas is None else replicas.count
   slots_per_device = count * local
@@ -304,8 +358,14 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     def one_iteration(state, xs, round_position=None):
       batch, per_worker, own, shared, step = xs
       fields = {**per_worker, **{k: v[:, None] for k, v in own.items()}, **shared}
-      sums = device_gradients(state, batch, fields, seeds, step, slots)
-      return replica_updates(state, sums, per_worker, own, shared, step, values, round_position)
+      if stopwatch is None:
+        sums = device_gradients(state, batch, fields, seeds, step, slots)
+        return replica_updates(state, sums, per_worker, own, shared, step, values, round_position)
+      state, started = stopwatch.stamp(state)
+      sums, finished = stopwatch.stamp(device_gradients(state, batch, fields, seeds, step, slots))
+      state, measured = replica_updates(state, sums, per_worker, own, shared, step, values, round_position)
+      per_slot = lambda x: jnp.broadcast_to(x, (count, local))  # pylint: disable=unnecessary-lambda-assignment
+      return state, {**measured, 'compute_s': per_slot(finished - started), 'started_s': per_slot(started)}
 
     def one_round(state, xs):
       measured = []
@@ -322,7 +382,8 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       measured = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), measured)
     l2_params = jax.vmap(layout.per_worker(tree_l2))(state.params)  # once, after the block: (R, L)
     measured = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), measured)  # (n, R, L) -> (R, n, L)
-    packed = jnp.concatenate([measured['loss'], measured['l2_grads'], l2_params[:, None]], axis=1)
+    timed = [] if stopwatch is None else [measured['compute_s'], measured['started_s']]
+    packed = jnp.concatenate([measured['loss'], measured['l2_grads'], *timed, l2_params[:, None]], axis=1)
     if replicas is None:
       return jax.tree.map(lambda x: x[0], state), packed[0]
     return state, packed
@@ -342,9 +403,14 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
   return jax.jit(block_step, donate_argnums=(0,), static_argnames=('spec', 'slots'))
 
 
-def unpack_measurements(packed: np.ndarray) -> dict[str, np.ndarray]:
+def unpack_measurements(packed: np.ndarray, timed: bool = False) -> dict[str, np.ndarray]:
   """The block step's measurements on the host, from its one packed (2n + 1, P) array: `loss` and `l2_grads`
   (n, P), `l2_params` (P,); with replicas, from (R, 2n + 1, P), each with a leading R. One array to fetch per
-  block, not three (each fetch is one copy per device)."""
-  n = (packed.shape[-2] - 1) // 2
-  return {'loss': packed[..., :n, :], 'l2_grads': packed[..., n:2 * n, :], 'l2_params': packed[..., 2 * n, :]}
+  block, not three (each fetch is one copy per device). `timed` (a step with a `Stopwatch`): (4n + 1, P), also
+  `compute_s` and `started_s` (n, P)."""
+  rows = 4 if timed else 2
+  n = (packed.shape[-2] - 1) // rows
+  names = ('loss', 'l2_grads', 'compute_s', 'started_s')[:rows]
+  out = {name: packed[..., k * n:(k + 1) * n, :] for k, name in enumerate(names)}
+  out['l2_params'] = packed[..., rows * n, :]
+  return out

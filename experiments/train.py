@@ -9,6 +9,10 @@ Several runs can share the loop and its program (`experiments/replicas.py`): `tr
 configs differ only in their seed, budget and scalar hyper-parameters, and `train_group` trains a group as R
 replicas of one compiled block step, each with its own clock, data positions, budget and workdir (metrics,
 summary, TensorBoard, checkpoints: the files a run alone writes). `train_and_evaluate` is a group of one.
+
+With `stragglers.kind='measured'` nothing is simulated (`experiments/measured_time.py`): the clock is a
+`MeasuredClock`, `sim_time` and `time_to_target` hold measured training seconds (every row and the summary say
+`"clock": "measured"`), and nonblocking's counts come from the devices' measured speeds.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from waitless.cluster import rules as rules_lib
 from waitless.data import registry as data_registry
 from waitless.experiments import atomic_files
 from waitless.experiments import checkpointing
+from waitless.experiments import measured_time
 from waitless.experiments import metrics_io
 from waitless.experiments import preemption
 from waitless.experiments import replicas as replicas_lib
@@ -73,9 +78,10 @@ def to_host(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
-def measurements_to_host(packed) -> dict[str, np.ndarray]:
-  """The block step's packed measurements as the host dict of `step.unpack_measurements`."""
-  return step_lib.unpack_measurements(to_host(packed))
+def measurements_to_host(packed, timed: bool = False) -> dict[str, np.ndarray]:
+  """The block step's packed measurements as the host dict of `step.unpack_measurements` (`timed`: a step with
+  a `Stopwatch`)."""
+  return step_lib.unpack_measurements(to_host(packed), timed)
 
 
 def _next_boundary(step: int, config) -> int:
@@ -128,11 +134,17 @@ class Run:
     return self.spec.microbatches_per_iteration(self.config)
 
   @property
+  def measured(self) -> bool:
+    """Real time, nothing simulated (`stragglers.kind='measured'`, experiments/measured_time.py)."""
+    return measured_time.is_measured(self.config)
+
+  @property
   def finished_only(self) -> bool:
     """The batch can hold more than m micro-batches per worker (K-batch rules: up to K mini-batches, about K / P
     of them finished): each block's batch then holds only as many as its busiest worker finished (rounded up
-    to a power of two, so that few programs compile), and the step loops over the finished ones."""
-    return self.microbatches > self.config.microbatches
+    to a power of two, so that few programs compile), and the step loops over the finished ones. Measured
+    nonblocking too: a slow device must really run fewer micro-batches (a while loop of its own count)."""
+    return self.microbatches > self.config.microbatches or measured_time.counts_measured(self.config)
 
 
 def make_tx(config: ml_collections.ConfigDict, spec, axis_name) -> Any:
@@ -238,9 +250,13 @@ class BlockStep:
   programs carry a replica axis and take the group's differing values as inputs (`step.ReplicaAxis`).
   """
 
-  def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True):
+  def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True,
+               loss_hook=None):
     group = as_group(run_or_group)
     run = group.lead
+    # A measured run times every device's gradient phase (`step.Stopwatch`); `compiled`: the last call compiled.
+    self.stopwatch = step_lib.Stopwatch() if run.measured else None
+    self.compiled = False
     replica_axis, self.values = None, None
     streams = run.dataset.train
     self.data = None if streams.resident is None else jax.device_put(
@@ -254,7 +270,8 @@ class BlockStep:
     make = functools.partial(
         step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
         schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params,
-        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis)
+        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis,
+        loss_hook=loss_hook, stopwatch=self.stopwatch)
     if rounds is None:
       rounds = rounds_pay_off(run.layout)
     self.round_length = run.round_length if rounds else None
@@ -270,20 +287,31 @@ class BlockStep:
     return self.rounds if self.whole_rounds(steps) else self.per_iteration
 
   def __call__(self, state, packed, spec, steps, slots=None):
-    return self.program(steps)(state, packed, self.data, self.values, spec=spec, slots=slots)
+    program = self.program(steps)
+    if self.stopwatch is None:
+      return program(state, packed, self.data, self.values, spec=spec, slots=slots)
+    programs = program._cache_size()  # pylint: disable=protected-access
+    self.stopwatch.start()
+    out = program(state, packed, self.data, self.values, spec=spec, slots=slots)
+    self.compiled = program._cache_size() > programs  # pylint: disable=protected-access
+    return out
 
   def lower(self, state, packed, spec, steps, slots=None):
     return self.program(steps).lower(state, packed, self.data, self.values, spec=spec, slots=slots)
 
 
-def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool = True) -> BlockStep:
+def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool = True,
+                    loss_hook=None) -> BlockStep:
   """The block step of a run or group; `rounds`: see `BlockStep` (None: the round program on accelerators);
-  `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`)."""
-  return BlockStep(run_or_group, rounds, vectorized)
+  `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`);
+  `loss_hook`: TEST-ONLY, on every micro-batch's loss (`experiments.slowdown`)."""
+  return BlockStep(run_or_group, rounds, vectorized, loss_hook)
 
 
 def make_clock(run: Run, model_bytes: float):
-  """A fresh seeded clock driving the run's time rule."""
+  """A fresh seeded clock driving the run's time rule; for a measured run, its `measured_time.MeasuredClock`."""
+  if run.measured:
+    return measured_time.MeasuredClock(run.config, run.rule, model_bytes, run.layout.devices)
   return cluster_factory.make_clock(run.config, run.rule, model_bytes)
 
 
@@ -434,8 +462,10 @@ def _to_devices(layout, packed: transfer.Packed, leading: int = 1) -> transfer.P
 
 def batch_slots(run: Run, blocks) -> int:
   """Micro-batch slots in each worker's batch of these blocks: all of them, or for `run.finished_only` the most
-  any worker finished in one iteration rounded up to a power of two (the same on every process)."""
-  if not run.finished_only:
+  any worker finished in one iteration rounded up to a power of two (the same on every process). Measured
+  nonblocking keeps all m: its counts change with every fit, and a new batch shape is a new program whose first
+  execution is slow (it landed in the probe at n = 1 and made the fast device look slow for a block)."""
+  if not run.finished_only or measured_time.counts_measured(run.config):
     return run.microbatches
   done = max(int(block.schedule.microbatches_done.max()) for block in blocks)
   return min(run.microbatches, 1 << max(done - 1, 0).bit_length())
@@ -743,16 +773,22 @@ def _restore(group: Group, replicas: list[_Replica], state):
     r.positions = np.asarray(meta['positions'], np.int64)
     r.clock.load_state_dict(meta['clock'])
     r.time_to_target, r.last_eval = meta['time_to_target'], meta['last_eval']
-    r.window = _Window(r.run.rule.reports, meta['window'])
+    r.window = _Window(_reports(r.run), meta['window'])
     r.last_train_loss = float(meta['train_loss'])
     r.sim_time = r.clock.sim_time
     log.info('Resumed from the checkpoint at step %d in %s', step, r.workdir)
   return stack_replicas(group, [s for s, _ in restored]), step
 
 
+def _reports(run: Run) -> dict[str, str]:
+  """The window's reductions beyond the step's: the rule's reports, and a measured run's counts and times."""
+  return {**run.rule.reports, **(measured_time.reports(run.config) if run.measured else {})}
+
+
 def _summary(r: _Replica, step: int, wall: float, num_params: int, group_size: int) -> dict[str, Any]:
   last_eval = r.last_eval
-  return {
+  measured = r.clock.summary() if r.run.measured else {}
+  return {**measured,
       'steps': step, 'sim_time': r.sim_time, 'wall_time': wall,
       'final_train_loss': r.last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
       'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
@@ -768,10 +804,11 @@ class _Prepared:
   blocks: list
   inputs: tuple
   stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
+  seconds: float = 0.0  # host seconds spent preparing it (a measured run's clock counts them)
 
 
 def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
-                stop_requests: preemption.StopRequests | None = None) -> list[Any]:
+                stop_requests: preemption.StopRequests | None = None, loss_hook=None) -> list[Any]:
   """Trains the runs of `configs` in `workdirs` as the replicas of one program, resuming from their checkpoints.
 
   The configs must be able to share a program (`replicas.partition`): the same workload, algorithm and cadence,
@@ -780,6 +817,8 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   own state, at the same steps as the others); its trajectory is the one it has alone (float64: to rounding;
   float32: XLA may round the batched program differently). A replica that has spent its budget, or that
   diverged or stalled, is frozen (it computes what is never read) while the others go on.
+
+  `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.slowdown.loss_hook`).
 
   Returns:
     Per run, its summary dict, or the TrainingDiverged / ClusterStalled it stopped with.
@@ -806,7 +845,7 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   num_params, model_bytes = param_count_and_bytes(state.params)
   num_params, model_bytes = (num_params // (run.config.workers * group.size),
                              model_bytes // (run.config.workers * group.size))
-  block_step = make_block_step(group)
+  block_step = make_block_step(group, loss_hook=loss_hook)
   if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
     run.config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
   replicas = []
@@ -814,7 +853,7 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     replicas.append(_Replica(
         run=r, workdir=workdir, clock=make_clock(r, model_bytes),
         checkpointer=checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints')),
-        positions=np.zeros(r.config.workers, np.int64), window=_Window(r.rule.reports)))
+        positions=np.zeros(r.config.workers, np.int64), window=_Window(_reports(r))))
   try:
     state, step = _restore(group, replicas, state)
     for r in replicas:
@@ -857,6 +896,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
     live = running(at)
     if not live:
       return None
+    begin = time.perf_counter()
     n = min(block_length(at, replicas[i].config, run.round_length) for i in live)
     blocks, stalled = [None] * len(replicas), {}
     for i in live:
@@ -873,7 +913,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
       after = [position]
     for r, position in zip(replicas, after):
       r.positions = position
-    return _Prepared(at, blocks, inputs, stalled)
+    return _Prepared(at, blocks, inputs, stalled, time.perf_counter() - begin)
 
   def stall(i: int, error: Exception, at: int, first: bool) -> None:
     r = replicas[i]
@@ -890,7 +930,9 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
   # of this block's state, which the next block donates). Not across a checkpoint (the saved clocks and data
   # positions must be those after the saved step), and not at all for a rule that adapts to this block's loss
   # (AdaSync): the schedules, and so the trajectory, stay exactly the same.
-  lookahead = not run.rule.uses_feedback
+  # A measured run never looks ahead: its next block's counts need this block's times, and its clock times one
+  # block at a time (`measured_time`).
+  lookahead = not run.rule.uses_feedback and not run.measured
   stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
   try:
     stop_requests.install()
@@ -912,13 +954,24 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
                        or stop for i in live}
       following = next_measured = None
       # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
-      snapshot = evaluate.consensus(state) if any(is_eval.values()) else None
+      # A measured run takes it after its block's results (`measured_time`): compiling it on this thread while
+      # the block runs would hold the Python lock that the block's clock reads wait for.
+      snapshot = evaluate.consensus(state) if any(is_eval.values()) and not run.measured else None
       if lookahead and not any(is_checkpoint.values()):
         following = prepare(end)
         if following is not None and any(b is not None for b in following.blocks):
           state, next_measured = block_step(state, *following.inputs)
 
-      host = measurements_to_host(measured)
+      if run.measured:  # wait with the Python lock released: the program's clock reads need it
+        jax.block_until_ready(measured)
+        ready = time.perf_counter()  # before the all-gather below, which compiles once per block length
+      host = measurements_to_host(measured, timed=run.measured)
+      if run.measured:  # group of one (a measured run never shares its program)
+        seconds = measured_time.block_seconds(current.seconds, block_step.stopwatch.origin, ready,
+                                              block_step.compiled, host['started_s'][0, run.layout.local_worker_ids()])
+        current.blocks[0] = replicas[0].clock.record(current.blocks[0], host['compute_s'], seconds)
+        if any(is_eval.values()):
+          snapshot = evaluate.consensus(state)
       evaluated = None
       for i in live:
         r = replicas[i]
@@ -942,6 +995,8 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
         r.sim_time, r.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
         if is_eval[i] or end % r.config.log_every == 0:
           row = {'step': end, 'sim_time': r.sim_time, 'wall_time': wall(r), **r.window.row()}
+          if r.run.measured:
+            row = measured_time.finish_row(row, r.config.workers)
           if is_eval[i]:
             if evaluated is None:
               evaluated = evaluate.measure(snapshot)
@@ -955,6 +1010,8 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
                   'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
                   'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
           r.checkpointer.save(end, replica_state(group, state, i), meta, copy=not group.batched)
+          if r.run.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
+            r.checkpointer.wait()
         if end == r.config.num_steps:
           finish(r, end)
       step = end
@@ -981,7 +1038,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       stop_requests: preemption.StopRequests | None = None) -> dict[str, Any]:
+                       stop_requests: preemption.StopRequests | None = None, loss_hook=None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
 
   Writes metrics.jsonl, summary.json, config.json, TensorBoard events and orbax checkpoints in `workdir`.
@@ -992,7 +1049,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; the run finished its
       block and checkpointed, and the same call resumes it.
   """
-  outcome, = train_group([config], [workdir], stop_requests)
+  outcome, = train_group([config], [workdir], stop_requests, loss_hook)
   if isinstance(outcome, Exception):
     raise outcome
   return outcome

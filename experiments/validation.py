@@ -11,6 +11,7 @@ from waitless.algorithms import optimizers
 from waitless.algorithms import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
+from waitless.experiments import measured_time
 from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 
@@ -107,5 +108,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   unknown = sorted(set(config.algorithm.keys()) - set(spec.defaults) - {'name'})
   errors.require(not unknown, 'algorithm', ', '.join(unknown),
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')
+  measured_time.validate(config)  # first: a refused algorithm is the news, not its other fields
   spec.validate(config)
   cluster_factory.validate(config)

@@ -1,0 +1,169 @@
+"""Real training runs on measured time: sync, nonblocking, local SGD, D-PSGD and WAGMA through the harness on 2
+real CPU processes, one slowed, against the simulator's prediction for the speeds they measured.
+
+  python benchmarks/real_run.py                              # digits, 2 processes, process 1 +4 ms/micro-batch
+  python benchmarks/real_run.py --repeats=1 --num_steps=300 --debug_slow_process=1:0.008 --out=/tmp/real_run.json
+
+Each algorithm is one `bash launch/multiprocess_cpu.sh 2 --config=experiments/configs/digits.py:NAME,
+stragglers.kind=measured,workers=2,devices=2,...` run (`experiments/measured_time.py`: nothing simulated, the
+run's clock is its measured training time, nonblocking's counts come from measured speeds), with the same
+seed, data and model, and the TEST-ONLY `--debug_slow_process=I:S` (process I sleeps S seconds in every
+micro-batch it computes). From each run's metrics.jsonl and summary.json the table gives:
+  - real s/it: the median over the metrics rows after the first (whose window holds nonblocking's probe and the
+    first executions) of measured seconds per iteration;
+  - real time to target: the measured seconds until the evaluation accuracy first reached `--target_accuracy`
+    (evaluations every `--eval_every` steps; left out of the clock), and the step it was reached at;
+  - nonblocking's micro-batches per worker (mean over the rows after the first);
+  - simulated: `benchmarks.real_stragglers.simulate_iteration_seconds` (the simulator's mean seconds per
+    iteration for these algorithms on 2 workers with constant per-micro-batch times s_d, ideal network), fed the
+    s_d that the nonblocking run fitted (summary's `measured_seconds_per_microbatch`); its time to target is that
+    prediction times the real run's step at the target (the same trajectory on the simulated clock). It leaves
+    out the per-call cost c_d, the all-reduce and the harness's host work per block, which the real run pays.
+Runs are sequential (one at a time), `--repeats` rounds of every algorithm interleaved, so that other users of
+the machine slow all algorithms alike; the table gives the median over the rounds of each figure (and the
+range of real s/it), the load average before and after with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+if __package__ in (None, ''):  # run as a script: make the repository importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import numpy as np
+
+from benchmarks import real_stragglers  # pylint: disable=g-import-not-at-top
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALGORITHMS = real_stragglers.ALGORITHMS  # sync, nonblocking, local_sgd, dpsgd, wagma
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run (nonblocking first: its speeds feed the '
+                  'prediction).')
+flags.DEFINE_string('debug_slow_process', '1:0.004', 'TEST-ONLY: "I:S", process I sleeps S seconds per '
+                    'micro-batch it computes.')
+flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration (batch 16 per worker).')
+flags.DEFINE_integer('num_steps', 200, 'Iterations per run.')
+flags.DEFINE_integer('eval_every', 10, 'Steps between evaluations (and metrics rows).')
+flags.DEFINE_float('target_accuracy', 0.96, 'Evaluation accuracy of the time to target.')
+flags.DEFINE_integer('repeats', 3, 'Runs per algorithm, interleaved (nonblocking first in each round).')
+flags.DEFINE_integer('local_steps', 4, 'local_sgd: H (also what the prediction simulates).')
+flags.DEFINE_integer('seed', 0, 'The seed of every run (model init, data order).')
+flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).')
+flags.DEFINE_string('out', '', 'Write the results as JSON here.')
+
+
+def config_arg(name: str) -> str:
+  extra = f',local_steps={FLAGS.local_steps}' if name == 'local_sgd' else ''
+  return (f'experiments/configs/digits.py:{name}{extra},stragglers.kind=measured,workers=2,devices=2,'
+          f'microbatches={FLAGS.microbatches},num_steps={FLAGS.num_steps},eval_every={FLAGS.eval_every},'
+          f'log_every={FLAGS.eval_every},checkpoint_every={FLAGS.num_steps},'
+          f'target_accuracy={FLAGS.target_accuracy},seed={FLAGS.seed}')
+
+
+def run(name: str, workdir: str) -> dict:
+  """One 2-process run of `name` in `workdir`; its figures."""
+  command = ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), '2', f'--config={config_arg(name)}',
+             f'--workdir={workdir}', f'--debug_slow_process={FLAGS.debug_slow_process}']
+  done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+  if done.returncode:
+    raise SystemExit(f'{name} failed (status {done.returncode}):\n{done.stderr[-3000:]}')
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    summary = json.load(f)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  steps = np.array([r['step'] for r in rows], np.float64)
+  times = np.array([r['sim_time'] for r in rows], np.float64)
+  per_iteration = np.diff(times) / np.diff(steps)  # rows after the first
+  reached = [r['step'] for r in rows if (r.get('eval_accuracy') or 0) >= FLAGS.target_accuracy]
+  counts = np.array([r['microbatches_done'] for r in rows[1:]], np.float64)
+  return {'seconds_per_iteration': float(np.median(per_iteration)), 'time_to_target': summary['time_to_target'],
+          'step_at_target': reached[0] if reached else None, 'counts': counts.mean(axis=0).tolist(),
+          'final_eval_accuracy': summary['final_eval_accuracy'], 'measured_time': summary['measured_time'],
+          'wall_time': summary['wall_time'], 'num_params': summary['num_params'],
+          'speeds_s': summary['measured_seconds_per_microbatch'], 'overhead_s': summary['measured_overhead_s']}
+
+
+def median_of(runs: list[dict]) -> dict:
+  """The median over the rounds of each figure of one algorithm's runs (a time to target missed in a round
+  counts as infinite, the step as None when the median misses); `range`: min and max real s/it."""
+  times = [np.inf if r['time_to_target'] is None else r['time_to_target'] for r in runs]
+  steps = [np.inf if r['step_at_target'] is None else r['step_at_target'] for r in runs]
+  target, step = float(np.median(times)), float(np.median(steps))
+  per_iteration = [r['seconds_per_iteration'] for r in runs]
+  return {'seconds_per_iteration': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
+          'time_to_target': target if np.isfinite(target) else None,
+          'step_at_target': step if np.isfinite(step) else None,
+          'counts': np.median([r['counts'] for r in runs], axis=0).tolist(),
+          'final_eval_accuracy': float(np.median([r['final_eval_accuracy'] for r in runs])),
+          'speeds_s': np.median([r['speeds_s'] for r in runs], axis=0).tolist(),
+          'overhead_s': np.median([r['overhead_s'] for r in runs], axis=0).tolist(),
+          'num_params': runs[0]['num_params'], 'runs': len(runs)}
+
+
+def report(results: dict, predicted: dict, load: tuple) -> str:
+  nb = results.get('nonblocking')
+  lines = [f"digits MLP, 2 processes x 1 CPU device, m = {FLAGS.microbatches}, {FLAGS.num_steps} steps, "
+           f"median of {FLAGS.repeats} interleaved round(s), "
+           f"--debug_slow_process={FLAGS.debug_slow_process}, target accuracy {FLAGS.target_accuracy}; load "
+           f"average {load[0]:.2f} before, {load[1]:.2f} after"]
+  if nb is not None:
+    overhead = ', '.join(f'{c * 1e3:.2f} ms' for c in nb['overhead_s'])
+    lines.append(f"nonblocking fitted c + n s (median over rounds): c {overhead}, "
+                 f"s {', '.join(f'{s * 1e3:.2f} ms' for s in nb['speeds_s'])}; micro-batches per worker "
+                 f"{', '.join(f'{c:.2f}' for c in nb['counts'])}")
+  lines += ['', '| algorithm | real ms/it (min-max) | simulated ms/it | real / simulated | real s to target '
+            '(step) | simulated s to target | final accuracy |', '|---|---|---|---|---|---|---|']
+  for name, r in results.items():
+    sim = predicted.get(name)
+    to_target = 'not reached' if r['time_to_target'] is None else f"{r['time_to_target']:.2f} ({r['step_at_target']:g})"
+    sim_target = '-' if sim is None or r['step_at_target'] is None else f"{sim * r['step_at_target']:.2f}"
+    sim_cells = ('-', '-') if sim is None else (f'{sim * 1e3:.2f}', f"{r['seconds_per_iteration'] / sim:.2f}")
+    low, high = r['range']
+    real = f"{r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f})"
+    lines.append(f"| {name} | {real} | {sim_cells[0]} | {sim_cells[1]} | "
+                 f"{to_target} | {sim_target} | {r['final_eval_accuracy']:.3f} |")
+  return '\n'.join(lines)
+
+
+def main(argv):
+  del argv
+  from waitless.experiments import slowdown  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  try:
+    slowdown.parse_slow(FLAGS.debug_slow_process, 2)
+  except errors.ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  names = sorted(FLAGS.algorithms, key=lambda n: n != 'nonblocking')
+  root = FLAGS.workdir or tempfile.mkdtemp(prefix='real_run_')
+  before = os.getloadavg()[0]
+  runs = {name: [] for name in names}
+  for round_ in range(FLAGS.repeats):
+    for name in names:
+      runs[name].append(run(name, os.path.join(root, f'{name}_{round_}')))
+      print(f'{name} round {round_}: {runs[name][-1]["seconds_per_iteration"] * 1e3:.2f} ms/it, time to target '
+            f'{runs[name][-1]["time_to_target"]}', file=sys.stderr)
+  load = (before, os.getloadavg()[0])
+  results = {name: median_of(r) for name, r in runs.items()}
+  predicted = {}
+  if 'nonblocking' in results:
+    nb = results['nonblocking']
+    predicted = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
+        np.asarray(nb['speeds_s'])[None], FLAGS.microbatches, 4 * nb['num_params'], 400, FLAGS.local_steps)
+  print(report(results, predicted, load))
+  if FLAGS.out:
+    with open(FLAGS.out, 'w') as f:
+      json.dump({'results': results, 'runs': runs, 'simulated_s': predicted, 'load': load, 'workdir': root}, f,
+                indent=1)
+
+
+if __name__ == '__main__':
+  app.run(main)
