@@ -8,12 +8,14 @@ of device d on n micro-batches is modelled as t = c_d + n s_d (a fixed per-call 
 host sync; s_d seconds per micro-batch), fitted from its measured calls:
     c_d, s_d  = least-squares line through device d's last `window` (n, seconds) calls
     deadline  = min_d (c_d + m s_d)         (the time the fastest device needs for all m micro-batches)
-    n_d       = clip(floor(((1 + tolerance) deadline - c_d) / s_d), 1, m)
-`tolerance` (default 0.1): how far past the deadline the round may run to let a device finish its micro-batches.
-With tolerance 0, two equally fast devices split by a millisecond of noise in the fitted speeds give the
-slower-looking one m - 1 (`benchmarks/real_stragglers.py` with no process slowed: 3.0-3.3 micro-batches per
-iteration of m = 4 on average); a device cut by the tolerance is one slower than the fastest by more than
-(1 + tolerance) on all m, which noise on a loaded host rarely fakes.
+    n_d       = clip(floor((deadline + slack - c_d) / s_d), 1, m),   slack = max(tolerance deadline, min_slack_s)
+The slack (defaults: tolerance 0.1, min_slack_s 1 ms) is how far past the deadline the round may run to let a
+device finish its micro-batches. With none, two equally fast devices split by a millisecond of noise in the
+fitted speeds give the slower-looking one m - 1 (`benchmarks/real_stragglers.py` with no process slowed: 3.0-3.3
+micro-batches per iteration of m = 4 on average; with tolerance 0.1, 3.67-4.00). The absolute floor is the
+resolution of a host-timed call on a loaded machine: calls of a fraction of a millisecond (the digits MLP
+through the harness, `experiments/measured_time.py`) fit at 0.02-0.27 ms per micro-batch on two equally fast
+processes, and 10% of such a deadline kept cutting one of them (2.3 of 4 on average).
 Device d then runs exactly n_d micro-batches, a real `lax.while_loop` whose trip count is a per-device input
 (not a masked scan over all m), and the all-reduce weights each device by what it ran: the update is
 `nonblocking.nonblocking_sgd` with `microbatches_done` = n_d, g = (sum_d G_d) / (sum_d n_d), W <- W + U(g).
@@ -75,10 +77,10 @@ def _require_seconds(value, field: str, devices: Optional[int] = None) -> np.nda
 
 
 def microbatch_counts(seconds_per_microbatch: Sequence[float], microbatches: int,
-                      deadline_s: Optional[float] = None,
-                      overhead_s: Optional[Sequence[float]] = None, tolerance: float = 0.0) -> np.ndarray:
-  """n_d = clip(floor(((1 + tolerance) deadline - c_d) / s_d), 1, m): the micro-batches device d finishes by the
-  deadline, `tolerance` of it allowed over.
+                      deadline_s: Optional[float] = None, overhead_s: Optional[Sequence[float]] = None,
+                      tolerance: float = 0.0, min_slack_s: float = 0.0) -> np.ndarray:
+  """n_d = clip(floor((deadline + slack - c_d) / s_d), 1, m), slack = max(tolerance deadline, min_slack_s): the
+  micro-batches device d finishes by the deadline, the slack allowed over.
 
   Args:
     seconds_per_microbatch: s_d, one per device, finite and > 0.
@@ -87,6 +89,7 @@ def microbatch_counts(seconds_per_microbatch: Sequence[float], microbatches: int
       device needs for all m (He & Dube's trigger, the first finisher, known in advance from the speeds).
     overhead_s: c_d, each device's fixed seconds per call, finite and >= 0; None (default) is 0 for all.
     tolerance: >= 0, the fraction of the deadline the round may run over (0: He & Dube's rule exactly).
+    min_slack_s: >= 0, seconds the round may run over whatever the deadline (the timing's resolution).
 
   Returns:
     int32 (devices,) counts in 1..m; the fastest device gets m when `deadline_s` is None.
@@ -94,20 +97,22 @@ def microbatch_counts(seconds_per_microbatch: Sequence[float], microbatches: int
   errors.require_int(microbatches, 'microbatches', 1)
   seconds = _require_seconds(seconds_per_microbatch, 'seconds_per_microbatch')
   overhead = np.zeros_like(seconds) if overhead_s is None else _require_overhead(overhead_s, seconds.size)
-  _require_tolerance(tolerance)
+  _require_tolerance(tolerance, min_slack_s)
   if deadline_s is None:
     deadline_s = (overhead + microbatches * seconds).min()  # the fastest device's time for all m
   else:
     errors.require_number(deadline_s, 'deadline_s', 'must be a finite number of seconds > 0', lambda v: v > 0)
   # 1e-9 of a micro-batch: a device that ties with the deadline (the fastest one itself, or one as fast) gets
   # the count, not one less when rounding leaves (deadline - c_d) / s_d a few ulps below it.
-  finished = np.floor(((1 + tolerance) * deadline_s - overhead) / seconds + 1e-9)
+  slack = max(tolerance * deadline_s, min_slack_s)
+  finished = np.floor((deadline_s + slack - overhead) / seconds + 1e-9)
   return np.clip(finished, 1, microbatches).astype(np.int32)
 
 
-def _require_tolerance(value) -> None:
-  errors.require_number(value, 'tolerance', 'must be a finite number >= 0 (a fraction of the deadline)',
+def _require_tolerance(tolerance, min_slack_s) -> None:
+  errors.require_number(tolerance, 'tolerance', 'must be a finite number >= 0 (a fraction of the deadline)',
                         lambda v: v >= 0)
+  errors.require_number(min_slack_s, 'min_slack_s', 'must be a finite number of seconds >= 0', lambda v: v >= 0)
 
 
 def _require_overhead(value, devices: int) -> np.ndarray:
@@ -129,15 +134,15 @@ class MeasuredSpeeds:
       estimate and s_d <- smoothing s_d + (1 - smoothing) (t - c_d) / n (c_d reset to 0 if t <= c_d).
     `observe(seconds_per_microbatch)`: a measurement that has no per-call part: the same moving average of s_d.
   The first observation sets s_d. Before any (and without `initial_seconds`) every device runs all m
-  micro-batches: a synchronous iteration, which is also what measures the speeds. `tolerance`: see
-  `microbatch_counts` (the module docstring says why 0.1). `probe` (n_1, n_2, ...): the
+  micro-batches: a synchronous iteration, which is also what measures the speeds. `tolerance`, `min_slack_s`:
+  see `microbatch_counts` (the module docstring says why 0.1 and 1 ms). `probe` (n_1, n_2, ...): the
   counts of every device before the 1st, 2nd, ... observation, so that the fit has two sizes from the start
   (`MeasuredStep` uses (m, 1)).
   """
 
   def __init__(self, devices: int, microbatches: int, smoothing: float = 0.5,
                initial_seconds: Optional[Sequence[float]] = None, deadline_s: Optional[float] = None,
-               window: int = 8, probe: Sequence[int] = (), tolerance: float = 0.1):
+               window: int = 8, probe: Sequence[int] = (), tolerance: float = 0.1, min_slack_s: float = 0.001):
     errors.require_int(devices, 'devices', 1)
     errors.require_int(microbatches, 'microbatches', 1)
     errors.require_number(smoothing, 'smoothing', 'must be a number in [0, 1) (the weight of the old average)',
@@ -145,11 +150,11 @@ class MeasuredSpeeds:
     if deadline_s is not None:
       errors.require_number(deadline_s, 'deadline_s', 'must be a finite number of seconds > 0', lambda v: v > 0)
     errors.require_int(window, 'window', 2)
-    _require_tolerance(tolerance)
+    _require_tolerance(tolerance, min_slack_s)
     errors.require(all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= microbatches for n in probe),
                    'probe', probe, f'must be a list of micro-batch counts in 1..{microbatches}')
     self.devices, self.microbatches, self.smoothing, self.deadline_s = devices, microbatches, smoothing, deadline_s
-    self.window, self.probe, self.tolerance = window, tuple(probe), tolerance
+    self.window, self.probe, self.tolerance, self.min_slack_s = window, tuple(probe), tolerance, min_slack_s
     self.seconds = None if initial_seconds is None else _require_seconds(initial_seconds, 'initial_seconds', devices)
     self.overhead = np.zeros(devices)  # c_d
     self.fits: list[Optional[calibration.Fit]] = [None] * devices  # each device's last fit; None before one
@@ -204,7 +209,8 @@ class MeasuredSpeeds:
       return np.full(self.devices, self.probe[self.observations], np.int32)
     if self.seconds is None:
       return np.full(self.devices, self.microbatches, np.int32)
-    return microbatch_counts(self.seconds, self.microbatches, self.deadline_s, self.overhead, self.tolerance)
+    return microbatch_counts(self.seconds, self.microbatches, self.deadline_s, self.overhead, self.tolerance,
+                             self.min_slack_s)
 
 
 def local_gradient_sums(value_and_grad: Callable[[Any, Any], tuple[jax.Array, Any]], params, microbatches,
@@ -251,13 +257,15 @@ class MeasuredStep:
 
   def __init__(self, loss_fn: Callable[[Any, Any], jax.Array], inner: optax.GradientTransformation, mesh: Mesh,
                microbatches: int, axis_name: str = 'workers', smoothing: float = 0.5,
-               deadline_s: Optional[float] = None, window: int = 8, tolerance: float = 0.1):
+               deadline_s: Optional[float] = None, window: int = 8, tolerance: float = 0.1,
+               min_slack_s: float = 0.001):
     errors.require(mesh.axis_names == (axis_name,), 'mesh', mesh.axis_names,
                    f'must have the one axis {axis_name!r} (one worker per device: a speed is a device\'s)')
     self.mesh, self.axis_name, self.microbatches = mesh, axis_name, microbatches
     # The warm-up: the compiling call at m (not measured), then one measured call at m and one at 1.
     self.speeds = MeasuredSpeeds(mesh.size, microbatches, smoothing, deadline_s=deadline_s, window=window,
-                                 probe=(microbatches, 1) if microbatches > 1 else (), tolerance=tolerance)
+                                 probe=(microbatches, 1) if microbatches > 1 else (), tolerance=tolerance,
+                                 min_slack_s=min_slack_s)
     self.tx = nonblocking.nonblocking_sgd(inner, axis_name=axis_name, gradient_sums=True)
     self.per_device = NamedSharding(mesh, PartitionSpec(axis_name))
     self.replicated = NamedSharding(mesh, PartitionSpec())

@@ -1019,9 +1019,9 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
         last_progress = time.time()
         rate = (step - start_step) / max(time.time() - start_wall, 1e-9)
         losses = [replicas[i].last_train_loss for i in live if not replicas[i].failure]
-        log.info('step %d/%d  loss %.4f  sim %.2fs  %.1f steps/s  ETA %.0fs', step, num_steps,
-                 float(np.mean(losses)) if losses else float('nan'), max(replicas[i].sim_time for i in live),
-                 rate, (num_steps - step) / max(rate, 1e-9))
+        log.info('step %d/%d  loss %.4f  %s %.2fs  %.1f steps/s  ETA %.0fs', step, num_steps,
+                 float(np.mean(losses)) if losses else float('nan'), 'measured' if run.measured else 'sim',
+                 max(replicas[i].sim_time for i in live), rate, (num_steps - step) / max(rate, 1e-9))
       if stop and running(step):
         raise preemption.Preempted(step, ', '.join(replicas[i].workdir for i in running(step)),
                                    stop_requests.signal_name)

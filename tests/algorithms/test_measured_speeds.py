@@ -279,7 +279,7 @@ class OverheadFitTest(parameterized.TestCase):
     overhead, seconds, m = [0.002, 0.002], [0.001, 0.001], 4
     history = {}
     for tolerance in (0.0, 0.1):
-      speeds = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1), tolerance=tolerance)
+      speeds = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1), tolerance=tolerance, min_slack_s=0.0)
       history[tolerance] = self._run(speeds, overhead, seconds, 200, np.random.default_rng(1), 0.05)[2:]
     self.assertLess(history[0.0].mean(), m - 0.3)
     self.assertGreater(history[0.1].mean(), m - 0.05)
@@ -289,19 +289,39 @@ class OverheadFitTest(parameterized.TestCase):
     """A device 1.5x slower per micro-batch is past (1 + 0.1) of the deadline on all m: it is cut."""
     speeds = measured_speeds.MeasuredSpeeds(2, 8, probe=(8, 1))
     counts = self._run(speeds, [0.0, 0.0], [0.001, 0.0015], 4)[-1]
-    # floor(1.1 * 8 ms / 1.5 ms) = 5
-    np.testing.assert_array_equal(counts, [8, 5])
+    # the slack is max(0.1 x 8 ms, 1 ms) = 1 ms: floor(9 ms / 1.5 ms) = 6
+    np.testing.assert_array_equal(counts, [8, 6])
+
+  def test_min_slack_keeps_sub_millisecond_devices_at_m_through_noise(self):
+    """Calls of a fraction of a millisecond (0.05 ms per micro-batch) with 30% noise: 10% of the deadline
+    is microseconds and keeps cutting; the 1 ms floor keeps both at m. A device twice as slow per
+    micro-batch is still cut once its all-m time exceeds the deadline by more than 1 ms."""
+    overhead, seconds, m = [0.0001, 0.0001], [0.00005, 0.00005], 4
+    history = {}
+    for slack in (0.0, 0.001):
+      speeds = measured_speeds.MeasuredSpeeds(2, m, probe=(m, 1), min_slack_s=slack)
+      history[slack] = self._run(speeds, overhead, seconds, 200, np.random.default_rng(2), 0.3)[2:]
+    self.assertLess(history[0.0].mean(), m - 0.3)
+    np.testing.assert_array_equal(history[0.001], np.full_like(history[0.001], m))
+    slow = measured_speeds.MeasuredSpeeds(2, 8, probe=(8, 1))
+    # deadline 0.1 + 8 x 0.5 = 4.1 ms, + 1 ms: floor((5.1 - 0.1) / 1) = 5
+    np.testing.assert_array_equal(self._run(slow, [0.0001] * 2, [0.0005, 0.001], 4)[-1], [8, 5])
 
   def test_counts_with_tolerance(self):
     # deadline 1.1 * 8 ms = 8.8 ms: floor(8.8 / 1.2) = 7, floor((8.8 - 2) / 2) = 3
     np.testing.assert_array_equal(
         measured_speeds.microbatch_counts([0.001, 0.0012, 0.002], 8, overhead_s=[0.0, 0.0, 0.002], tolerance=0.1),
         [8, 7, 3])
+    # the larger of the two slacks: 8 ms + 2 ms: floor(10 / 1.2) = 8, floor((10 - 2) / 2) = 4
+    np.testing.assert_array_equal(
+        measured_speeds.microbatch_counts([0.001, 0.0012, 0.002], 8, overhead_s=[0.0, 0.0, 0.002], tolerance=0.1,
+                                          min_slack_s=0.002), [8, 8, 4])
 
   @parameterized.named_parameters(
       ('window', {'window': 1}, '^window=1 .*>= 2'),
       ('tolerance_negative', {'tolerance': -0.1}, '^tolerance=-0.1 .*>= 0'),
       ('tolerance_nan', {'tolerance': float('nan')}, '^tolerance=nan .*>= 0'),
+      ('min_slack_negative', {'min_slack_s': -1.0}, '^min_slack_s=-1.0 .*seconds >= 0'),
       ('probe_zero', {'probe': (4, 0)}, '^probe=.*in 1..4'),
       ('probe_above_m', {'probe': (5,)}, '^probe=.*in 1..4'),
       ('probe_float', {'probe': (1.0,)}, '^probe='),
