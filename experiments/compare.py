@@ -159,7 +159,7 @@ def main(argv):
   from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
   from waitless.experiments import train  # pylint: disable=g-import-not-at-top
   root = main_lib._WORKDIR.value  # pylint: disable=protected-access
-  preemption.exit_on_sigterm()
+  preemption.exit_before_training()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
   except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
@@ -181,7 +181,7 @@ def main(argv):
 
 if __name__ == '__main__':
   from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
-  preemption.exit_on_sigterm()
+  preemption.exit_before_training()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
   app.run(main, flags_parser=main_lib.parse_flags)

@@ -187,7 +187,7 @@ def main(argv):
   from waitless.experiments import checkpointing
   from waitless.experiments import preemption
   from waitless.experiments import train
-  preemption.exit_on_sigterm()
+  preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if _COMPILATION_CACHE.value:
     compilation_cache.enable(_COMPILATION_CACHE.value)
@@ -257,7 +257,7 @@ def parse_flags(argv):
 
 def run():
   from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
-  preemption.exit_on_sigterm()  # from here, not after the seconds of imports that main() starts with
+  preemption.exit_before_training()  # from here, not after the seconds of imports that main() starts with
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # TensorFlow only feeds data here; silences its notice
   app.run(main, flags_parser=parse_flags)

@@ -67,20 +67,28 @@ class PreemptionTest(parameterized.TestCase):
       self.assertEqual(preemption.exit_code(raised.exception), preemption.EXIT_PREEMPTED)  # the scheduler again
     self.assertIs(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)  # handlers restored
 
-  def test_sigterm_while_starting_exits_75_with_one_line(self):
+  @parameterized.named_parameters(
+      # 1.5 s: compiling or restoring; 0.5 s: still importing jaxlib and TensorFlow (a SystemExit or a
+      # KeyboardInterrupt raised there crashed the interpreter's shutdown, status 139, or printed a traceback).
+      ('sigterm', signal.SIGTERM, 1.5, preemption.EXIT_PREEMPTED),
+      ('sigterm_importing', signal.SIGTERM, 0.5, preemption.EXIT_PREEMPTED),
+      ('ctrl_c', signal.SIGINT, 1.5, 130),
+      ('ctrl_c_importing', signal.SIGINT, 0.5, 130),
+  )
+  def test_a_signal_while_starting_exits_with_one_line(self, signum, after_s, status):
     workdir = self.create_tempdir().full_path
     for module in ('experiments.main', 'experiments.compare'):
       extra = ['--algorithms=sync'] if module == 'experiments.compare' else []
       proc = subprocess.Popen([sys.executable, '-m', module, '--config=experiments/configs/digits.py:sync',
                                f'--workdir={workdir}/{module}', *extra], cwd=test_train.ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-      time.sleep(1.5)  # importing and compiling take longer: the signal comes before the first step
+      time.sleep(after_s)  # importing and compiling take longer: the signal comes before the first step
       self.assertIsNone(proc.poll())
-      proc.send_signal(signal.SIGTERM)
+      proc.send_signal(signum)
       _, stderr = proc.communicate(timeout=120)
-      self.assertEqual(proc.returncode, preemption.EXIT_PREEMPTED, stderr)
-      self.assertRegex(stderr.strip().splitlines()[-1], '^stopped by SIGTERM before training started: nothing to '
-                       'save; rerun the same command')
+      self.assertEqual(proc.returncode, status, stderr)
+      self.assertRegex(stderr.strip().splitlines()[-1], f'^stopped by {signal.Signals(signum).name} before '
+                       'training started: nothing to save; rerun the same command')
       self.assertNotIn('Traceback', stderr)
 
   @pytest.mark.slow
