@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -320,9 +320,11 @@ def replayed_trace(results: dict, condition: str) -> np.ndarray:
 
 
 def simulate_iteration_seconds(trace: np.ndarray, microbatches: int, model_bytes: float, iterations: int,
-                               local_steps: int) -> dict[str, float]:
+                               local_steps: int, nonblocking_deadline_s: Optional[float] = None) -> dict[str, float]:
   """Each algorithm's simulated mean seconds per iteration on `trace` ((rows, P) seconds per micro-batch,
-  replayed by position: `stragglers.kind='trace'`) with an ideal network, P = trace.shape[1] workers."""
+  replayed by position: `stragglers.kind='trace'`) with an ideal network, P = trace.shape[1] workers.
+  `nonblocking_deadline_s`: also 'nonblocking_deadline', nonblocking with `trigger='deadline'` at that budget
+  (the rule measured speeds run: a round as long as the slowest device's measured count needs)."""
   from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import synthetic  # pylint: disable=g-import-not-at-top
   out = {}
@@ -340,6 +342,10 @@ def simulate_iteration_seconds(trace: np.ndarray, microbatches: int, model_bytes
       if name == 'local_sgd':
         config.algorithm.local_steps = local_steps
       out[name] = simulate.simulate(config, iterations=iterations, nbytes=model_bytes)['mean_iteration_time']
+      if name == 'nonblocking' and nonblocking_deadline_s is not None:
+        config.algorithm.trigger, config.algorithm.deadline_s = 'deadline', float(nonblocking_deadline_s)
+        out['nonblocking_deadline'] = simulate.simulate(config, iterations=iterations,
+                                                        nbytes=model_bytes)['mean_iteration_time']
   return out
 
 

@@ -6,11 +6,14 @@ import json
 import os
 import types
 
+import numpy as np
+
 from absl.testing import absltest
 from absl.testing import parameterized
 from unittest import mock
 
 from benchmarks import real_run
+from benchmarks import real_stragglers
 
 
 def _write_run(workdir, rows, summary):
@@ -85,11 +88,26 @@ class OverRoundsTest(absltest.TestCase):
                'sync': real_run.median_of([self._round(0.02, None)])}
     settings = types.SimpleNamespace(microbatches=4, num_steps=200, repeats=1, debug_slow_process='1:0.004',
                                      target_accuracy=0.96)
+    predicted = {'nonblocking': 0.001, 'nonblocking_deadline': 0.005, 'sync': 0.01}
     with mock.patch.object(real_run, 'FLAGS', settings):
-      text = real_run.report(results, {'nonblocking': 0.005, 'sync': 0.01}, (1.0, 1.0), 0.3)
+      text = real_run.report(results, predicted, (1.0, 1.0), 0.3)
+    # nonblocking's row is the rule that ran (the deadline trigger), the first finisher's in a line above.
     self.assertIn('| nonblocking | 10.00 (10.0-10.0) | 5.00 | 2.00 | 1.00 (50) | 0.25 | 1.00 (40) | 0.20 |', text)
+    self.assertIn("first-finisher trigger, which gives a device that finished none 0, predicts 1.00 ms/it", text)
     self.assertIn('| sync | 20.00 (20.0-20.0) | 10.00 | 2.00 | not reached | - | not reached | - |', text)
     self.assertIn('target loss 0.3000', text)
+
+
+class PredictionTest(absltest.TestCase):
+
+  def test_the_deadline_rule_at_the_measured_round_gives_the_measured_counts(self):
+    speeds, counts = [0.001, 0.004], [3.9, 1.2]  # means over rows: the counts that ran are 4 and 1
+    deadline = real_run.measured_round_s(speeds, counts)
+    self.assertAlmostEqual(deadline, 0.004)
+    predicted = real_stragglers.simulate_iteration_seconds(np.array([speeds]), 4, 4000.0, 20, 4,
+                                                           nonblocking_deadline_s=deadline)
+    self.assertAlmostEqual(predicted['nonblocking_deadline'], 0.004)  # ideal network: the round's compute
+    self.assertAlmostEqual(predicted['sync'], 0.016)  # every device all 4 micro-batches: the slow one's 4 x 4 ms
 
 
 class FlagsTest(parameterized.TestCase):
