@@ -53,21 +53,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = real_stragglers.ALGORITHMS  # sync, nonblocking, local_sgd, dpsgd, wagma
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run (nonblocking first: its speeds feed the '
-                  'prediction).')
-flags.DEFINE_string('debug_slow_process', '1:0.004', 'TEST-ONLY: "I:S", process I sleeps S seconds per '
-                    'micro-batch it computes.')
-flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration (batch 16 per worker).')
-flags.DEFINE_integer('num_steps', 200, 'Iterations per run.')
-flags.DEFINE_integer('eval_every', 10, 'Steps between evaluations (and metrics rows).')
-flags.DEFINE_float('target_accuracy', 0.96, 'Evaluation accuracy of the time to target accuracy.')
-flags.DEFINE_float('target_loss', None, 'Evaluation loss of the time to target loss (default: the highest of the '
-                   "runs' lowest evaluation losses, a level every run reaches).")
-flags.DEFINE_integer('repeats', 3, 'Runs per algorithm, interleaved (nonblocking first in each round).')
-flags.DEFINE_integer('local_steps', 4, 'local_sgd: H (also what the prediction simulates).')
-flags.DEFINE_integer('seed', 0, 'The seed of every run (model init, data order).')
-flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).')
-flags.DEFINE_string('out', '', 'Write the results as JSON here.')
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """The flags, in `flag_values`; defined when the script runs, not on import (a test process that also imports
+  another benchmark would define `repeats`, `microbatches`, ... twice), as `real_stragglers.define_flags`."""
+  where = {'flag_values': flag_values}
+  flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run (nonblocking first: its speeds feed the '
+                    'prediction).', **where)
+  flags.DEFINE_string('debug_slow_process', '1:0.004', 'TEST-ONLY: "I:S", process I sleeps S seconds per '
+                      'micro-batch it computes.', **where)
+  flags.DEFINE_integer('microbatches', 4, 'm, micro-batches per worker and iteration (batch 16 per worker).',
+                       **where)
+  flags.DEFINE_integer('num_steps', 200, 'Iterations per run.', **where)
+  flags.DEFINE_integer('eval_every', 10, 'Steps between evaluations (and metrics rows).', **where)
+  flags.DEFINE_float('target_accuracy', 0.96, 'Evaluation accuracy of the time to target accuracy.', **where)
+  flags.DEFINE_float('target_loss', None, 'Evaluation loss of the time to target loss (default: the highest of the '
+                     "runs' lowest evaluation losses, a level every run reaches).", **where)
+  flags.DEFINE_integer('repeats', 3, 'Runs per algorithm, interleaved (nonblocking first in each round).', **where)
+  flags.DEFINE_integer('local_steps', 4, 'local_sgd: H (also what the prediction simulates).', **where)
+  flags.DEFINE_integer('seed', 0, 'The seed of every run (model init, data order).', **where)
+  flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).', **where)
+  flags.DEFINE_string('out', '', 'Write the results as JSON here.', **where)
 
 
 def config_arg(name: str) -> str:
@@ -237,4 +244,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

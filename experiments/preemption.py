@@ -6,9 +6,9 @@ interrupts at once (`Interrupted`, a KeyboardInterrupt that names the signal; th
 run exits with `EXIT_PREEMPTED` after a SIGTERM (the scheduler asked again: rerun to resume), 130 after Ctrl-C.
 Before the loop (imports, compiling, restoring) `exit_before_training` makes a SIGTERM exit with `EXIT_PREEMPTED`
 and one line, not the default silent 143, and a Ctrl-C exit with 130 and one line, not a KeyboardInterrupt
-traceback from inside an import: nothing was trained since the last checkpoint. In a multi-process run every process must
-stop after the same block (a checkpoint is a collective write), so the flag is agreed on across processes
-once per block: a process stops when any process was asked to.
+traceback from inside an import: nothing was trained since the last checkpoint. In a multi-process run every
+process must stop after the same block (a checkpoint is a collective write), so the flag is agreed on across
+processes once per block: a process stops when any process was asked to.
 """
 
 from __future__ import annotations
