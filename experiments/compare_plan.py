@@ -191,6 +191,7 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
   """
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   from waitless.data import registry as data_registry  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import measured_time  # pylint: disable=g-import-not-at-top
   from waitless.experiments import sim_budget  # pylint: disable=g-import-not-at-top
   from waitless.experiments import tasks  # pylint: disable=g-import-not-at-top
   from waitless.experiments import validation  # pylint: disable=g-import-not-at-top
@@ -222,7 +223,7 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
           if sim_time is not None:
             errors.require(not config.stragglers.calibrate, 'stragglers.calibrate', True,
                            'a --sim_time budget needs the configured times (calibration rescales them at run time)')
-            errors.require(config.stragglers.kind != 'measured', 'stragglers.kind', 'measured',
+            errors.require(not measured_time.is_measured(config), 'stragglers.kind', measured_time.KIND,
                            'a --sim_time budget needs simulated times; a measured run knows its time only as it runs')
             key = json.dumps([config.dataset.to_dict(), config.model.to_dict()], sort_keys=True, default=str)
             model_bytes.setdefault(key, tasks.model_bytes(config))

@@ -31,6 +31,7 @@ import numpy as np
 
 from waitless.algorithms import optimizers
 from waitless.algorithms import registry
+from waitless.experiments import measured_time
 
 
 def replica_fields(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -57,7 +58,7 @@ def program_key(config: ml_collections.ConfigDict) -> Optional[str]:
   program, so it never shares one; nor does a measured run (`stragglers.kind='measured'`). `progress_every_s`
   only paces the log.
   """
-  if config.stragglers.get('calibrate') or config.stragglers.get('kind') == 'measured':
+  if config.stragglers.get('calibrate') or measured_time.is_measured(config):
     return None  # a measured run (experiments/measured_time.py) times its own program too
   tree = json.loads(config.to_json_best_effort())
   for path in (*replica_fields(config), 'progress_every_s'):
