@@ -5,7 +5,8 @@
 Digits, 8 workers on 8 devices, constant 10 ms micro-batches, worker 3 down for good at `fail_at_s` simulated
 seconds. Every run gets the iterations its own clock needs to reach `sim_time` simulated seconds
 (`sim_budget.steps_for_sim_time`: an asynchronous iteration is one gradient, so async needs ~8x sync's), so every
-algorithm meets the failure. Each algorithm trains in its own sub-workdir (in this process; finished runs are reused); the table
+algorithm meets the failure. Each algorithm trains in its own sub-workdir (in this process; finished runs are
+reused); the table
 gives, per algorithm: survives (and its simulated time to the target accuracy) or the one line it stopped with.
 """
 

@@ -3,7 +3,7 @@
   python -m benchmarks.replicas [--quick] [--only=sync,async] [--sim_time=4]
 
 For one algorithm of each family, on the quickstart's workload (MNIST-1D, the paper's CNN, 8 workers on 8 CPU
-devices, the heterogeneous cluster), `python -m experiments.compare` as a user runs it, in a fresh process with
+devices, the heterogeneous cluster), `python -m waitless.experiments.compare` as a user runs it, in a fresh process with
 no compilation cache: 10 runs (5 seeds x the quickstart's two step sizes, lr 0.2 with momentum 0.9 and lr 0.1
 without) trained as the replicas of one program, against 1 run alone (seed 0, lr 0.2, momentum 0.9), each for the
 same simulated seconds. The ratio is their wall times (imports, planning, compiling, training, evaluating,
@@ -46,7 +46,7 @@ SEEDS = 5
 
 def _compare(name: str, workdir: str, sim_time: float, replicas: bool) -> float:
   """Wall seconds of one `experiments.compare` process: 5 seeds x 2 step sizes, or the one run alone."""
-  args = [sys.executable, '-m', 'experiments.compare', f'--config={WORKLOAD.format(name=name)}',
+  args = [sys.executable, '-m', 'waitless.experiments.compare', f'--config={WORKLOAD.format(name=name)}',
           f'--algorithms={name}', f'--workdir={workdir}', f'--sim_time={sim_time:g}', '--max_steps=4500',
           '--compilation_cache_dir=']
   if replicas:

@@ -16,7 +16,7 @@ ignored. Prints a markdown table (and writes it to WORKDIR/stale_tradeoff.md):
   floor         mean test loss over the last quarter of the budget (the error floor of a constant step)
   final acc     test accuracy at the end of the budget
 
-Each row's command reproduces that run alone with `python -m experiments.main`.
+Each row's command reproduces that run alone with `python -m waitless.experiments.main`.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main(argv):
       if not os.path.exists(os.path.join(workdir, 'summary.json')):
         train.train_and_evaluate(config, workdir)
       per_seed.append(summarize(metrics_io.read_rows(workdir), budget, targets, at_s))
-      commands.append(f'python -m experiments.main --config={CONFIG_FILE}:{full} --workdir={workdir}')
+      commands.append(f'python -m waitless.experiments.main --config={CONFIG_FILE}:{full} --workdir={workdir}')
     results.append((arg, per_update, combine(per_seed, targets, at_s)))
     print(f'{arg}: {results[-1][2]}', file=sys.stderr)
   text = table(results, budget, targets, at_s, len(seeds))

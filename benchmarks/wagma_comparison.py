@@ -8,7 +8,7 @@ Table `stragglers` (WAGMA's setting): 16 workers on 8 devices, lognormal compute
 under constant compute, 2 % and 20 % lognormal noise, no delays. Each cell is the mean over seeds of
 `time_to_target` (simulated seconds to eval accuracy >= target, eval every 10 steps), final accuracy and, for
 WAGMA, the fresh share of group contributions; the speed-up is sync's time to target over the row's.
-Every run is one `python -m experiments.main` command, printed before the table.
+Every run is one `python -m waitless.experiments.main` command, printed before the table.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ ROWS = {
 def run(workdir: str, alg: str, extra: str, seed: int) -> dict:
   arg = f'{alg},{BASE},{extra},seed={seed}'
   out = os.path.join(workdir, arg.replace(',', '_').replace('=', '-').replace('.', ''))
-  command = [sys.executable, '-m', 'experiments.main', f'--config=experiments/configs/digits.py:{arg}',
+  command = [sys.executable, '-m', 'waitless.experiments.main', f'--config=experiments/configs/digits.py:{arg}',
              f'--workdir={out}']
   print('python ' + ' '.join(command[1:]), flush=True)
   if not os.path.exists(os.path.join(out, 'summary.json')):

@@ -57,7 +57,7 @@ trap on_signal INT TERM
 set -m
 echo "[multiprocess_cpu] $N processes, coordinator $ADDRESS"
 for ((i = 0; i < N; i++)); do
-  "$PYTHON" -m experiments.main "$@" --coordinator_address="$ADDRESS" --num_processes="$N" --process_id="$i" &
+  "$PYTHON" -m waitless.experiments.main "$@" --coordinator_address="$ADDRESS" --num_processes="$N" --process_id="$i" &
   pids[i]=$!
   running[$i]=$!
   echo "[multiprocess_cpu] process $i: pid ${pids[$i]}"

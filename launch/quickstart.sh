@@ -22,7 +22,7 @@ shift $(( $# > 0 ? 1 : 0 ))
 # one gradient, a synchronous one 8), at most 4,500 iterations, evaluated 50 times; each algorithm at the better
 # of two step sizes: SGD learning rate 0.2 with momentum 0.9 (the workload's default) or 0.1 without momentum
 # (stale gradients with momentum diverge).
-python -m experiments.compare \
+python -m waitless.experiments.compare \
   --config="experiments/configs/mnist1d.py:sync,stragglers=heterogeneous" \
   --algorithms=all --seeds="$(( ${SEEDS:-5} + ${TUNING_SEEDS:-2} ))" --tuning_seeds="${TUNING_SEEDS:-2}" \
   --workdir="$OUT" \

@@ -21,7 +21,7 @@ TABLES=("$@")
 compare() {  # compare TABLE FLAGS...: one table, in WORKDIR/TABLE
   local table="$1"; shift
   echo "[reproduce] $table"
-  python -m experiments.compare --workdir="$OUT/$table" "$@"
+  python -m waitless.experiments.compare --workdir="$OUT/$table" "$@"
 }
 swept() { echo "--seeds=$((SEEDS + TUNING)) --tuning_seeds=$TUNING"; }
 

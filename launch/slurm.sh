@@ -72,7 +72,7 @@ fi
 echo "[slurm] job $SLURM_JOB_ID: $nodes node(s), $tasks process(es), $mode, $((nodes * gpus_per_node)) GPU(s)"
 
 srun --kill-on-bad-exit=1 --ntasks="$tasks" --ntasks-per-node="$tasks_per_node" \
-  python -m experiments.main "$@" --distributed --heartbeat_timeout_s="${HEARTBEAT_S:-120}" &
+  python -m waitless.experiments.main "$@" --distributed --heartbeat_timeout_s="${HEARTBEAT_S:-120}" &
 run=$!
 # SLURM signals the batch script (B:), not srun's tasks: forward it, then requeue once they checkpointed.
 trap 'echo "[slurm] SIGTERM: asking every process to checkpoint"; kill -TERM "$run" 2>/dev/null || true' TERM

@@ -10,4 +10,8 @@ if [ "${1:-}" = "--all" ]; then
   marker=()
   shift
 fi
+# The layers and the lint first: a broken contract fails in seconds, before the suite's minutes.
+ruff check --quiet .
+if ! layers="$(lint-imports --no-cache 2>&1)"; then echo "$layers"; exit 1; fi
+echo "[lint] ruff and the import-linter layer contracts pass"
 python -m pytest -q "${marker[@]}" "$@"

@@ -57,7 +57,7 @@ case "$command" in
     fi
     flags="$(printf '%q ' "$@")"
     on_all_hosts "cd $REMOTE_DIR && . .venv/bin/activate && export PYTHONPATH=\$PWD TF_CPP_MIN_LOG_LEVEL=2 && \
-      python -m experiments.main $flags --distributed --heartbeat_timeout_s=${HEARTBEAT_S:-120}"
+      python -m waitless.experiments.main $flags --distributed --heartbeat_timeout_s=${HEARTBEAT_S:-120}"
     ;;
   *)
     echo "usage: TPU=NAME ZONE=ZONE $0 setup | sync | run [experiments.main flags...]" >&2

@@ -21,15 +21,17 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from ml_collections import config_flags
 
+from waitless import config_errors
 from waitless.experiments import compare_plan
+from waitless.experiments import config_paths
 from waitless.experiments import validation
 from waitless.experiments.configs import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CONFIG_RE = re.compile(r'(?:--config=)?(experiments/configs/\w+\.py)(?::([^\s`\'"]*))?')
+_CONFIG_RE = re.compile(r'(?:--config=)?((?:waitless/)?experiments/configs/\w+\.py)(?::([^\s`\'"]*))?')
 _OVERRIDE_RE = re.compile(r'--config\.([\w.]+)=([^\s`\'"]+)')
 _ALGORITHMS_RE = re.compile(r'--algorithms=([\'"]?)([^\s`\'"]+)\1')
-_MODULE_RE = re.compile(r'python -m (experiments\.\w+)')
+_MODULE_RE = re.compile(r'python -m (waitless\.experiments\.\w+)')
 
 
 def _doc_texts():
@@ -39,7 +41,7 @@ def _doc_texts():
     if os.path.exists(path):
       with open(path) as f:
         yield name, f.read(), 1
-  for path in sorted(glob.glob(os.path.join(ROOT, 'experiments', 'configs', '*.py'))):
+  for path in sorted(glob.glob(os.path.join(ROOT, 'waitless', 'experiments', 'configs', '*.py'))):
     with open(path) as f:
       source = f.read()
     body = ast.parse(source).body
@@ -82,7 +84,7 @@ def _commands():
 
 def _load(path: str, arg: str | None, overrides=()):
   """The config `experiments.main --config=PATH[:ARG] --config.K=V...` would run (config_flags' parser)."""
-  spec = os.path.join(ROOT, path) + (f':{arg}' if arg is not None else '')
+  spec = config_paths.resolve(path) + (f':{arg}' if arg is not None else '')
   argv = ['main', f'--config={spec}', *(f'--config.{k}={v}' for k, v in overrides)]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, flag_values=values, lock_config=True, sys_argv=argv)
@@ -98,7 +100,7 @@ class DocsCommandsTest(parameterized.TestCase):
   def test_the_docs_name_configs(self):
     docs = {where.split(':')[0] for where, *_ in COMMANDS}
     self.assertIn('README.md', docs)
-    self.assertIn('experiments/configs/digits.py', docs)
+    self.assertIn('waitless/experiments/configs/digits.py', docs)
     self.assertGreater(len(COMMANDS), 20)
 
   @parameterized.named_parameters(
@@ -116,9 +118,10 @@ class DocsCommandsTest(parameterized.TestCase):
   def test_a_broken_command_fails(self):
     with self.assertRaisesRegex(Exception, 'no_such_algorithm'):
       _load('experiments/configs/digits.py', 'no_such_algorithm')
-    with self.assertRaises(Exception):
+    with self.assertRaises(config_errors.ConfigError):
       validation.validate(_load('experiments/configs/digits.py', 'sync,workers=3'))
-    joined = 'python -m experiments.main --config=experiments/configs/digits.py:sync,\\\n    seed=1 --workdir=w'
+    joined = ('python -m waitless.experiments.main --config=experiments/configs/digits.py:sync,\\\n'
+              '    seed=1 --workdir=w')
     line = joined.replace('\\\n', '')
     self.assertEqual(shlex.split(line)[4], 'seed=1')  # what _commands reports as a stray word
 

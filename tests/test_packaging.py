@@ -4,9 +4,8 @@ A clean venv (`python -m venv`, its own pip and setuptools), `pip install --no-d
 of the sources into it (what `pip install .` or a git URL builds, without touching the checkout), the
 dependencies reached through a .pth file naming this environment's site-packages (CI reaches no index at test
 time), then the venv's interpreter, isolated (-I) in an empty directory, imports `waitless.algorithms` from the
-venv and finds no top-level `algorithms`, `config_errors`, ... And the imports of the checkout go through
-`waitless.` only (`launch/rewrite_imports.py --check`), so no module runs under two names and `except
-ConfigError` catches what an algorithm raises.
+venv and finds no top-level `algorithms`, `config_errors`, ... In a checkout the folder `waitless/` is the package,
+so no module runs under two names and `except ConfigError` catches what an algorithm raises.
 """
 
 import os
@@ -18,64 +17,11 @@ import textwrap
 
 from absl.testing import absltest
 
-from launch import rewrite_imports
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOP_LEVEL = rewrite_imports.PACKAGES + rewrite_imports.MODULES
+TOP_LEVEL = ('algorithms', 'cluster', 'data', 'experiments', 'models', 'config_errors')
 
 
-class RewriteTest(absltest.TestCase):
-
-  def test_rules(self):
-    # Each line starts with '|' so that the script, which rewrites this file too, leaves the fixture alone.
-    before = textwrap.dedent('''\
-        |from algorithms import spec
-        |from experiments.configs import common
-        |import cluster.rules as rules
-        |import config_errors as errors
-        |import config_errors
-        |  import config_errors as errors  # pylint: disable=g-import-not-at-top
-        |from config_errors import ConfigError
-        |  from data import embedded  # indented, with a comment
-        |>>> from algorithms import local_sgd
-        |x = importlib.import_module(f|'experiments.configs.{n}')
-        |from algorithms_extra import thing
-        |import dataclasses
-        |subprocess.run([sys.executable, '-m', 'experiments.main'])
-        ''').replace('|', '')
-    after = textwrap.dedent('''\
-        |from waitless.algorithms import spec
-        |from waitless.experiments.configs import common
-        |import waitless.cluster.rules as rules
-        |from waitless import config_errors as errors
-        |from waitless import config_errors
-        |  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-        |from waitless.config_errors import ConfigError
-        |  from waitless.data import embedded  # indented, with a comment
-        |>>> from waitless.algorithms import local_sgd
-        |x = importlib.import_module(f'waitless.experiments.configs.{n}')
-        |from algorithms_extra import thing
-        |import dataclasses
-        |subprocess.run([sys.executable, '-m', 'experiments.main'])
-        ''').replace('|', '')
-    self.assertEqual(rewrite_imports.rewrite('x.py', before), after)
-    self.assertEqual(rewrite_imports.rewrite('x.py', after), after)  # idempotent
-    self.assertEqual(rewrite_imports.by_hand(after), [])
-
-  def test_markdown_python_blocks_only(self):
-    text = 'Say `from algorithms import x`.\n```python\nfrom algorithms import x\n```\n```bash\nfrom algorithms\n```\n'
-    self.assertEqual(rewrite_imports.rewrite('README.md', text),
-                     text.replace('```python\nfrom algorithms', '```python\nfrom waitless.algorithms'))
-
-  def test_imports_binding_the_package_name_are_left_to_a_person(self):
-    self.assertEqual(rewrite_imports.by_hand('import algorithms.spec\nimport os, cluster\nimport data  # x\n'),
-                     ['import algorithms.spec', 'import os, cluster', 'import data  # x'])
-
-  def test_the_checkout_is_rewritten(self):
-    result = subprocess.run([sys.executable, os.path.join(ROOT, 'launch', 'rewrite_imports.py'), '--check'],
-                            capture_output=True, text=True, check=False)
-    self.assertEqual(result.returncode, 0, 'run `python launch/rewrite_imports.py`:\n' + result.stdout
-                     + result.stderr)
+class OneNameTest(absltest.TestCase):
 
   def test_one_name_per_module(self):
     probe = ('import sys, waitless.experiments.compare, waitless.experiments.simulate\n'
@@ -83,7 +29,15 @@ class RewriteTest(absltest.TestCase):
     result = subprocess.run([sys.executable, '-c', probe], cwd=self.create_tempdir().full_path, capture_output=True,
                             text=True, env=dict(os.environ, PYTHONPATH=ROOT), check=False)
     self.assertEqual(result.returncode, 0, result.stderr)
-    self.assertEqual(result.stdout.strip(), '[]', 'a module was imported under its top-level name too')
+    self.assertEqual(result.stdout.strip(), '[]', 'a module was imported under a top-level name')
+
+  def test_every_module_file_is_its_import_path(self):
+    # The folder is the import name: no package extends its __path__ beyond its own folder.
+    import waitless  # pylint: disable=g-import-not-at-top
+    self.assertEqual(list(waitless.__path__), [os.path.join(ROOT, 'waitless')])
+    for name in TOP_LEVEL:
+      self.assertFalse(os.path.exists(os.path.join(ROOT, name + '.py')), name)
+      self.assertFalse(os.path.exists(os.path.join(ROOT, name, '__init__.py')), name)
 
 
 class InstallTest(absltest.TestCase):
@@ -96,7 +50,7 @@ class InstallTest(absltest.TestCase):
     os.makedirs(source)
     for name in ('pyproject.toml', 'setup.py', 'README.md'):
       shutil.copy(os.path.join(ROOT, name), source)
-    for name in ('waitless',) + rewrite_imports.PACKAGES:
+    for name in ('waitless',):
       shutil.copytree(os.path.join(ROOT, name), os.path.join(source, name), ignore=ignore)
     subprocess.run([sys.executable, '-m', 'venv', venv], check=True, capture_output=True, text=True, cwd=tmp)
     python = os.path.join(venv, 'bin', 'python')
@@ -126,6 +80,12 @@ class InstallTest(absltest.TestCase):
                             check=False)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertRegex(result.stdout, r'^\d+ algorithms;.*no_such_algorithm')
+    # A program and its config file by the names a checkout uses, from an empty directory: the installed copy.
+    result = subprocess.run([python, '-I', '-m', 'waitless.experiments.simulate',
+                             '--config=experiments/configs/digits.py:sync', '--iterations=2'],
+                            cwd=empty, env=env, capture_output=True, text=True, check=False)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn('"iterations": 2', result.stdout)
 
 
 if __name__ == '__main__':

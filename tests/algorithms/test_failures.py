@@ -74,7 +74,8 @@ class PermanentFailureTest(parameterized.TestCase):
     """Worker 3 fails in iteration 5; WAGMA's groups go on without it until the global average of iteration 9."""
     workdir = self.create_tempdir().full_path
     with self.assertRaisesRegex(train.ClusterStalled, r'^worker\(s\) \[3\] failed for good at 0.05 s of simulated '
-                                r'time, and WaitAvoidingGroups waits for every worker at iteration 9 .* Stopped after step 9;'):
+                                r'time, and WaitAvoidingGroups waits for every worker at iteration 9 .* '
+                                r'Stopped after step 9;'):
       train.train_and_evaluate(_failing('wagma', num_steps=50, log_every=3, eval_every=50), workdir)
     self.assertEqual([r['step'] for r in metrics_io.read_rows(workdir)], [3, 6, 9])
 

@@ -357,7 +357,8 @@ class ConfigTest(parameterized.TestCase):
 
   def test_command_line_error_is_one_line(self):
     out = subprocess.run(
-        [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/digits.py:nonblocking,trigger=soon',
+        [sys.executable, '-m', 'waitless.experiments.main',
+         '--config=experiments/configs/digits.py:nonblocking,trigger=soon',
          '--workdir=/nonexistent/never_created'], capture_output=True, text=True, timeout=120, check=False)
     self.assertEqual(out.returncode, 2, out.stderr)
     self.assertIn("error: algorithm.trigger='soon' is not allowed: must be one of fastest, deadline", out.stderr)

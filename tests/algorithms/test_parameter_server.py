@@ -339,7 +339,7 @@ class ValidationTest(parameterized.TestCase):
 
   def test_command_line_error_is_one_line(self):
     out = subprocess.run(
-        [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/digits_stale.py:ksync,k=9',
+        [sys.executable, '-m', 'waitless.experiments.main', '--config=experiments/configs/digits_stale.py:ksync,k=9',
          '--workdir=/nonexistent/never_created'], capture_output=True, text=True, timeout=120, check=False)
     self.assertEqual(out.returncode, 2, out.stderr)
     self.assertIn('error: algorithm.k=9 is not allowed: must be an integer in 1..8 (workers)', out.stderr)

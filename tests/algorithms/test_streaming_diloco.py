@@ -372,7 +372,7 @@ class _TorchftDiLoCo:
       self._fragments[self._current_fragment()].perform_sync()
       self._local_step = 0
       return
-    assert False, f'{self._local_step=} should never be greater than {self._sync_every=}'
+    raise AssertionError(f'{self._local_step=} should never be greater than {self._sync_every=}')
 
 
 def torchft_trajectory(initial: list, batches, bounds, lr: float, momentum: float, outer_lr: float,

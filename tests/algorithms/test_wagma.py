@@ -188,7 +188,7 @@ class TimeRuleTest(parameterized.TestCase):
     self.assertTrue(live[:2].all())
     np.testing.assert_array_equal(live[2:], np.broadcast_to(np.arange(16) != 5, (9, 16)))
     np.testing.assert_array_equal(block.schedule.microbatches_done[2:, 5], 0)
-    for t, (fresh, behind, end) in enumerate(want):
+    for t, (fresh, behind, _) in enumerate(want):
       np.testing.assert_array_equal(block.schedule.fresh[t], fresh, err_msg=f'iteration {t}')
       np.testing.assert_array_equal(block.schedule.behind[t], behind, err_msg=f'iteration {t}')
       ids = block.schedule.group[t]

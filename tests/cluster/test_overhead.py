@@ -28,7 +28,7 @@ from waitless.cluster import factory
 from tests.cluster import helpers
 
 X = 0.01   # constant per-sample part of one micro-batch (s)
-O = 0.004  # overhead per call (s)
+O = 0.004  # noqa: E741  overhead per call (s)
 M = 2      # micro-batches per mini-batch
 P = 8
 

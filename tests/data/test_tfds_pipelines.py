@@ -10,8 +10,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from waitless import config_errors as errors
-from waitless.data import cifar
-from waitless.data import imagenet
+from waitless.data import cifar  # noqa: F401  registers its loader
+from waitless.data import imagenet  # noqa: F401  registers its loader
 from waitless.data import registry
 from waitless.data import tfds_pipeline
 

@@ -36,9 +36,9 @@ HETEROGENEOUS = ('stragglers.slow_fraction=0.25', 'stragglers.slow_factor=3.0', 
 def _write_run(workdir, evals, summary=True, rows=None):
   """A fake finished run: eval rows (step, sim_time, accuracy, loss) and the summary train.py would write."""
   os.makedirs(workdir, exist_ok=True)
-  rows = rows or [{'step': s, 'sim_time': t, 'wall_time': 0.0, 'train_loss': l, 'idle_fraction': 0.5,
-                   'staleness': 0.0, 'bytes_communicated': 10.0, 'eval_accuracy': a, 'eval_loss': l}
-                  for s, t, a, l in evals]
+  rows = rows or [{'step': s, 'sim_time': t, 'wall_time': 0.0, 'train_loss': loss, 'idle_fraction': 0.5,
+                   'staleness': 0.0, 'bytes_communicated': 10.0, 'eval_accuracy': a, 'eval_loss': loss}
+                  for s, t, a, loss in evals]
   with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
     f.write(''.join(json.dumps(r) + '\n' for r in rows))
   if summary:
@@ -144,7 +144,8 @@ class PlanTest(absltest.TestCase):
 
   def test_a_duration_in_epochs_is_resolved_to_steps_or_replaced_by_the_budget(self):
     size = data_registry.make_dataset(digits.get_config('sync')).train_size
-    runs, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd'], [()], 1, '/cmp', common_pairs=['num_epochs=2'])
+    runs, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd'], [()], 1, '/cmp',
+                                common_pairs=['num_epochs=2'])
     for run in runs:  # 2 epochs of 8 workers x 16 examples
       self.assertEqual((run.config.num_steps, run.config.num_epochs), (-(-2 * size // 128), None))
     runs, _ = compare_plan.plan(digits.get_config, ['sync'], [()], 1, '/cmp', common_pairs=['num_epochs=2'],
@@ -162,8 +163,8 @@ class PlanTest(absltest.TestCase):
 
   def test_same_seed_same_trace_and_data_order_for_every_algorithm(self):
     entries = ['sync', 'ksync,k=6', 'local_sgd', 'async', 'wagma']
-    runs, _ = compare_plan.plan(digits.get_config, entries, compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1']),
-                           2, '/cmp', common_pairs=HETEROGENEOUS)
+    sweeps = compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1'])
+    runs, _ = compare_plan.plan(digits.get_config, entries, sweeps, 2, '/cmp', common_pairs=HETEROGENEOUS)
     p = runs[0].config.workers
     workers = np.repeat(np.arange(p), 50)
     units = np.tile(np.arange(50), p)
@@ -181,7 +182,7 @@ class PlanTest(absltest.TestCase):
     by_seed = {}
     for run in runs:
       by_seed.setdefault(run.seed, []).append((trace(run.config), data(run.config)))
-    for seed, seen in by_seed.items():
+    for seen in by_seed.values():
       (compute0, delay0), data0 = seen[0]
       self.assertGreater(delay0.sum(), 0, 'the random delays must be on')
       self.assertEqual(len(set(compute0)), 2, 'slow and normal workers')
@@ -298,7 +299,7 @@ class ReportTest(absltest.TestCase):
     for run in runs:
       points = curves[(run.entry, run.sweep[0][1])]
       shift = 0.1 * (run.seed - runs[0].seed)  # the second seed is a little slower
-      _write_run(run.workdir, [(s, t + shift, a, l) for s, t, a, l in points])
+      _write_run(run.workdir, [(s, t + shift, a, loss) for s, t, a, loss in points])
     return runs
 
   def test_table_agrees_with_every_summary_and_picks_the_best_sweep_value(self):
@@ -409,7 +410,7 @@ class CompareRunTest(absltest.TestCase):
 
 
 def _compare_command(root, extra=()):
-  return [sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
+  return [sys.executable, '-m', 'waitless.experiments.compare', '--config=experiments/configs/digits.py',
           '--algorithms=sync,ksync,k=6', '--seeds=2', f'--workdir={root}', '--config.num_steps=400',
           '--config.eval_every=20', '--config.checkpoint_every=20', '--config.steps_per_call=2',
           '--config.stragglers.slow_fraction=0.25', '--config.stragglers.slow_factor=3.0', *extra]
@@ -430,8 +431,10 @@ class CommandLineTest(absltest.TestCase):
                           (['--algorithms=sync', '--seeds=2', '--max_replicas=0'], '--max_replicas=0 is not allowed'),
                           (['--algorithms=all,k=2'], "--algorithms='all,k=2' is not allowed: 'all' takes no key=value"),
                           (['--algorithms=sync', '--target_loss=nan'], '--target_loss=nan is not allowed'),
-                          (['--algorithms=sync', '--max_steps=10'], '--max_steps=10 is not allowed: caps a --sim_time')):
-      result = subprocess.run([sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
+                          (['--algorithms=sync', '--max_steps=10'],
+                           '--max_steps=10 is not allowed: caps a --sim_time')):
+      result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare',
+                               '--config=experiments/configs/digits.py',
                                '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
       self.assertEqual(result.returncode, 2, result.stderr)
@@ -440,7 +443,8 @@ class CommandLineTest(absltest.TestCase):
       self.assertNotIn('Traceback', result.stderr)
 
   def test_help_shows_the_run_flags_and_the_usage_example_as_written(self):
-    result = subprocess.run([sys.executable, '-m', 'experiments.compare', '--help'], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare', '--help'], cwd=ROOT,
+                            capture_output=True,
                             text=True, timeout=120)
     for flag in ('--config:', '--workdir:', '--seeds:', '--algorithms:', '--tuning_seeds:'):
       self.assertIn(f'  {flag}', result.stdout)
@@ -448,7 +452,7 @@ class CommandLineTest(absltest.TestCase):
 
   def test_a_rerun_with_other_settings_is_refused_not_reported_as_the_old_runs(self):
     root = self.create_tempdir().full_path
-    command = [sys.executable, '-m', 'experiments.compare', '--config=experiments/configs/digits.py',
+    command = [sys.executable, '-m', 'waitless.experiments.compare', '--config=experiments/configs/digits.py',
                '--algorithms=sync', f'--workdir={root}', '--config.num_steps=4', '--config.eval_every=2']
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     self.assertEqual(first.returncode, 0, first.stderr)

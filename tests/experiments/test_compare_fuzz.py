@@ -54,7 +54,8 @@ class _Checks(parameterized.TestCase):
   def _check(self, args, names):
     workdir = os.path.join(self.create_tempdir().full_path, 'cmp')
     # The bad flags come after the valid ones: absl keeps the last value of a repeated flag.
-    result = subprocess.run([sys.executable, '-m', 'experiments.compare', *VALID, f'--workdir={workdir}', *args],
+    result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare', *VALID, f'--workdir={workdir}',
+                             *args],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     self.assertEqual(result.returncode, 2, result.stderr[-2000:])
     lines = [line for line in result.stderr.splitlines() if line.strip()]

@@ -141,13 +141,13 @@ class TrainingRunTest(parameterized.TestCase):
   @parameterized.parameters('digits', 'mnist1d')
   def test_embedded_workload_run_does_not_import_tensorflow(self, workload):
     workdir = self.create_tempdir().full_path
-    argv = ['experiments.main', f'--config=experiments/configs/{workload}.py:sync', f'--workdir={workdir}',
+    argv = ['waitless.experiments.main', f'--config=experiments/configs/{workload}.py:sync', f'--workdir={workdir}',
             '--config.num_steps=10', '--config.eval_every=10']
     result = _python(f"""
         import runpy, sys
         sys.argv = {argv!r}
         try:
-          runpy.run_module('experiments.main', run_name='__main__', alter_sys=True)
+          runpy.run_module('waitless.experiments.main', run_name='__main__', alter_sys=True)
         except SystemExit as e:
           assert not e.code, e.code
         print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')))

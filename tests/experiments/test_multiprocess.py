@@ -66,7 +66,7 @@ def _env():
 
 def _main(args, timeout=300):
   """One process, as before issue 6: no distributed flag."""
-  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT, capture_output=True,
+  return subprocess.run([sys.executable, '-m', 'waitless.experiments.main', *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=timeout, env=_env())
 
 
@@ -220,7 +220,7 @@ class MultiProcessTest(parameterized.TestCase):
     port = distributed.free_port()
     logs = [tempfile.TemporaryFile(mode='w+') for _ in range(2)]
     procs = [subprocess.Popen(
-        [sys.executable, '-m', 'experiments.main', config, f'--workdir={workdir}',
+        [sys.executable, '-m', 'waitless.experiments.main', config, f'--workdir={workdir}',
          f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}',
          '--heartbeat_timeout_s=5'], cwd=ROOT, stdout=logs[i], stderr=logs[i], env=_env()) for i in range(2)]
     try:

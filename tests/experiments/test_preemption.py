@@ -77,8 +77,8 @@ class PreemptionTest(parameterized.TestCase):
   )
   def test_a_signal_while_starting_exits_with_one_line(self, signum, after_s, status):
     workdir = self.create_tempdir().full_path
-    for module in ('experiments.main', 'experiments.compare'):
-      extra = ['--algorithms=sync'] if module == 'experiments.compare' else []
+    for module in ('waitless.experiments.main', 'waitless.experiments.compare'):
+      extra = ['--algorithms=sync'] if module == 'waitless.experiments.compare' else []
       proc = subprocess.Popen([sys.executable, '-m', module, '--config=experiments/configs/digits.py:sync',
                                f'--workdir={workdir}/{module}', *extra], cwd=test_train.ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -98,7 +98,7 @@ class PreemptionTest(parameterized.TestCase):
     full = self.create_tempdir().full_path
     self.assertEqual(test_train._main(args + [f'--workdir={full}'], timeout=600).returncode, 0)
     stopped = self.create_tempdir().full_path
-    proc = subprocess.Popen([sys.executable, '-m', 'experiments.main', *args, f'--workdir={stopped}'],
+    proc = subprocess.Popen([sys.executable, '-m', 'waitless.experiments.main', *args, f'--workdir={stopped}'],
                             cwd=test_train.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and len(metrics_io.read_rows(stopped)) < 3:

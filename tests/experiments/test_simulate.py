@@ -1,4 +1,4 @@
-"""`python -m experiments.simulate`: the cluster simulator alone, driven by an algorithm's own time rule."""
+"""`python -m waitless.experiments.simulate`: the cluster simulator alone, driven by an algorithm's own time rule."""
 
 import json
 import os
@@ -63,7 +63,7 @@ class SimulateTest(parameterized.TestCase):
 class CommandLineTest(absltest.TestCase):
 
   def _run(self, *args):
-    return subprocess.run([sys.executable, '-m', 'experiments.simulate', *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, '-m', 'waitless.experiments.simulate', *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)
 
   def test_prints_one_json_object(self):

@@ -18,7 +18,7 @@ COMPILED, CACHE_HIT = 'Finished XLA compilation', 'Persistent compilation cache 
 def _main(*args, env=None):
   run_env = {k: v for k, v in os.environ.items() if k != 'WAITLESS_COMPILATION_CACHE_DIR'}
   run_env.update(JAX_LOG_COMPILES='1', **(env or {}))
-  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT, capture_output=True,
+  return subprocess.run([sys.executable, '-m', 'waitless.experiments.main', *args], cwd=ROOT, capture_output=True,
                         text=True, env=run_env, timeout=600)
 
 

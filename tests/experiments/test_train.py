@@ -33,7 +33,7 @@ def _summary_without_wall(workdir):
 
 
 def _main(args, **kwargs):
-  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT, capture_output=True,
+  return subprocess.run([sys.executable, '-m', 'waitless.experiments.main', *args], cwd=ROOT, capture_output=True,
                         text=True, **kwargs)
 
 
@@ -96,7 +96,7 @@ class TrainTest(parameterized.TestCase):
     full = self.create_tempdir().full_path
     self.assertEqual(_main(args + [f'--workdir={full}'], timeout=600).returncode, 0)
     killed = self.create_tempdir().full_path
-    proc = subprocess.Popen([sys.executable, '-m', 'experiments.main', *args, f'--workdir={killed}'], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, '-m', 'waitless.experiments.main', *args, f'--workdir={killed}'], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:

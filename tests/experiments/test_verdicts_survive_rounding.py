@@ -19,7 +19,7 @@ COMMAND = ['--config=experiments/configs/mnist1d.py:sync,stragglers=heterogeneou
 
 
 def _compare(workdir: str, devices: int) -> dict:
-  done = subprocess.run([sys.executable, '-m', 'experiments.compare', *COMMAND, f'--workdir={workdir}',
+  done = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare', *COMMAND, f'--workdir={workdir}',
                          f'--config.devices={devices}'], cwd=ROOT, capture_output=True, text=True, timeout=1800)
   if done.returncode != 0:
     raise AssertionError(f'compare at {devices} devices exited {done.returncode}: {done.stderr[-3000:]}')

@@ -56,7 +56,7 @@ class PeerWatchdog(threading.Thread):
   def _stop_run(self, what: str) -> None:
     step = self._completed_step()
     done = 'no step yet' if step is None else f'step {step}'
-    command = shlex.join([sys.executable, '-m', 'experiments.main', *sys.argv[1:]])
+    command = shlex.join([sys.executable, '-m', 'waitless.experiments.main', *sys.argv[1:]])
     self.message = (f'process {self._me}: {what}; this process completed {done}. The run cannot continue: rerun '
                     f'the same command on every process to resume from the last checkpoint in {self._workdir} '
                     f'({command})')

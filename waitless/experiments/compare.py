@@ -1,6 +1,6 @@
 r"""Compares algorithms on one workload, straggler trace and seeds: who reaches the target first.
 
-  python -m experiments.compare --config=experiments/configs/digits.py --workdir=runs/cmp \
+  python -m waitless.experiments.compare --config=experiments/configs/digits.py --workdir=runs/cmp \
       --algorithms='sync,local_sgd,ksync,k=6' --seeds=2 --sweep=optimizer.learning_rate=0.02,0.05,0.1 \
       --config.stragglers.slow_fraction=0.25 --config.stragglers.slow_factor=3
 

@@ -1,4 +1,4 @@
-"""Runs one experiment: `python -m experiments.main --config=experiments/configs/digits.py:sync --workdir=W`.
+"""Runs one experiment: `python -m waitless.experiments.main --config=experiments/configs/digits.py:sync --workdir=W`.
 
 Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
 resumes from its latest checkpoint. `--seeds=N` (N > 1) trains seeds config.seed + 0 .. N-1 as the replicas of
@@ -37,6 +37,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from waitless.experiments import compilation_cache  # no JAX import at module level
+from waitless.experiments import config_paths
 from waitless.experiments import distributed  # no JAX backend use at import
 from waitless.experiments import slowdown  # no JAX import at module level
 
@@ -243,7 +244,7 @@ def _one_line(message: str) -> str:
 def parse_flags(argv):
   """absl's parser; a bad --config (unknown algorithm, unknown key, missing file) is one line, exit 2."""
   try:
-    argv = flags.FLAGS(argv)
+    argv = flags.FLAGS(config_paths.resolve_argv(argv))
     _CONFIG.value.get('workers')  # config_flags defers load errors to the first access
   except Exception as e:  # pylint: disable=broad-except
     print(f'error: {_one_line(str(e))}', file=sys.stderr)

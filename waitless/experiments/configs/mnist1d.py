@@ -5,10 +5,11 @@ Generated locally by the `mnist1d` package (no download; cached after the first 
 reaches about a third), so algorithms that lose progress to staleness or averaging show it. The config argument
 names the algorithm and overrides, as for every workload:
 
-  python -m experiments.main --config=experiments/configs/mnist1d.py:sync --workdir=/tmp/m1d_sync
-  python -m experiments.main --config=experiments/configs/mnist1d.py:local_sgd,local_steps=4 --workdir=...
-  python -m experiments.main --config=experiments/configs/mnist1d.py:sync,model.name=mlp --workdir=...
-  python -m experiments.main --config=experiments/configs/mnist1d.py:sync,stragglers=heterogeneous --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/mnist1d.py:sync --workdir=/tmp/m1d_sync
+  python -m waitless.experiments.main --config=experiments/configs/mnist1d.py:local_sgd,local_steps=4 --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/mnist1d.py:sync,model.name=mlp --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/mnist1d.py:sync,stragglers=heterogeneous \
+      --workdir=...
 
 Models: `cnn1d` (default; the paper's ConvBase: three stride-2 convolutions of 25 channels, 5,210 parameters)
 and `mlp` (`model.hidden_sizes`, read by the MLP only: two hidden layers of 100 as the paper's MLP, without its
@@ -34,7 +35,7 @@ times are scaled by sqrt(i + 1) (10 ms to 28 ms per micro-batch on 8 workers), n
 `--config.workers` flag does not resize it: validation refuses the mismatch). Measured (REPRODUCING.md section
 6: momentum 0, 4 simulated seconds, 3 seeds, time to 60%): ringmaster,max_delay=4 2.38 s, async 2.98 s,
 kbatch_sync,k=2 (Rennala SGD) 3.03 s. One run (900 server updates, about 4 simulated seconds):
-  python -m experiments.main --config=experiments/configs/mnist1d.py:ringmaster,max_delay=4,stragglers=sqrt \
+  python -m waitless.experiments.main --config=experiments/configs/mnist1d.py:ringmaster,max_delay=4,stragglers=sqrt \
       --config.optimizer.momentum=0.0 --config.optimizer.learning_rate=0.15 --config.num_steps=900 \
       --workdir=/tmp/m1d_ringmaster
 

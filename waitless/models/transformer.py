@@ -12,7 +12,8 @@ as the start token. Called as `model.apply(variables, {'inputs': x, 'targets': y
 Packed batches (several pairs per row, `data/wmt.py`) add `inputs_segmentation` / `targets_segmentation` (1, 2,
 ... per pair in the row, 0 on padding) and `inputs_position` / `targets_position` (each token's index within its
 pair). Attention is then restricted to tokens of the same pair, positions restart at every pair and each pair's
-decoder input starts with 0, so a packed row gives every pair the logits it would get alone. `encode` and `decode` are exposed for
+decoder input starts with 0, so a packed row gives every pair the logits it would get alone. `encode` and `decode` are
+exposed for
 autoregressive decoding: a model built with `decode=True` feeds one target token per call and keeps keys and
 values in the `cache` collection (see `experiments/translation.py:greedy_decode`).
 """

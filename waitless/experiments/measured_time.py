@@ -1,6 +1,6 @@
 """Real time instead of the simulator: `config.stragglers.kind = 'measured'` (one switch).
 
-  python -m experiments.main --config=experiments/configs/digits.py:nonblocking,stragglers.kind=measured,\
+  python -m waitless.experiments.main --config=experiments/configs/digits.py:nonblocking,stragglers.kind=measured,\
 workers=2,devices=2,microbatches=4 --workdir=/tmp/nb_measured
   bash launch/multiprocess_cpu.sh 2 --config=experiments/configs/digits.py:nonblocking,stragglers.kind=measured,\
 workers=2,devices=2,microbatches=4 --workdir=/tmp/nb_2p --debug_slow_process=1:0.004   # TEST-ONLY slowdown

@@ -332,7 +332,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     def one_replica(state, sums, per_worker, own, values):
       replica_tx = tx if replicas is None else replicas.build(values)[0]
       update = make_worker_update(replica_tx, microbatches, gradient_sums)
-      lifted = layout.per_worker(lambda s, g, l, m, fields: update(
+      lifted = layout.per_worker(lambda s, g, l, m, fields: update(  # noqa: E741
           s, g, l, m, schedule_type(**fields, **own, **shared), step, round_position))
       return lifted(state, *sums, per_worker)
 

@@ -1,6 +1,6 @@
 """Multi-host runs on JAX's multi-controller runtime: one Python process per host (or per GPU), one program.
 
-Every process runs the same `python -m experiments.main ...` command; `jax.distributed` connects them through
+Every process runs the same `python -m waitless.experiments.main ...` command; `jax.distributed` connects them through
 a coordinator (process 0) so that `jax.devices()` lists every process's devices and the worker mesh spans them
 all. Each process feeds only its own workers' data (`WorkerLayout.local_worker_ids()`), process 0 alone writes
 metrics and the summary, and orbax writes each process's shards of a checkpoint.
@@ -18,9 +18,9 @@ Rerunning the same command resumes every process from the last checkpoint they a
 
 Example (two processes on one machine, 4 CPU devices each; `launch/multiprocess_cpu.sh` does this):
 
-  python -m experiments.main --config=experiments/configs/digits.py:sync --workdir=/tmp/d \
+  python -m waitless.experiments.main --config=experiments/configs/digits.py:sync --workdir=/tmp/d \
       --coordinator_address=127.0.0.1:12355 --num_processes=2 --process_id=0 &
-  python -m experiments.main --config=experiments/configs/digits.py:sync --workdir=/tmp/d \
+  python -m waitless.experiments.main --config=experiments/configs/digits.py:sync --workdir=/tmp/d \
       --coordinator_address=127.0.0.1:12355 --num_processes=2 --process_id=1
 """
 

@@ -5,12 +5,12 @@ start at K0 and every `adapt_every_s` seconds of simulated time set K <- min(P, 
 Compute times are exponential (mean 10 ms per mini-batch of 32), so small K is fast and stale-free K-sync
 waits only for the K fastest learners.
 
-  python -m experiments.main --config=experiments/configs/cifar10_adasync.py --workdir=/tmp/c10_adasync
+  python -m waitless.experiments.main --config=experiments/configs/cifar10_adasync.py --workdir=/tmp/c10_adasync
   # the fixed-K runs it is compared with (same data order and compute-time model):
-  python -m experiments.main --config=experiments/configs/cifar10_adasync.py:ksync,k=1 --workdir=/tmp/c10_k1
-  python -m experiments.main --config=experiments/configs/cifar10_adasync.py:ksync,k=8 --workdir=/tmp/c10_k8
+  python -m waitless.experiments.main --config=experiments/configs/cifar10_adasync.py:ksync,k=1 --workdir=/tmp/c10_k1
+  python -m waitless.experiments.main --config=experiments/configs/cifar10_adasync.py:ksync,k=8 --workdir=/tmp/c10_k8
   # AdaSync over K-async instead of K-sync:
-  python -m experiments.main --config=experiments/configs/cifar10_adasync.py:adasync,base=kasync --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/cifar10_adasync.py:adasync,base=kasync --workdir=...
 
 Overrides of `cifar10.py`: plain SGD (no momentum) at a constant 0.12 without warm-up, as in the paper;
 X ~ Exp(100 / s); AdaSync over K-sync from K0 = 1, adapting every 5 simulated seconds (**choice**: the
@@ -19,7 +19,7 @@ paper's t0 is not in the abstract; one K-sync update takes 1.25 ms at K = 1 and 
 updates, each of K x 32 images (fewer epochs than `cifar10.py`'s 256-image iterations while K < 8).
 
 Testing (CPU, about a minute; tfds mock data):
-  python -m experiments.main --config=experiments/configs/cifar10_adasync.py:adasync,num_steps=30 \
+  python -m waitless.experiments.main --config=experiments/configs/cifar10_adasync.py:adasync,num_steps=30 \
     --config.model.name=resnet_test --config.eval_every=30 --mock_data --workdir=/tmp/c10_adasync_test
 """
 

@@ -1,6 +1,6 @@
 """Synthetic least-squares (or logistic) problem for exactness tests and quick algorithm studies.
 
-  python -m experiments.main --config=experiments/configs/synthetic.py:sync --workdir=/tmp/ls
+  python -m waitless.experiments.main --config=experiments/configs/synthetic.py:sync --workdir=/tmp/ls
 
 A linear model on y = x . w* + noise, d = 16; plain SGD (no momentum) so sequential references are simple.
 """

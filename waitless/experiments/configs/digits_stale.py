@@ -5,9 +5,9 @@ softmax regression, P = 8, K = 4, exponential compute times of mean 1 s, batch 1
 that ship with scikit-learn, for the parameter-server family (`ksync`, `kbatch_sync`, `kasync`,
 `kbatch_async`, `async`, `adasync`; any other registered algorithm runs too):
 
-  python -m experiments.main --config=experiments/configs/digits_stale.py:kasync,k=4 --workdir=/tmp/ds_kasync
-  python -m experiments.main --config=experiments/configs/digits_stale.py:ksync,k=8 --workdir=/tmp/ds_sync
-  python -m experiments.main --config=experiments/configs/digits_stale.py:adasync,base=ksync,k0=1 --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/digits_stale.py:kasync,k=4 --workdir=/tmp/ds_kasync
+  python -m waitless.experiments.main --config=experiments/configs/digits_stale.py:ksync,k=8 --workdir=/tmp/ds_sync
+  python -m waitless.experiments.main --config=experiments/configs/digits_stale.py:adasync,base=ksync,k0=1 --workdir=...
   python -m benchmarks.stale_tradeoff   # every variant for the same simulated time: the error-runtime table
 
 Differences from the paper, and why: eta = 0.2 instead of 0.01 (the digits are standardised, 64 features),

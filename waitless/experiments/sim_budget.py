@@ -40,7 +40,7 @@ def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
       clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
       if step:
         clock.next_block(step)
-      for step in range(step + 1, limit + 1):
+      for step in range(step + 1, limit + 1):  # noqa: B020  the search goes on from where it stopped
         try:
           clock.next_block(1)
         except clock_lib.StalledError:

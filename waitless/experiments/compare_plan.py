@@ -15,6 +15,8 @@ import os
 import re
 from typing import Any, Callable, Optional, Sequence
 
+from waitless.experiments import config_paths
+
 
 def parse_entries(text: str) -> list[str]:
   """'sync,ksync,k=6;local_sgd' -> ['sync', 'ksync,k=6', 'local_sgd']; 'all' -> every registered algorithm."""
@@ -143,6 +145,7 @@ class PlannedRun:
 
 def load_config_module(path: str):
   """The workload's config module from its file (`get_config(arg)`), as config_flags loads it."""
+  path = config_paths.resolve(path)
   spec = importlib.util.spec_from_file_location(f'_compare_config_{slug(path)}', path)
   if spec is None or spec.loader is None or not os.path.exists(path):
     raise FileNotFoundError(f'config file {path} not found')

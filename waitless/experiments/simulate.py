@@ -1,7 +1,7 @@
 """Runs only the cluster simulator for a config: no model compilation, no data loading beyond one example.
 
-  python -m experiments.simulate --config=experiments/configs/digits.py:sync --iterations=1000
-  python -m experiments.simulate --config=experiments/configs/digits.py:local_sgd \
+  python -m waitless.experiments.simulate --config=experiments/configs/digits.py:sync --iterations=1000
+  python -m waitless.experiments.simulate --config=experiments/configs/digits.py:local_sgd \
       --config.stragglers.kind=exponential --config.stragglers.rate=100 --model_bytes=4e6
 
 Prints one JSON object: `algorithm`, `workers`, `iterations`, `sim_time`, `mean_iteration_time`,
@@ -29,6 +29,7 @@ from waitless import config_errors as errors
 from waitless.algorithms import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
+from waitless.experiments import config_paths
 
 if 'config' in flags.FLAGS:  # experiments.main imported first in the same process, as in the tests
   _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
@@ -128,4 +129,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=lambda argv: flags.FLAGS(config_paths.resolve_argv(argv)))

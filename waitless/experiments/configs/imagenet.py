@@ -4,8 +4,8 @@ Data from tensorflow-datasets; the images need a manual download (image-net.org)
 ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in DIR/downloads/manual/, then
 `tfds build imagenet2012 --data_dir=DIR` and pass `dataset.data_dir=DIR`. Every registered algorithm runs on it:
 
-  python -m experiments.main --config=experiments/configs/imagenet.py:sync --workdir=/tmp/in_sync
-  python -m experiments.main --config=experiments/configs/imagenet.py:local_sgd,local_steps=4 --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/imagenet.py:sync --workdir=/tmp/in_sync
+  python -m waitless.experiments.main --config=experiments/configs/imagenet.py:local_sgd,local_steps=4 --workdir=...
 
 Defaults: 64 workers (on 64 devices: one worker per accelerator) x 128 images (global 8192), `num_epochs` =
 90 (14,076 iterations), SGD + momentum 0.9, wd 1e-4 (choice: Goyal et al. 2017 large-batch recipe), LR
@@ -18,13 +18,13 @@ checkpoint periods are iterations (set them again when changing workers or batch
 Headline run (shared/ALGORITHMS.md): WAGMA-SGD (Li et al.), ResNet-50 / ImageNet, 64 workers, 2 random workers
 delayed 320 ms each step, group size S = 8 (sqrt 64), global average every tau = 10 iterations: 1.63x faster
 to solution than all-reduce SGD at 75.3% vs 75.9% top-1.
-    python -m experiments.main --config=experiments/configs/imagenet.py:wagma,group_size=8,sync_every=10 \
+    python -m waitless.experiments.main --config=experiments/configs/imagenet.py:wagma,group_size=8,sync_every=10 \
       --workdir=/tmp/in_wagma
-    python -m experiments.main --config=experiments/configs/imagenet.py:sync --workdir=/tmp/in_sync
-    python -m experiments.main --config=experiments/configs/imagenet.py:local_sgd,local_steps=10 --workdir=...
+    python -m waitless.experiments.main --config=experiments/configs/imagenet.py:sync --workdir=/tmp/in_sync
+    python -m waitless.experiments.main --config=experiments/configs/imagenet.py:local_sgd,local_steps=10 --workdir=...
 
 Testing (CPU, seconds; tfds mock data, no download):
-  python -m experiments.main --config=experiments/configs/imagenet.py:sync,num_steps=20 \
+  python -m waitless.experiments.main --config=experiments/configs/imagenet.py:sync,num_steps=20 \
     --config.model.name=resnet50_test --config.model.dtype=float32 --config.dataset.image_size=32 \
     --config.workers=2 --config.devices=2 --config.batch_size=4 --config.eval_every=20 \
     --mock_data --workdir=/tmp/in_test

@@ -921,7 +921,7 @@ def _train_loop(group: Group, replicas: list[_Replica], block_step, state, step:
     r.failure = ClusterStalled(f'{error} {where}')
     log.info('%s: %s', r.workdir, r.failure)
 
-  for i, r in enumerate(replicas):  # a run resumed at its end (killed before its summary was written)
+  for r in replicas:  # a run resumed at its end (killed before its summary was written)
     if r.config.num_steps <= step:
       finish(r, step)
 

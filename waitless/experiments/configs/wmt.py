@@ -5,8 +5,8 @@ Data from tensorflow-datasets (prepare once: `tfds build wmt17_translate/de-en -
 training pairs on first use and cached, with the tokenized pairs, in `dataset.tokenizer_dir` (default
 ~/.cache/waitless/tokenizers). Every registered algorithm runs on it:
 
-  python -m experiments.main --config=experiments/configs/wmt.py:sync --workdir=/tmp/wmt_sync
-  python -m experiments.main --config=experiments/configs/wmt.py:local_sgd,local_steps=8 --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/wmt.py:sync --workdir=/tmp/wmt_sync
+  python -m waitless.experiments.main --config=experiments/configs/wmt.py:local_sgd,local_steps=8 --workdir=...
 
 Defaults, Transformer base as in Vaswani et al. 2017 (arXiv:1706.03762) section 5, in flax `examples/wmt`'s
 form: training pairs packed into rows of 256 tokens (`dataset.packing`, see `data/wmt.py`), 16 workers x 8
@@ -20,12 +20,13 @@ the first `bleu.examples` evaluation sentences (-1: all of them; 0: no BLEU).
 
 Headline run (shared/ALGORITHMS.md): WAGMA-SGD (Li et al.), Transformer on WMT17, 16 workers, group size S = 4
 (sqrt 16), global average every tau = 8 iterations: BLEU 26.12, 1.39x faster than local SGD.
-    python -m experiments.main --config=experiments/configs/wmt.py:wagma,group_size=4,sync_every=8 \
+    python -m waitless.experiments.main --config=experiments/configs/wmt.py:wagma,group_size=4,sync_every=8 \
       --workdir=/tmp/wmt_wagma
-    python -m experiments.main --config=experiments/configs/wmt.py:local_sgd,local_steps=8 --workdir=...
+    python -m waitless.experiments.main --config=experiments/configs/wmt.py:local_sgd,local_steps=8 --workdir=...
 
 Testing (CPU, seconds; tfds mock data of random strings, no download):
-  python -m experiments.main --config=experiments/configs/wmt.py:sync,num_steps=20,dataset.tokenizer_dir=/tmp/wmt_tok \
+  python -m waitless.experiments.main \
+      --config=experiments/configs/wmt.py:sync,num_steps=20,dataset.tokenizer_dir=/tmp/wmt_tok \
     --config.model.name=transformer_test --config.model.dtype=float32 --config.model.max_len=32 \
     --config.dataset.vocab_size=64 --config.dataset.max_len=32 --config.dataset.eval_max_len=32 \
     --config.workers=2 --config.devices=2 --config.batch_size=4 --config.eval_every=20 \

@@ -3,10 +3,10 @@
 Data from tensorflow-datasets (prepare once: `tfds build cifar10 --data_dir=DIR`, then `dataset.data_dir=DIR`
 or leave it None for $TFDS_DATA_DIR / ~/tensorflow_datasets). Every registered algorithm runs on it:
 
-  python -m experiments.main --config=experiments/configs/cifar10.py:sync --workdir=/tmp/c10_sync
-  python -m experiments.main --config=experiments/configs/cifar10.py:local_sgd,local_steps=8 --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/cifar10.py:sync --workdir=/tmp/c10_sync
+  python -m waitless.experiments.main --config=experiments/configs/cifar10.py:local_sgd,local_steps=8 --workdir=...
   # one GPU: all 8 workers on it
-  python -m experiments.main --config=experiments/configs/cifar10.py:sync,devices=1 --workdir=...
+  python -m waitless.experiments.main --config=experiments/configs/cifar10.py:sync,devices=1 --workdir=...
 
 Defaults: 8 workers x 32 images (global 256), `num_epochs` = 200 (39,063 iterations), SGD, Nesterov 0.9,
 weight decay 5e-4, learning rate 0.1 (global batch 256, Goyal et al. scaling) with 5 warm-up epochs then cosine;
@@ -20,26 +20,26 @@ defaults):
 - LAP-SGD (Chatterjee, Kungurtsev, Alistarh), author's scripts: ResNet-20, 2 nodes, Q = 4 threads, batch 256
   per thread, LR 0.1 -> 0.4 over 5 warm-up epochs then cosine, H = 16, post-local after 150 of 300 epochs,
   Nesterov 0.9, wd 5e-4. One iteration = one node update (2 x 256 samples): 300 epochs = 29,297 iterations.
-    python -m experiments.main --config=experiments/configs/cifar10.py:lap_sgd,threads=4,local_steps=16 \
+    python -m waitless.experiments.main --config=experiments/configs/cifar10.py:lap_sgd,threads=4,local_steps=16 \
       --config.workers=2 --config.devices=2 --config.batch_size=256 --config.num_epochs=300 \
       --config.algorithm.pre_post_steps=14648 --config.optimizer.learning_rate=0.4 \
       --config.optimizer.warmup_steps=488 --config.eval_every=977 --workdir=/tmp/c10_lap
 - Non-blocking SGD (He & Dube): 8 workers, ResNet, heterogeneous cluster, m micro-batches per worker batch;
   up to 2x less time than sync / D-PSGD to the same training loss.
-    python -m experiments.main --config=experiments/configs/cifar10.py:nonblocking,microbatches=4 \
+    python -m waitless.experiments.main --config=experiments/configs/cifar10.py:nonblocking,microbatches=4 \
       --config.stragglers.kind=slow_workers --config.stragglers.slow_fraction=0.25 \
       --config.stragglers.slow_factor=4.0 --workdir=...
 - AdaSync (Dutta et al., journal version arXiv 2003.10579): CIFAR-10, 8 workers, lr 0.12, batch 32,
   exponential compute times: its own variant `cifar10_adasync.py`.
-    python -m experiments.main --config=experiments/configs/cifar10_adasync.py --workdir=/tmp/c10_adasync
+    python -m waitless.experiments.main --config=experiments/configs/cifar10_adasync.py --workdir=/tmp/c10_adasync
 - DaSGD (author's defaults): 32 workers, local batch 32, tau = 4, d = 1, p = 0.25, AdamW, one-cycle LR
   (here: warmup + cosine).
-    python -m experiments.main --config=experiments/configs/cifar10.py:dasgd,correction=mix \
+    python -m waitless.experiments.main --config=experiments/configs/cifar10.py:dasgd,correction=mix \
       --config.workers=32 --config.devices=8 --config.optimizer.name=adamw \
       --config.optimizer.learning_rate=0.001 --workdir=...  # 200 epochs = 9,766 iterations
 
 Testing (CPU, seconds; tfds mock data, no download):
-  python -m experiments.main --config=experiments/configs/cifar10.py:sync,model.name=resnet_test,num_steps=20 \
+  python -m waitless.experiments.main --config=experiments/configs/cifar10.py:sync,model.name=resnet_test,num_steps=20 \
     --config.workers=2 --config.devices=2 --config.eval_every=20 --mock_data --workdir=/tmp/c10_test
 """
 

@@ -1,0 +1,40 @@
+"""`--config=FILE[:ARG]` from anywhere: a config file named by its path inside the package.
+
+The configs live in `waitless/experiments/configs/`. A checkout's root holds that path as it is; an installed
+package does not, so a FILE that does not exist is looked up inside the installed package, both as
+`waitless/experiments/configs/NAME.py` and, as the programs have always been called, `experiments/configs/NAME.py`.
+"""
+
+from __future__ import annotations
+
+import os
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../waitless
+
+
+def resolve(path: str) -> str:
+  """`path` if it exists, else the package's file of that relative name, else `path` unchanged (config_flags
+  then reports it missing)."""
+  if os.path.exists(path) or os.path.isabs(path):
+    return path
+  for base in (os.path.dirname(_PACKAGE), _PACKAGE):
+    candidate = os.path.join(base, path)
+    if os.path.exists(candidate):
+      return candidate
+  return path
+
+
+def resolve_argv(argv: list[str], flag: str = 'config') -> list[str]:
+  """`argv` with the file of each `--FLAG=FILE[:ARG]` (or `--FLAG FILE[:ARG]`) resolved by `resolve`."""
+  out, prefix = list(argv), f'--{flag}='
+  for i, word in enumerate(out):
+    if word.startswith(prefix):
+      out[i] = prefix + _resolve_value(word[len(prefix):])
+    elif word == f'--{flag}' and i + 1 < len(out):
+      out[i + 1] = _resolve_value(out[i + 1])
+  return out
+
+
+def _resolve_value(value: str) -> str:
+  path, colon, arg = value.partition(':')
+  return resolve(path) + colon + arg
