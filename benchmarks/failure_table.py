@@ -25,7 +25,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.experiments import sim_budget
 from waitless.experiments import train
 from waitless.experiments.configs import digits

@@ -29,7 +29,7 @@ if __package__ in (None, ''):  # run as a script: make the repository importable
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from benchmarks import timing
 from waitless.experiments.configs import cifar10
 

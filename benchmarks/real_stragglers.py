@@ -7,7 +7,7 @@ the simulator's prediction for the same slowdowns.
 The script starts `--num_processes` copies of itself (one CPU device each), joined by `jax.distributed` over
 loopback (`experiments.distributed`, as `launch/multiprocess_cpu.sh` joins `experiments.main`), and each
 trains the same MLP least-squares problem (one worker per process, `--microbatches` m micro-batches per
-iteration) with sync, nonblocking with measured speeds (`algorithms/measured_speeds.py`), local SGD, D-PSGD
+iteration) with sync, nonblocking with measured speeds (`cluster/measured_speeds.py`), local SGD, D-PSGD
 and WAGMA, each from the library's optax transformation in a plain `shard_map` step. The lock-step steps
 return each worker's own loss (no all-reduce of it), so D-PSGD's ring and WAGMA's group exchanges are the only
 collectives of their iterations (WAGMA's every `sync_every`-th is its global average): point-to-point
@@ -177,7 +177,8 @@ def run_process() -> dict:
   from jax import lax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
 
-  from waitless.algorithms import dpsgd, local_sgd, measured_speeds, sync, wagma  # pylint: disable=g-import-not-at-top
+  from waitless.algorithms import dpsgd, local_sgd, sync, wagma  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import measured_speeds  # pylint: disable=g-import-not-at-top
 
   settings = check_settings(FLAGS.num_processes)
   conditions = settings['conditions']

@@ -45,7 +45,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from benchmarks import gpu
 from benchmarks import harness_overhead
 from benchmarks import replicas
@@ -134,7 +134,7 @@ def section_simulator(out, iterations):
   for name in registry.names():
     config = digits.get_config(_arg(name))
     config.workers = 64
-    rule = registry.get(name).time_rule(config)
+    rule = registry.time_rule(config)
     seconds = simulator_speed.time_rule(rule, config.workers, iterations)  # its clock: the section's title
     per = seconds / iterations
     print(f'| {name} | {type(rule).__name__} | {seconds:.2f} | {1e6 * per:.1f} | {per / step:.1%} | '

@@ -26,18 +26,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from waitless.algorithms import adasync
-from waitless.algorithms import dasgd
-from waitless.algorithms import dpsgd
-from waitless.algorithms import kasync
-from waitless.algorithms import kbatch_async
-from waitless.algorithms import kbatch_sync
-from waitless.algorithms import ksync
-from waitless.algorithms import lap_sgd
-from waitless.algorithms import local_sgd
-from waitless.algorithms import nonblocking
-from waitless.algorithms import sync
-from waitless.algorithms import wagma
+from waitless.cluster.rules import adasync
+from waitless.cluster.rules import dasgd
+from waitless.cluster.rules import dpsgd
+from waitless.cluster.rules import kasync
+from waitless.cluster.rules import kbatch_async
+from waitless.cluster.rules import kbatch_sync
+from waitless.cluster.rules import ksync
+from waitless.cluster.rules import lap_sgd
+from waitless.cluster.rules import local_sgd
+from waitless.cluster.rules import nonblocking
+from waitless.cluster.rules import sync
+from waitless.cluster.rules import wagma
 from waitless.cluster import calibration
 from waitless.cluster import factory
 from waitless.experiments.configs import digits

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from waitless.algorithms import diloco  # noqa: E402
 from waitless.algorithms import local_sgd  # noqa: E402
-from waitless.algorithms import registry  # noqa: E402
+from waitless.cluster import registry  # noqa: E402
 
 H = 4
 mesh = Mesh(np.array(jax.devices()), ('workers',))  # one worker per device: check_vma stays on

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main command: every registered algorithm (algorithms.registry.names(), so new ones join by themselves) on
+# The main command: every registered algorithm (cluster.registry.names(), so new ones join by themselves) on
 # MNIST-1D (the paper's small CNN, 8 workers on 8 CPU devices) under a heterogeneous cluster: workers 0 and 1
 # are twice as slow on every micro-batch and, at every iteration, one random worker is delayed by 30 ms (the
 # config's `stragglers=heterogeneous` preset). Same straggler trace, data order and seeds for every algorithm.

@@ -65,7 +65,7 @@ class InstallTest(absltest.TestCase):
     self.assertEqual(installed, ['waitless'])
     probe = textwrap.dedent(f'''\
         import importlib.util, sys
-        import waitless.algorithms.registry as registry
+        import waitless.cluster.registry as registry
         from waitless import config_errors
         from waitless.cluster import factory
         assert all(importlib.util.find_spec(n) is None for n in {TOP_LEVEL!r}), 'a top-level module is installed'

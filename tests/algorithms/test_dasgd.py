@@ -11,6 +11,7 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import dasgd
+from waitless.cluster.rules import dasgd as dasgd_rule
 from waitless.algorithms import delayed_averaging
 from waitless.experiments import train
 from tests import harness
@@ -111,7 +112,7 @@ class DaSGDTest(parameterized.TestCase):
   def test_library_loop_without_schedule_matches_the_rule(self):
     # With no schedule the events come from the step; they are what the time rule produces.
     for tau, delay in ((4, 0), (4, 1), (4, 4), (3, 2), (1, 1)):
-      block = helpers.clock(dasgd.DelayedAverage(tau, delay), workers=2, base_s=X).next_block(13)
+      block = helpers.clock(dasgd_rule.DelayedAverage(tau, delay), workers=2, base_s=X).next_block(13)
       events = [delayed_averaging.schedule_at(t, tau, delay) for t in range(13)]
       for name in ('snapshot', 'apply_average', 'average_age'):
         np.testing.assert_array_equal([np.asarray(getattr(e, name)) for e in events],
@@ -287,7 +288,7 @@ class HiddenCommunicationTest(parameterized.TestCase):
   def test_hidden_fraction_matches_closed_form(self, tau, delay, allreduce_steps):
     network = {'kind': 'alpha_beta', 'latency_s': 0.0, 'bandwidth_gbps': 1.0}
     model_bytes = allreduce_steps * X / (2 * (P - 1) / P * 8e-9)
-    clock = helpers.clock(dasgd.DelayedAverage(tau, delay), workers=P, base_s=X, network=network,
+    clock = helpers.clock(dasgd_rule.DelayedAverage(tau, delay), workers=P, base_s=X, network=network,
                           model_bytes=model_bytes)
     allreduce = clock.network.allreduce(model_bytes, P)
     self.assertAlmostEqual(allreduce, allreduce_steps * X)

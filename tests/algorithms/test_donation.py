@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.algorithms import spec
 from waitless.cluster import rules
 from waitless.experiments.configs import synthetic

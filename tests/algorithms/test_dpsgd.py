@@ -9,6 +9,7 @@ import numpy as np
 import optax
 
 from waitless.algorithms import dpsgd
+from waitless.cluster.rules import dpsgd as dpsgd_rule
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_nonblocking
@@ -99,8 +100,8 @@ class RingGossipRuleTest(absltest.TestCase):
     # the exchange takes beyond the compute.
     for exchange_bigger in (False, True):
       net = dict(NET, bandwidth_gbps=0.05 if exchange_bigger else 1.0)
-      then = helpers.clock(dpsgd.RingGossip(2), workers=8, base_s=X, network=net)
-      over = helpers.clock(dpsgd.RingGossip(2, order='overlap'), workers=8, base_s=X, network=net)
+      then = helpers.clock(dpsgd_rule.RingGossip(2), workers=8, base_s=X, network=net)
+      over = helpers.clock(dpsgd_rule.RingGossip(2, order='overlap'), workers=8, base_s=X, network=net)
       p2p = then.network.p2p(then.model_bytes)
       np.testing.assert_allclose(then.next_block(5).duration, 2 * X + 2 * p2p, rtol=1e-12)
       got = over.next_block(5)
@@ -112,7 +113,7 @@ class RingGossipRuleTest(absltest.TestCase):
     # Worker 0 is 3x slower. Iteration 0: everyone starts at 0, nobody waits on an ideal network.
     # Iteration 1: workers 1 and 7 start at X but need worker 0's model, sent when it starts (3X).
     net = {'kind': 'alpha_beta', 'latency_s': 1e-3, 'bandwidth_gbps': 1e6}
-    clock = helpers.clock(dpsgd.RingGossip(order='overlap'), workers=8, base_s=X, slow_workers=(0,),
+    clock = helpers.clock(dpsgd_rule.RingGossip(order='overlap'), workers=8, base_s=X, slow_workers=(0,),
                           slow_factor=3.0, network=net)
     a = 1e-3 + clock.model_bytes * 8 / 1e15
     clock.next_block(1)

@@ -10,7 +10,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory
 from waitless.experiments import metrics_io
@@ -35,7 +35,7 @@ class PermanentFailureTest(parameterized.TestCase):
   @parameterized.named_parameters(*[(name, name) for name in registry.names()])
   def test_goes_on_or_stops_with_one_line_as_its_rule_declares(self, name):
     config = _failing(name)
-    rule = registry.get(name).time_rule(config)
+    rule = registry.time_rule(config)
     clock = factory.make_clock(config, rule, model_bytes=4e4)
     tolerates = rule.tolerated_failures(config.workers) >= 1
     try:

@@ -16,7 +16,8 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import lap_sgd
-from waitless.algorithms import local_sgd
+from waitless.cluster.rules import lap_sgd as lap_sgd_rule
+from waitless.cluster.rules import local_sgd
 from waitless.algorithms import optimizers
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import network as network_lib
@@ -63,7 +64,7 @@ class TimeRuleTest(parameterized.TestCase):
     # Fix 1: 8 node updates of m = 2 micro-batches consume 16 micro-batches per node, and their time is
     # exactly the time of those 16 (today's rule drew Q*m per update and scaled it by 1/Q).
     m, n = 2, 8
-    clock = _ramp_clock(lap_sgd.NodeThreads(q, lambda t: False, microbatches=m))
+    clock = _ramp_clock(lap_sgd_rule.NodeThreads(q, lambda t: False, microbatches=m))
     block = clock.next_block(n)
     np.testing.assert_array_equal(clock.units, n * m)
     want = 1e-3 * np.arange(1, n * m + 1).sum() * (np.arange(4) + 1.0)
@@ -77,7 +78,7 @@ class TimeRuleTest(parameterized.TestCase):
     # about 13.6, 11.8, 10.9 ms per update for Q = 1, 4, 16 (the spread of a node update shrinks with Q).
     per_update = {}
     for q in (1, 4, 16):
-      rule = lap_sgd.NodeThreads(q, every(16), delay_steps=0)
+      rule = lap_sgd_rule.NodeThreads(q, every(16), delay_steps=0)
       block = helpers.clock(rule, workers=P, kind='exponential', rate=100.0).next_block(4000)
       per_update[q] = block.sim_time[-1] / 4000
     for q in (4, 16):
@@ -85,29 +86,29 @@ class TimeRuleTest(parameterized.TestCase):
 
   def test_ideal_network_delays_the_average_by_one_update(self):
     # Fix 2: d = max(1, ceil(allreduce / update)); d = 0 only when asked for.
-    clock = helpers.clock(lap_sgd.NodeThreads(2, every(4)), workers=4, base_s=X)
+    clock = helpers.clock(lap_sgd_rule.NodeThreads(2, every(4)), workers=4, base_s=X)
     block = clock.next_block(12)
     self.assertEqual(clock.rule_state['delay_steps'], 1)
     np.testing.assert_array_equal(np.flatnonzero(block.schedule.snapshot), [3, 7, 11])
     np.testing.assert_array_equal(np.flatnonzero(block.schedule.apply_average), [4, 8])
     np.testing.assert_array_equal(block.schedule.average_age[[4, 8]], 1)
-    explicit = helpers.clock(lap_sgd.NodeThreads(2, every(4), delay_steps=0), workers=4, base_s=X).next_block(12)
+    explicit = helpers.clock(lap_sgd_rule.NodeThreads(2, every(4), delay_steps=0), workers=4, base_s=X).next_block(12)
     np.testing.assert_array_equal(np.flatnonzero(explicit.schedule.apply_average), [3, 7, 11])
     np.testing.assert_array_equal(explicit.schedule.average_age, 0)
 
   def test_a_faster_network_is_not_slower(self):
     kwargs = dict(workers=P, kind='lognormal', base_s=X, sigma=0.5)
-    ideal = helpers.clock(lap_sgd.NodeThreads(4, every(8)), **kwargs).next_block(200)
-    slow = helpers.clock(lap_sgd.NodeThreads(4, every(8)), network={'kind': 'alpha_beta', 'latency_s': 1e-3},
+    ideal = helpers.clock(lap_sgd_rule.NodeThreads(4, every(8)), **kwargs).next_block(200)
+    slow = helpers.clock(lap_sgd_rule.NodeThreads(4, every(8)), network={'kind': 'alpha_beta', 'latency_s': 1e-3},
                          **kwargs).next_block(200)
-    barrier = helpers.clock(lap_sgd.NodeThreads(4, every(8), delay_steps=0), **kwargs).next_block(200)
+    barrier = helpers.clock(lap_sgd_rule.NodeThreads(4, every(8), delay_steps=0), **kwargs).next_block(200)
     self.assertLess(ideal.sim_time[-1], slow.sim_time[-1])
     self.assertLess(ideal.sim_time[-1], barrier.sim_time[-1])  # d = 0 would wait for the last node
 
   def test_delay_from_network_and_hidden_averaging(self):
     network = {'kind': 'alpha_beta', 'latency_s': 0.0, 'bandwidth_gbps': 1.0}
     model_bytes = 2.5 * X / (2 * (P - 1) / P * 8e-9)  # all-reduce = 2.5 updates
-    clock = helpers.clock(lap_sgd.NodeThreads(4, every(16)), workers=P, base_s=X, network=network,
+    clock = helpers.clock(lap_sgd_rule.NodeThreads(4, every(16)), workers=P, base_s=X, network=network,
                           model_bytes=model_bytes)
     block = clock.next_block(64)
     self.assertEqual(clock.rule_state['delay_steps'], 3)
@@ -118,7 +119,7 @@ class TimeRuleTest(parameterized.TestCase):
   @parameterized.parameters(1, 3)
   def test_reports_hogwild_staleness(self, q):
     # Fix 3: update t applies a gradient taken at the node model of update t - Q + 1.
-    rule = lap_sgd.NodeThreads(q, every(4))
+    rule = lap_sgd_rule.NodeThreads(q, every(4))
     self.assertEqual(rule.reports, {'thread_staleness': 'mean'})
     block = helpers.clock(rule, workers=4, base_s=X).next_block(10)
     want = np.minimum(np.arange(10), q - 1)
@@ -127,29 +128,30 @@ class TimeRuleTest(parameterized.TestCase):
 
   def test_partial_steps_cost_partial_cost(self):
     # Fix 4: LPP partial steps (from prepass on, every other thread round) cost `partial_cost` of a full step.
-    rule = lap_sgd.NodeThreads(2, every(100), prepass_steps=3, partial_cost=0.25)
+    rule = lap_sgd_rule.NodeThreads(2, every(100), prepass_steps=3, partial_cost=0.25)
     block = helpers.clock(rule, workers=4, base_s=X).next_block(12)
     partial = np.zeros(12, bool)
     partial[[5, 6, 9, 10]] = True
     np.testing.assert_array_equal(block.schedule.partial, partial)
     np.testing.assert_allclose(block.duration, np.where(partial, 0.25 * X, X), rtol=1e-12)
-    default = helpers.clock(lap_sgd.NodeThreads(2, every(100), prepass_steps=3), workers=4, base_s=X)
+    default = helpers.clock(lap_sgd_rule.NodeThreads(2, every(100), prepass_steps=3), workers=4, base_s=X)
     np.testing.assert_allclose(default.next_block(12).duration, X, rtol=1e-12)  # default 1.0: no saving
-    self.assertFalse(helpers.clock(lap_sgd.NodeThreads(2, every(4)), base_s=X).next_block(12).schedule.partial.any())
+    self.assertFalse(
+        helpers.clock(lap_sgd_rule.NodeThreads(2, every(4)), base_s=X).next_block(12).schedule.partial.any())
 
   def test_snapshot_before_previous_apply_forces_it(self):
-    block = helpers.clock(lap_sgd.NodeThreads(1, every(2), delay_steps=3), workers=4, base_s=X).next_block(8)
+    block = helpers.clock(lap_sgd_rule.NodeThreads(1, every(2), delay_steps=3), workers=4, base_s=X).next_block(8)
     np.testing.assert_array_equal(np.flatnonzero(block.schedule.apply_average), [3, 5, 7])
     np.testing.assert_array_equal(block.schedule.average_age[[3, 5, 7]], [2, 2, 2])
 
   def test_q1_d0_time_is_local_sgd(self):
     kwargs = dict(workers=P, kind='lognormal', base_s=X, sigma=0.5)
-    lap = helpers.clock(lap_sgd.NodeThreads(1, every(4), delay_steps=0), **kwargs).next_block(40)
+    lap = helpers.clock(lap_sgd_rule.NodeThreads(1, every(4), delay_steps=0), **kwargs).next_block(40)
     local = helpers.clock(local_sgd.PeriodicAverage(every(4)), **kwargs).next_block(40)
     np.testing.assert_allclose(lap.sim_time, local.sim_time, rtol=1e-12)
 
   def test_resume_is_exact_within_a_thread_round(self):
-    make = lambda: helpers.clock(lap_sgd.NodeThreads(4, every(8), prepass_steps=2, partial_cost=0.5),
+    make = lambda: helpers.clock(lap_sgd_rule.NodeThreads(4, every(8), prepass_steps=2, partial_cost=0.5),
                                  workers=4, kind='exponential', rate=100.0)
     whole = make()
     whole.next_block(6)
@@ -165,7 +167,7 @@ class TimeRuleTest(parameterized.TestCase):
                           (dict(partial_cost=1.5), 'partial_cost'), (dict(delay_steps=-1), 'delay_steps'),
                           (dict(prepass_steps=-1), 'prepass_steps')):
       with self.assertRaisesRegex(ValueError, field):
-        lap_sgd.NodeThreads(**{'threads': 2, 'averages_at': every(4), **kwargs})
+        lap_sgd_rule.NodeThreads(**{'threads': 2, 'averages_at': every(4), **kwargs})
 
 
 class BlockTest(parameterized.TestCase):
@@ -328,9 +330,9 @@ class ConfigTest(parameterized.TestCase):
   def test_defaults(self):
     config = harness.synthetic_config('lpp_sgd')
     validation.validate(config)
-    rule = lap_sgd.time_rule(config)
+    rule = lap_sgd_rule.time_rule(config)
     self.assertEqual((rule.threads, rule.delay_steps, rule.prepass_steps, rule.partial_cost), (4, None, 0, 1.0))
-    self.assertIsNone(lap_sgd.time_rule(harness.synthetic_config('lap_sgd')).prepass_steps)
+    self.assertIsNone(lap_sgd_rule.time_rule(harness.synthetic_config('lap_sgd')).prepass_steps)
 
 
 if __name__ == '__main__':

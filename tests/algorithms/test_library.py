@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import factory
 from waitless.cluster import rules
 from waitless.experiments.configs import synthetic
@@ -29,7 +29,7 @@ def neutral_schedule(config, workers: int):
   for field in ('k', 'k0'):  # K-of-P variants: K <= P, so K = 1 for one worker
     if field in config.algorithm:
       config.algorithm[field] = min(config.algorithm[field], workers)
-  clock = factory.make_clock(config, registry.get(config.algorithm.name).time_rule(config), model_bytes=64.0)
+  clock = factory.make_clock(config, registry.time_rule(config), model_bytes=64.0)
   return rules.base.take(clock.next_block(1).schedule, 0)
 
 

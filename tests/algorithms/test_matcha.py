@@ -13,8 +13,9 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import collectives
-from waitless.algorithms import dpsgd
+from waitless.cluster.rules import dpsgd
 from waitless.algorithms import matcha
+from waitless.cluster.rules import matcha as matcha_rule
 from waitless.experiments import validation
 from tests import harness
 from tests.algorithms import reference
@@ -248,7 +249,7 @@ class MatchingGossipRuleTest(parameterized.TestCase):
 
   def _rule(self, p, budget, seed=0, microbatches=1):
     del p  # the rule takes P from the clock
-    return matcha.MatchingGossip(budget, seed=seed, microbatches=microbatches)
+    return matcha_rule.MatchingGossip(budget, seed=seed, microbatches=microbatches)
 
   @parameterized.parameters(1, 2, 5, 8)
   def test_budget_one_is_ring_gossip(self, p):
@@ -277,21 +278,22 @@ class MatchingGossipRuleTest(parameterized.TestCase):
     self.assertEqual(many.rng.bit_generator.state, ring.rng.bit_generator.state)
 
   def test_activation_frequencies_and_seeds(self):
-    rule = matcha.MatchingGossip(0.4)
+    rule = matcha_rule.MatchingGossip(0.4)
     probabilities = matcha.ring_plan(5, 0.4).probabilities
     draws = np.stack([rule.activations(5, t) for t in range(4000)])
     np.testing.assert_allclose(draws.mean(0), probabilities, atol=4 * np.sqrt(0.25 / 4000))
     # Independent matchings: the pair frequency is the product.
     np.testing.assert_allclose((draws[:, 0] & draws[:, 1]).mean(), probabilities[0] * probabilities[1], atol=0.03)
-    other = matcha.MatchingGossip(0.4, seed=1)
+    other = matcha_rule.MatchingGossip(0.4, seed=1)
     self.assertFalse(np.array_equal(draws[:50], np.stack([other.activations(5, t) for t in range(50)])))
     np.testing.assert_array_equal(draws[7], rule.activations(5, 7))
 
   def test_only_active_matchings_are_waited_for_and_charged(self):
     # Worker 0 three times slower. The first seed whose iteration 0 draws matching 0 = {(0,1), (2,3)} alone
     # (matching 1 = {(1,2), (3,0)} off).
-    seed = next(s for s in range(100) if list(matcha.MatchingGossip(0.5, seed=s).activations(4, 0)) == [True, False])
-    clock = helpers.clock(matcha.MatchingGossip(0.5, seed=seed), workers=4, base_s=X, slow_workers=(0,),
+    seed = next(s for s in range(100)
+                if list(matcha_rule.MatchingGossip(0.5, seed=s).activations(4, 0)) == [True, False])
+    clock = helpers.clock(matcha_rule.MatchingGossip(0.5, seed=seed), workers=4, base_s=X, slow_workers=(0,),
                           slow_factor=3.0, network=NET, seed=seed)
     p2p = clock.network.p2p(clock.model_bytes)
     block = clock.next_block(1)
@@ -300,7 +302,7 @@ class MatchingGossipRuleTest(parameterized.TestCase):
     np.testing.assert_allclose(block.bytes_communicated, 4 * clock.model_bytes)
     self.assertEqual(int(block.schedule.active[0]), 1)
     # Both on (budget 1): worker 3 now also waits for worker 0, and everyone makes two exchanges.
-    both = helpers.clock(matcha.MatchingGossip(1.0), workers=4, base_s=X, slow_workers=(0,), slow_factor=3.0,
+    both = helpers.clock(matcha_rule.MatchingGossip(1.0), workers=4, base_s=X, slow_workers=(0,), slow_factor=3.0,
                          network=NET)
     both.next_block(1)
     np.testing.assert_allclose(both.times, [3 * X + 2 * p2p, 3 * X + 2 * p2p, X + 2 * p2p, 3 * X + 2 * p2p])

@@ -23,7 +23,8 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import nonblocking
-from waitless.algorithms import wagma
+from waitless.cluster.rules import nonblocking as nonblocking_rule
+from waitless.cluster.rules import wagma
 from waitless.cluster.rules import activation as activation_lib
 from waitless.experiments import metrics_io
 from waitless.experiments import train
@@ -202,8 +203,8 @@ class NonBlockingRuleTest(parameterized.TestCase):
     self.assertTrue((schedule.microbatches_done < 4).any())  # partial rounds: the totals are not constant
 
   def test_reports_microbatches_and_abandoned_share(self):
-    a = nonblocking.NonBlocking(3).activation_latency_s
-    clock = helpers.clock(nonblocking.NonBlocking(3), workers=4, base_s=X, slow_workers=(0,), slow_factor=2.5)
+    a = nonblocking_rule.NonBlocking(3).activation_latency_s
+    clock = helpers.clock(nonblocking_rule.NonBlocking(3), workers=4, base_s=X, slow_workers=(0,), slow_factor=2.5)
     block = clock.next_block(1)
     np.testing.assert_array_equal(block.schedule.microbatches_done[0], [1, 3, 3, 3])
     self.assertEqual(block.measurements['microbatches_mean'][0], 2.5)
@@ -214,14 +215,14 @@ class NonBlockingRuleTest(parameterized.TestCase):
 
   def test_default_activation_latency_is_wagmas_and_not_free(self):
     wagmas = wagma.WaitAvoidingGroups(2, 10).activation_latency_s
-    self.assertEqual(nonblocking.NonBlocking().activation_latency_s, wagmas)
-    self.assertGreater(nonblocking.NonBlocking().activation_latency_s, 0)
+    self.assertEqual(nonblocking_rule.NonBlocking().activation_latency_s, wagmas)
+    self.assertGreater(nonblocking_rule.NonBlocking().activation_latency_s, 0)
     config = harness.synthetic_config('nonblocking')
     validation.validate(config)
-    self.assertEqual(nonblocking.time_rule(config).activation_latency_s, wagmas)
+    self.assertEqual(nonblocking_rule.time_rule(config).activation_latency_s, wagmas)
     config = harness.synthetic_config('nonblocking,activation_latency_s=0.002')
     validation.validate(config)
-    self.assertEqual(nonblocking.time_rule(config).activation_latency_s, 0.002)
+    self.assertEqual(nonblocking_rule.time_rule(config).activation_latency_s, 0.002)
 
   @parameterized.named_parameters(
       ('p4', 4, 0, 2), ('p8', 8, 5, 3), ('p16', 16, 9, 4),
@@ -231,7 +232,7 @@ class NonBlockingRuleTest(parameterized.TestCase):
     # Ideal network (free all-reduce): the round ends when the news of the first finisher's "I am done" has
     # reached the farthest worker, ceil(log2 P) hops of a for a power of two.
     a = 1e-3
-    clock = _fastest_first(nonblocking.NonBlocking(2, activation_latency_s=a), workers, first)
+    clock = _fastest_first(nonblocking_rule.NonBlocking(2, activation_latency_s=a), workers, first)
     block = clock.next_block(3)
     self.assertEqual(clock.network.allreduce(clock.model_bytes, workers), 0.0)
     np.testing.assert_allclose(block.duration, 2 * X + hops * a, rtol=1e-12)
@@ -251,7 +252,7 @@ class NonBlockingRuleTest(parameterized.TestCase):
     # hops, 0.049) finish all 4 at 0.044 first and stop there. The communication starts at max_i A_i = 0.044.
     # (The old uniform activation, 4X + 3 a for everyone, would have let all of them finish 4.)
     a = 3e-3
-    clock = helpers.clock(nonblocking.NonBlocking(4, activation_latency_s=a), workers=8, base_s=X,
+    clock = helpers.clock(nonblocking_rule.NonBlocking(4, activation_latency_s=a), workers=8, base_s=X,
                           slow_workers=tuple(range(1, 8)), slow_factor=1.1)
     block = clock.next_block(1)
     np.testing.assert_array_equal(block.schedule.microbatches_done[0], [4, 3, 3, 4, 3, 4, 4, 4])
@@ -261,14 +262,14 @@ class NonBlockingRuleTest(parameterized.TestCase):
     # Workers 1, 2, 4 abandoned their 4th micro-batch: started (the trace moves on), not consumed.
     np.testing.assert_array_equal(clock.units, [4] * 8)
     np.testing.assert_array_equal(block.schedule.abandoned[0], [False, True, True, False, True, False, False, False])
-    free = helpers.clock(nonblocking.NonBlocking(4, activation_latency_s=0.0), workers=8, base_s=X,
+    free = helpers.clock(nonblocking_rule.NonBlocking(4, activation_latency_s=0.0), workers=8, base_s=X,
                          slow_workers=tuple(range(1, 8)), slow_factor=1.1).next_block(1)
     np.testing.assert_array_equal(free.schedule.microbatches_done[0], [4, 3, 3, 3, 3, 3, 3, 3])
     np.testing.assert_allclose(free.duration, 4 * X, rtol=1e-12)
 
   def test_deadline_at_the_budget_needs_no_message(self):
     net = {'kind': 'alpha_beta', 'latency_s': 1e-3, 'bandwidth_gbps': 1.0}
-    rule = nonblocking.NonBlocking(3, trigger='deadline', deadline_s=0.015, activation_latency_s=1e-3)
+    rule = nonblocking_rule.NonBlocking(3, trigger='deadline', deadline_s=0.015, activation_latency_s=1e-3)
     clock = helpers.clock(rule, workers=4, base_s=X, slow_workers=(0,), slow_factor=2.0, network=net)
     block = clock.next_block(1)
     np.testing.assert_array_equal(block.schedule.microbatches_done[0], [0, 1, 1, 1])
@@ -276,7 +277,7 @@ class NonBlockingRuleTest(parameterized.TestCase):
 
   def test_deadline_everyone_done_early_needs_no_message(self):
     # Everyone finishes all 3 before the budget: the all-reduce starts when the last (worker 0, 6X) joins.
-    rule = nonblocking.NonBlocking(3, trigger='deadline', deadline_s=1.0, activation_latency_s=1e-3)
+    rule = nonblocking_rule.NonBlocking(3, trigger='deadline', deadline_s=1.0, activation_latency_s=1e-3)
     block = helpers.clock(rule, workers=4, base_s=X, slow_workers=(0,), slow_factor=2.0).next_block(2)
     np.testing.assert_array_equal(block.schedule.microbatches_done, 3)
     np.testing.assert_allclose(block.duration, 6 * X, rtol=1e-12)
@@ -285,7 +286,7 @@ class NonBlockingRuleTest(parameterized.TestCase):
   def test_deadline_with_nothing_done_waits_for_the_first_ones_news(self):
     # Nobody has a micro-batch by the budget: worker 0 finishes one at X and its news takes popcount(i) hops.
     a = 1e-3
-    rule = nonblocking.NonBlocking(2, trigger='deadline', deadline_s=1e-4, activation_latency_s=a)
+    rule = nonblocking_rule.NonBlocking(2, trigger='deadline', deadline_s=1e-4, activation_latency_s=a)
     block = _fastest_first(rule, 8, 0).next_block(2)
     np.testing.assert_array_equal(block.schedule.microbatches_done, [[1, 0, 0, 0, 0, 0, 0, 0]] * 2)
     np.testing.assert_allclose(block.duration, X + 3 * a, rtol=1e-12)
@@ -299,7 +300,7 @@ class NonBlockingRuleTest(parameterized.TestCase):
        False),
       ('ring_near_ties_p6', 6, {'kind': 'lognormal', 'sigma': 1e-4}, {'topology': 'ring'}, True))
   def test_vectorised_rounds_equal_iterate_for_any_p(self, workers, stragglers, options, relaxes):
-    make = lambda: helpers.clock(nonblocking.NonBlocking(4, **options), workers=workers, model_bytes=4e6, seed=3,
+    make = lambda: helpers.clock(nonblocking_rule.NonBlocking(4, **options), workers=workers, model_bytes=4e6, seed=3,
                                  network={'kind': 'alpha_beta'}, base_s=X, **stragglers)
     loop, fast = make(), make()
     blocks = (50, 1, 29)
@@ -348,7 +349,7 @@ class ConfigTest(parameterized.TestCase):
                                 r'number >= 0 \(seconds\)$'):
       validation.validate(config)
     with self.assertRaisesRegex(ValueError, 'activation_latency_s'):
-      nonblocking.NonBlocking(2, activation_latency_s=float('nan'))
+      nonblocking_rule.NonBlocking(2, activation_latency_s=float('nan'))
 
   def test_defaults_are_valid(self):
     for arg in ('nonblocking', 'nonblocking,trigger=deadline,deadline_s=0.05', 'nonblocking,topology=ring',

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import rules
 from waitless.experiments import checkpointing
 from waitless.experiments import validation

@@ -15,7 +15,9 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.algorithms import local_sgd
+from waitless.cluster.rules import local_sgd as local_sgd_rule
 from waitless.algorithms import streaming_diloco as sd
+from waitless.cluster.rules import streaming_diloco as sd_rule
 from waitless.cluster import network as network_lib
 from waitless.experiments import validation
 from tests import harness
@@ -492,8 +494,8 @@ class StreamingAverageRuleTest(parameterized.TestCase):
 
   def test_one_fragment_no_delay_is_local_sgd_time(self):
     kwargs = dict(workers=8, kind='exponential', rate=100.0, network=dict(kind='alpha_beta', bandwidth_gbps=0.1))
-    block = helpers.clock(sd.StreamingAverage(period=4, fragments=1, delay=0), **kwargs).next_block(20)
-    periodic = local_sgd.PeriodicAverage(averages_at=lambda t: bool(local_sgd.averages_at(t, 4)))
+    block = helpers.clock(sd_rule.StreamingAverage(period=4, fragments=1, delay=0), **kwargs).next_block(20)
+    periodic = local_sgd_rule.PeriodicAverage(averages_at=lambda t: bool(local_sgd.averages_at(t, 4)))
     want = helpers.clock(periodic, **kwargs).next_block(20)
     np.testing.assert_allclose(block.sim_time, want.sim_time, rtol=1e-12)
     np.testing.assert_allclose(block.idle, want.idle, rtol=1e-12, atol=1e-15)
@@ -502,7 +504,7 @@ class StreamingAverageRuleTest(parameterized.TestCase):
   def test_one_fragment_per_sync_and_peak_bytes_fall_f_fold(self):
     m, p = 1e6, 8
     for fragments in (1, 2, 4):
-      block = helpers.clock(sd.StreamingAverage(period=4, fragments=fragments, delay=1), workers=p,
+      block = helpers.clock(sd_rule.StreamingAverage(period=4, fragments=fragments, delay=1), workers=p,
                             model_bytes=m, base_s=X).next_block(8)
       want = np.where(np.isin(np.arange(8) % 4, np.flatnonzero(sd.sync_table(4, fragments) >= 0)),
                       network_lib.ring_bytes(m / fragments, p), 0.0)
@@ -514,7 +516,7 @@ class StreamingAverageRuleTest(parameterized.TestCase):
     # Constant compute X; one fragment of M / 2 all-reduced in `cost` seconds; merged d = 1 step later.
     network = dict(kind='alpha_beta', latency_s=0.0, bandwidth_gbps=8e-3)  # 1e6 bytes/s
     p, m = 2, 8e3                         # allreduce(M / 2, 2) = 2 * 1/2 * 4e3 / 1e6 = 4 ms < X: hidden
-    rule = sd.StreamingAverage(period=4, fragments=2, delay=1)
+    rule = sd_rule.StreamingAverage(period=4, fragments=2, delay=1)
     block = helpers.clock(rule, workers=p, model_bytes=m, base_s=X, network=network).next_block(8)
     np.testing.assert_allclose(block.sim_time, X * np.arange(1, 9), rtol=1e-12)
     np.testing.assert_array_equal(block.idle, 0.0)
@@ -522,7 +524,7 @@ class StreamingAverageRuleTest(parameterized.TestCase):
     exposed = 0.04 - X                    # 40 ms all-reduce, one step of it hidden
     np.testing.assert_allclose(slow.sim_time[:3], [X, 2 * X, 3 * X + exposed], rtol=1e-12)
     np.testing.assert_allclose(slow.idle[2], exposed, rtol=1e-9)
-    blocking = helpers.clock(sd.StreamingAverage(period=4, fragments=2, delay=0), workers=p, model_bytes=10 * m,
+    blocking = helpers.clock(sd_rule.StreamingAverage(period=4, fragments=2, delay=0), workers=p, model_bytes=10 * m,
                              base_s=X, network=network).next_block(2)
     np.testing.assert_allclose(blocking.sim_time, [X, 2 * X + 0.04], rtol=1e-12)
 
@@ -533,8 +535,8 @@ class StreamingAverageRuleTest(parameterized.TestCase):
     network = dict(kind='alpha_beta', latency_s=0.0, bandwidth_gbps=8e-3)  # 1e6 bytes/s
     kwargs = dict(workers=2, model_bytes=8e4, base_s=X, network=network)
     cost = 0.04
-    early = helpers.clock(sd.StreamingAverage(4, 2, 1, overlap='snapshot_early'), **kwargs).next_block(8)
-    late = helpers.clock(sd.StreamingAverage(4, 2, 1), **kwargs).next_block(8)
+    early = helpers.clock(sd_rule.StreamingAverage(4, 2, 1, overlap='snapshot_early'), **kwargs).next_block(8)
+    late = helpers.clock(sd_rule.StreamingAverage(4, 2, 1), **kwargs).next_block(8)
     issued = network_lib.ring_bytes(4e4, 2)
     np.testing.assert_array_equal(early.bytes_communicated, np.tile([issued, 0, issued, 0], 2))
     np.testing.assert_array_equal(late.bytes_communicated, np.tile([0, issued, 0, issued], 2))
@@ -545,19 +547,19 @@ class StreamingAverageRuleTest(parameterized.TestCase):
     np.testing.assert_allclose(late.sim_time[:5], [X, 2 * X, 2 * X + cost, 3 * X + cost, 3 * X + 2 * cost],
                                rtol=1e-12)
     with self.assertRaisesRegex(ValueError, 'delay < local_steps / fragments'):
-      sd.StreamingAverage(8, 4, 2, overlap='snapshot_early')
+      sd_rule.StreamingAverage(8, 4, 2, overlap='snapshot_early')
 
   def test_vectorised_rule_equals_iterate_with_snapshot_early(self):
     kwargs = dict(workers=8, kind='exponential', rate=100.0, network=dict(kind='alpha_beta', bandwidth_gbps=0.01))
-    for make in (lambda: sd.StreamingAverage(8, 4, 1, overlap='snapshot_early'),
-                 lambda: sd.StreamingAverage(6, 1, 5, microbatches=2, overlap='snapshot_early')):
+    for make in (lambda: sd_rule.StreamingAverage(8, 4, 1, overlap='snapshot_early'),
+                 lambda: sd_rule.StreamingAverage(6, 1, 5, microbatches=2, overlap='snapshot_early')):
       loop, fast = helpers.clock(make(), **kwargs), helpers.clock(make(), **kwargs)
       for n in (13, 1, 30):
         helpers.assert_blocks_equal(self, loop._block(n), fast.next_block(n))  # pylint: disable=protected-access
       np.testing.assert_array_equal(loop.rule_state['ready_s'], fast.rule_state['ready_s'])
 
   def test_state_survives_a_json_round_trip(self):
-    rule = sd.StreamingAverage(period=4, fragments=2, delay=3)
+    rule = sd_rule.StreamingAverage(period=4, fragments=2, delay=3)
     kwargs = dict(workers=4, kind='exponential', rate=100.0, network=dict(kind='alpha_beta', bandwidth_gbps=0.01))
     whole = helpers.clock(rule, **kwargs).next_block(12)
     first = helpers.clock(rule, **kwargs)

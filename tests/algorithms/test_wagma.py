@@ -13,8 +13,9 @@ import jax
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import sync
+from waitless.cluster.rules import sync
 from waitless.algorithms import wagma
+from waitless.cluster.rules import wagma as wagma_rule
 from waitless.cluster import clock as clock_lib
 from waitless.cluster.rules import activation
 from waitless.experiments import train
@@ -157,7 +158,7 @@ class TimeRuleTest(parameterized.TestCase):
           ('micro_batches', dict(kind='exponential', rate=100.0), {}, dict(microbatches=3)),
       )])
   def test_matches_brute_force(self, stragglers, network, options):
-    rule = wagma.WaitAvoidingGroups(group_size=4, period=5, **options)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=5, **options)
     got = helpers.clock(rule, workers=16, network=network, **stragglers)
     block = got.next_block(30)
     want = brute_force_rule(helpers.clock(rule, workers=16, network=network, **stragglers), rule, 30)
@@ -178,7 +179,7 @@ class TimeRuleTest(parameterized.TestCase):
   def test_a_lost_worker_is_left_out_until_the_global_average(self, wait_avoiding, rule_name):
     """Worker 5 of 16 fails for good during iteration 2: its groups go on with their 3 live members (they
     neither wait for nor count it) until the global average of iteration 11, where the run stops with one line."""
-    rule = wagma.WaitAvoidingGroups(group_size=4, period=12, wait_avoiding=wait_avoiding, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=12, wait_avoiding=wait_avoiding, rule=rule_name)
     stragglers = dict(kind='lognormal', sigma=0.2, fail_worker=5, fail_at_s=0.025)
     network = dict(kind='alpha_beta', latency_s=1e-4)
     got = helpers.clock(rule, workers=16, network=network, **stragglers)
@@ -208,7 +209,7 @@ class TimeRuleTest(parameterized.TestCase):
       (f'{name}_{rule}', network, latency, rule) for rule in wagma.RULES for name, network, latency in (
           ('ideal_a0', {}, 0.0), ('ideal', {}, 1e-5), ('alpha_beta', dict(kind='alpha_beta', latency_s=1e-4), 1e-5))])
   def test_constant_compute_is_always_fresh(self, network, latency, rule_name):
-    rule = wagma.WaitAvoidingGroups(group_size=4, period=5, activation_latency_s=latency, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=5, activation_latency_s=latency, rule=rule_name)
     block = helpers.clock(rule, workers=16, base_s=X, network=network).next_block(40)
     self.assertTrue(block.schedule.fresh.all())
     self.assertFalse(block.schedule.behind.any())
@@ -218,7 +219,7 @@ class TimeRuleTest(parameterized.TestCase):
     """P = 16, S = 4, ideal network, default a: the fresh share falls from 1 to about 1/16 with any noise."""
     shares = {}
     for sigma in (0.0, 0.02, 0.2):
-      rule = wagma.WaitAvoidingGroups(group_size=4, period=10)
+      rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=10)
       block = helpers.clock(rule, workers=16, kind='lognormal', sigma=sigma, base_s=X).next_block(200)
       shares[sigma] = block.measurements['fresh_share'][~block.schedule.global_average].mean()
     self.assertEqual(shares[0.0], 1.0)
@@ -227,7 +228,7 @@ class TimeRuleTest(parameterized.TestCase):
 
   def test_larger_activation_latency_keeps_more_workers_fresh(self):
     def share(a):
-      rule = wagma.WaitAvoidingGroups(group_size=4, period=10, activation_latency_s=a)
+      rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=10, activation_latency_s=a)
       block = helpers.clock(rule, workers=16, kind='lognormal', sigma=0.02, base_s=X).next_block(200)
       return block.measurements['fresh_share'].mean()
     self.assertLess(share(0.0), share(1e-4))
@@ -238,7 +239,7 @@ class TimeRuleTest(parameterized.TestCase):
     costs max(X, allreduce(S)) (group) or max(X, allreduce(P)) (global), where step_then_average pays the sum."""
     ends, network = {}, dict(kind='alpha_beta', latency_s=latency)
     for rule in wagma.RULES:
-      clock = helpers.clock(wagma.WaitAvoidingGroups(group_size=4, period=5, rule=rule), workers=16, base_s=X,
+      clock = helpers.clock(wagma_rule.WaitAvoidingGroups(group_size=4, period=5, rule=rule), workers=16, base_s=X,
                             network=network)
       block = clock.next_block(20)
       group, every = (clock.network.allreduce(clock.model_bytes, k) for k in (4, 16))
@@ -256,7 +257,7 @@ class TimeRuleTest(parameterized.TestCase):
 
   def test_the_authors_global_average_overlaps_each_workers_step(self):
     """tau = 1, authors: end_i = max(c_i, max_j start_j + allreduce(P)) (no barrier on the finish times)."""
-    rule = wagma.WaitAvoidingGroups(2, 1)
+    rule = wagma_rule.WaitAvoidingGroups(2, 1)
     kwargs = dict(workers=8, kind='exponential', rate=100.0, network=dict(kind='alpha_beta', latency_s=5e-4))
     clock, by_hand = helpers.clock(rule, **kwargs), helpers.clock(rule, **kwargs)
     every = by_hand.network.allreduce(by_hand.model_bytes, 8)
@@ -274,8 +275,8 @@ class TimeRuleTest(parameterized.TestCase):
     self.assertGreater(max(spread), 0)  # workers leave the average at different times
 
   def test_group_size_p_and_tau_one_are_global_averages(self):
-    for rule in (wagma.WaitAvoidingGroups(8, 5, rule='step_then_average'),
-                 wagma.WaitAvoidingGroups(2, 1, rule='step_then_average')):
+    for rule in (wagma_rule.WaitAvoidingGroups(8, 5, rule='step_then_average'),
+                 wagma_rule.WaitAvoidingGroups(2, 1, rule='step_then_average')):
       kwargs = dict(workers=8, kind='exponential', rate=100.0, delayed_workers=2, delay_s=0.02)
       block = helpers.clock(rule, **kwargs).next_block(12)
       self.assertTrue(block.schedule.global_average.all())
@@ -285,17 +286,17 @@ class TimeRuleTest(parameterized.TestCase):
 
   def test_rule_errors(self):
     with self.assertRaisesRegex(ValueError, "rule='overlap' must be one of"):
-      wagma.WaitAvoidingGroups(4, 4, rule='overlap')
+      wagma_rule.WaitAvoidingGroups(4, 4, rule='overlap')
     with self.assertRaisesRegex(ValueError, "group_patterns='fixed' must be one of"):
-      wagma.WaitAvoidingGroups(4, 4, group_patterns='fixed')
+      wagma_rule.WaitAvoidingGroups(4, 4, group_patterns='fixed')
     with self.assertRaisesRegex(ValueError, 'activation_latency_s'):
-      wagma.WaitAvoidingGroups(4, 4, activation_latency_s=-1e-6)
+      wagma_rule.WaitAvoidingGroups(4, 4, activation_latency_s=-1e-6)
     with self.assertRaisesRegex(ValueError, 'group_size'):
-      wagma.WaitAvoidingGroups(3, 4)
+      wagma_rule.WaitAvoidingGroups(3, 4)
     with self.assertRaisesRegex(ValueError, 'workers'):
-      helpers.clock(wagma.WaitAvoidingGroups(2, 4), workers=6).next_block(1)
+      helpers.clock(wagma_rule.WaitAvoidingGroups(2, 4), workers=6).next_block(1)
     with self.assertRaisesRegex(ValueError, 'group_size'):
-      helpers.clock(wagma.WaitAvoidingGroups(8, 4), workers=4).next_block(1)
+      helpers.clock(wagma_rule.WaitAvoidingGroups(8, 4), workers=4).next_block(1)
 
 
 _STRAGGLERS = {'stragglers.kind': 'lognormal', 'stragglers.sigma': 0.3, 'stragglers.delayed_workers': 2,
@@ -612,7 +613,7 @@ class ConfigTest(parameterized.TestCase):
   def test_defaults(self):
     config = harness.synthetic_config('wagma', workers=16, devices=8)
     validation.validate(config)
-    rule = wagma.time_rule(config)
+    rule = wagma_rule.time_rule(config)
     self.assertEqual((rule.group_size, rule.period, rule.rule, rule.group_patterns), (4, 10, 'authors', 'rotate'))
     self.assertGreater(rule.activation_latency_s, 0)
 

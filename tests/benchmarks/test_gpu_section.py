@@ -12,7 +12,7 @@ from absl.testing import parameterized
 import jax
 import pytest
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from benchmarks import gpu
 from waitless.experiments import validation
 

@@ -17,15 +17,15 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from waitless.algorithms import dasgd
-from waitless.algorithms import dpsgd
-from waitless.algorithms import lap_sgd
-from waitless.algorithms import local_sgd
-from waitless.algorithms import matcha
-from waitless.algorithms import nonblocking
-from waitless.algorithms import streaming_diloco
-from waitless.algorithms import sync
-from waitless.algorithms import wagma
+from waitless.cluster.rules import dasgd
+from waitless.cluster.rules import dpsgd
+from waitless.cluster.rules import lap_sgd
+from waitless.cluster.rules import local_sgd
+from waitless.cluster.rules import matcha
+from waitless.cluster.rules import nonblocking
+from waitless.cluster.rules import streaming_diloco
+from waitless.cluster.rules import sync
+from waitless.cluster.rules import wagma
 from tests.cluster import helpers
 
 P = 16

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import sync
+from waitless.cluster.rules import sync
 from benchmarks import call_overhead
 from waitless.cluster import calibration
 from waitless.cluster import factory

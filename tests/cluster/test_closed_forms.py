@@ -9,11 +9,11 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from waitless.algorithms import kasync
-from waitless.algorithms import kbatch_async
-from waitless.algorithms import kbatch_sync
-from waitless.algorithms import ksync
-from waitless.algorithms import sync
+from waitless.cluster.rules import kasync
+from waitless.cluster.rules import kbatch_async
+from waitless.cluster.rules import kbatch_sync
+from waitless.cluster.rules import ksync
+from waitless.cluster.rules import sync
 from tests.cluster import helpers
 
 P = 8

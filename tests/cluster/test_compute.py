@@ -5,7 +5,7 @@ from absl.testing import parameterized
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import sync
+from waitless.cluster.rules import sync
 from waitless.cluster import compute
 from waitless.cluster import faults
 from tests.cluster import helpers

@@ -7,18 +7,19 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from waitless.algorithms import adasync
-from waitless.algorithms import dasgd
-from waitless.algorithms import dpsgd
-from waitless.algorithms import kasync
-from waitless.algorithms import kbatch_async
-from waitless.algorithms import kbatch_sync
-from waitless.algorithms import ksync
-from waitless.algorithms import lap_sgd
-from waitless.algorithms import local_sgd
-from waitless.algorithms import nonblocking
-from waitless.algorithms import sync
+from waitless.cluster.rules import adasync
+from waitless.cluster.rules import dasgd
+from waitless.cluster.rules import dpsgd
+from waitless.cluster.rules import kasync
+from waitless.cluster.rules import kbatch_async
+from waitless.cluster.rules import kbatch_sync
+from waitless.cluster.rules import ksync
+from waitless.cluster.rules import lap_sgd
+from waitless.cluster.rules import local_sgd
+from waitless.cluster.rules import nonblocking
+from waitless.cluster.rules import sync
 from waitless.algorithms import wagma
+from waitless.cluster.rules import wagma as wagma_rule
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import rules
 from tests.cluster import helpers
@@ -50,8 +51,8 @@ NO_STRAGGLER_CASES = (
     ('adasync', lambda: adasync.AdaSync(ksync.KSync(1, M), k0=2, period_s=0.05), M * X),
     ('dasgd', lambda: dasgd.DelayedAverage(4, 1, M), M * X),
     ('lap_sgd', lambda: lap_sgd.NodeThreads(4, every(16), M), M * X),
-    ('wagma', lambda: wagma.WaitAvoidingGroups(4, 4, M), M * X),
-    ('wagma_step_then_average', lambda: wagma.WaitAvoidingGroups(4, 4, M, rule='step_then_average'), M * X),
+    ('wagma', lambda: wagma_rule.WaitAvoidingGroups(4, 4, M), M * X),
+    ('wagma_step_then_average', lambda: wagma_rule.WaitAvoidingGroups(4, 4, M, rule='step_then_average'), M * X),
 )
 
 # Every rule with stragglers of every sort, for the resume and fast-path tests.
@@ -291,7 +292,7 @@ class WagmaTest(parameterized.TestCase):
   @parameterized.named_parameters(*[(f'{name}_{rule}', network, rule) for rule in wagma.RULES
                                     for name, network in (('ideal', {}), ('alpha_beta', NET))])
   def test_no_stragglers_never_stale(self, network, rule_name):
-    rule = wagma.WaitAvoidingGroups(group_size=4, period=5, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=5, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, network=network)
     block = clock.next_block(50)
     self.assertTrue(block.schedule.fresh.all())
@@ -309,7 +310,7 @@ class WagmaTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(rule, rule) for rule in wagma.RULES])
   def test_delayed_workers_are_stale_and_nobody_waits_for_them(self, rule_name):
-    rule = wagma.WaitAvoidingGroups(group_size=4, period=8, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=8, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
     block = clock.next_block(64)
     stale = ~block.schedule.fresh
@@ -330,7 +331,7 @@ class WagmaTest(parameterized.TestCase):
     self.assertLess(block.sim_time[-1], 0.6 * barrier.next_block(64).sim_time[-1])
 
   def test_tau_one_is_global_average(self):
-    block = helpers.clock(wagma.WaitAvoidingGroups(2, 1), workers=4, kind='exponential', rate=100.0).next_block(9)
+    block = helpers.clock(wagma_rule.WaitAvoidingGroups(2, 1), workers=4, kind='exponential', rate=100.0).next_block(9)
     self.assertTrue(block.schedule.global_average.all())
     self.assertTrue(block.schedule.fresh.all())
 

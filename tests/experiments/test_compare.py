@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
 from waitless.experiments import compare_plan
@@ -209,7 +209,7 @@ class BudgetTest(parameterized.TestCase):
     config = digits.get_config(','.join([entry, *HETEROGENEOUS]))
     steps = sim_budget.steps_for_sim_time(config, 1.0)
     self.assertEqual(steps, expected)
-    clock = cluster_factory.make_clock(config, registry.get(config.algorithm.name).time_rule(config), 1e5)
+    clock = cluster_factory.make_clock(config, registry.time_rule(config), 1e5)
     times = clock.next_block(steps).sim_time
     self.assertGreaterEqual(times[-1], 1.0)
     self.assertLess(times[-2], 1.0)

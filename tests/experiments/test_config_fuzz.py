@@ -22,7 +22,7 @@ from absl.testing import parameterized
 import ml_collections
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.experiments import validation
 from waitless.experiments.configs import digits
 

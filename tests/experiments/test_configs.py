@@ -4,7 +4,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.experiments import validation
 from waitless.experiments.configs import common
 from waitless.experiments.configs import digits

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import measured_speeds
-from waitless.algorithms import registry
+from waitless.cluster import measured_speeds
+from waitless.cluster import registry
 from waitless.experiments import measured_time
 from waitless.experiments import metrics_io
 from waitless.experiments import preemption

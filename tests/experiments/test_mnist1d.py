@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.experiments import train
 from waitless.experiments import validation
 from waitless.experiments.configs import mnist1d

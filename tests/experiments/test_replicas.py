@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.experiments import metrics_io
 from waitless.experiments import preemption
 from waitless.experiments import replicas

@@ -9,7 +9,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.data import registry as data_registry
 from waitless.experiments import simulate
 from waitless.experiments.configs import digits

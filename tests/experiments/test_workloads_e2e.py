@@ -9,7 +9,7 @@ from absl.testing import parameterized
 import pytest
 import tensorflow_datasets as tfds
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.experiments import train
 from waitless.experiments import validation
 from waitless.experiments.configs import cifar10

@@ -33,26 +33,16 @@ each worker's own.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import NamedTuple, Optional, TYPE_CHECKING
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import collectives
 from waitless.algorithms import delayed_averaging
 from waitless.algorithms import spec
-from waitless.cluster.rules import base
-from waitless.cluster.rules.delayed_average import DelayedAverageSchedule
-from waitless.cluster.rules import synchronous
-from waitless.cluster.rules.delayed_average import delayed_average_step
-from waitless.cluster.rules.delayed_average import delayed_average_block
-
-if TYPE_CHECKING:
-  from waitless.cluster.clock import Clock
 
 
 # ---- the math ----
@@ -114,62 +104,7 @@ def dasgd(inner: optax.GradientTransformation, local_steps: int = 4, delay: int 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-# ---- the time rule ----
-
-@dataclasses.dataclass(frozen=True)
-class DelayedAverage(base.TimeRule):
-  """Rounds of tau local steps; the round's average is applied d steps into the next round.
-
-  Worker i steps without waiting (start_i(t+1) = end_i(t)). After step t with (t+1) mod tau == 0 it snapshots;
-  the mean is applied after step t + d (0 <= d <= tau), where worker i waits until R (see
-  `cluster.rules.delayed_average`):  end_i(t + d) = max(c_i(t + d), R).
-  d = 0 is local SGD with H = tau (`local_sgd.PeriodicAverage`). Idle: the wait at the apply step (for d = 0:
-  waiting for the last worker, as in local SGD).
-
-  Schedule: `DelayedAverageSchedule`.
-  """
-  period: int        # tau
-  delay: int         # d
-  microbatches: int = 1
-
-  schedule_type = DelayedAverageSchedule
-  vectorized = True
-
-  def __post_init__(self):
-    base.check_positive_int(self.period, 'period')
-    base.check_positive_int(self.delay, 'delay', minimum=0)
-    base.check_positive_int(self.microbatches, 'microbatches')
-    if self.delay > self.period:
-      raise ValueError(f'delay={self.delay} must be <= period={self.period}')
-
-  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
-    p = clock.workers
-    finished = clock.work(np.arange(p), clock.times, self.microbatches)
-    idle, uniform, communicated = delayed_average_step(
-        clock, iteration, finished, (iteration + 1) % self.period == 0, self.delay)
-    schedule = DelayedAverageSchedule(microbatches_done=base.full(p, self.microbatches, np.int32), **uniform)
-    return base.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
-
-  def iterate_block(self, clock: "Clock", iteration: int, n: int) -> Optional[base.Steps]:
-    """n calls of `iterate`: the block's compute times drawn at once, each worker's times a running sum
-    between the averaging events (`delayed_average_block`). Failures: None (one `iterate` at a time)."""
-    times = synchronous.job_seconds(clock, n, self.microbatches)
-    if times is None:
-      return None
-    snapshot = np.arange(iteration + 1, iteration + n + 1) % self.period == 0
-    idle, uniform, communicated = delayed_average_block(clock, iteration, times, snapshot, self.delay)
-    schedule = DelayedAverageSchedule(
-        microbatches_done=np.full(times.shape, self.microbatches, np.int32), **uniform)
-    return base.Steps(schedule=schedule, idle=idle, bytes_communicated=communicated, mean_staleness=np.zeros(n),
-                      end_time=times.max(axis=1), times=times)
-
-
 # ---- config glue ----
-
-def time_rule(config):
-  a = config.algorithm
-  return DelayedAverage(period=a.local_steps, delay=a.delay, microbatches=config.microbatches)
-
 
 def validate(config):
   a = config.algorithm
@@ -194,4 +129,4 @@ SPEC = spec.AlgorithmSpec(
     build=lambda config, inner, axis_name: dasgd(
         inner, local_steps=config.algorithm.local_steps, delay=config.algorithm.delay,
         correction=config.algorithm.correction, mix=config.algorithm.mix, axis_name=axis_name),
-    time_rule=time_rule, validate=validate, round_length=round_length, hyperparameters=('mix',))
+    validate=validate, round_length=round_length, hyperparameters=('mix',))

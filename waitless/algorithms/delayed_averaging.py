@@ -23,7 +23,7 @@ same floating-point operations, so they give the same trajectory and a block may
 
 Two ways to run it, both applied after the iteration's local step (the caller's `W_i + U_i(g_i)`):
   `step(tree, buffer, snapshot, apply_average, average_age, ...)`: one iteration, events from the uniform
-    schedule fields of `cluster.rules.delayed_average.DelayedAverageSchedule` (unbatched scalars, so the
+    schedule fields of `DelayedAverageSchedule` below (unbatched scalars, so the
     conditionals stay conditionals when workers are vmapped). Order, as the rule defines it: if
     apply_average and average_age > 0, apply the mean of the buffered snapshot; then, if snapshot, buffer the
     tree; then, if apply_average and average_age == 0 (d = 0), apply the blocking average of that snapshot.
@@ -58,6 +58,7 @@ from typing import Any, NamedTuple
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from waitless.algorithms import collectives
 from waitless.algorithms import spec
@@ -65,6 +66,15 @@ from waitless.algorithms import spec
 LOCAL_PROGRESS = 'local_progress'
 MIX = 'mix'
 CORRECTIONS = (LOCAL_PROGRESS, MIX)
+
+
+class DelayedAverageSchedule(NamedTuple):
+  """Schedule of DaSGD: the three events of this mechanism (`cluster/rules/delayed_averaging_time.py` says when)."""
+  microbatches_done: np.ndarray  # int32 (P,), = m
+  snapshot: np.ndarray           # bool (), snapshot after the local step and start the all-reduce
+  apply_average: np.ndarray      # bool (), apply the mean of the snapshots in flight
+  average_age: np.ndarray        # int32 (), iterations between the snapshot applied and this one
+  UNIFORM = ('snapshot', 'apply_average', 'average_age')
 
 
 class Events(NamedTuple):
@@ -94,7 +104,7 @@ def events(schedule: Any) -> Events:
 def schedule_at(step, period: int, delay: int) -> Events:
   """The events of a fixed period (snapshot after every `period`-th step, applied `delay` steps later).
 
-  What `cluster.rules.delayed_average.DelayedAverage` produces for 0 <= delay <= period; works on ints and
+  What `cluster.rules.dasgd.DelayedAverage` produces for 0 <= delay <= period; works on ints and
   traced ints.
   """
   step = jnp.asarray(step, jnp.int32)

@@ -135,5 +135,5 @@ SPEC = spec.AlgorithmSpec(
         inner, outer_from_config(config), local_steps=config.algorithm.local_steps,
         warmup_steps=config.algorithm.warmup_steps, axis_name=axis_name,
         average_opt_state=config.algorithm.average_opt_state),
-    time_rule=local_sgd.time_rule, validate=validate, round_length=local_sgd.round_length,
+    validate=validate, round_length=local_sgd.round_length,
     hyperparameters=OUTER_HYPERPARAMETERS)

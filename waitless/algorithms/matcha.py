@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple, Optional, Sequence, TYPE_CHECKING
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 from jax import lax
@@ -52,14 +52,6 @@ import optax
 from waitless import config_errors as errors
 from waitless.algorithms import collectives
 from waitless.algorithms import spec
-from waitless.cluster import rules
-from waitless.cluster.rules import synchronous
-
-if TYPE_CHECKING:
-  from waitless.cluster.clock import Clock
-
-_ACTIVATION_STREAM = 0x4D41  # keys the activation draws apart from any other stream of the same seed
-
 
 def ring_edges(workers: int) -> tuple[tuple[int, int], ...]:
   """The edges (i, i + 1 mod P) of the ring of D-PSGD, in order: none for P = 1, one for P = 2."""
@@ -229,7 +221,7 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def _ring_matchings(workers: int, budget: float):
+def ring_matchings(workers: int, budget: float):
   """(partner tables, Laplacians, probabilities) of the ring: the LP runs once per (P, budget), whatever alpha."""
   partners = decompose(ring_edges(workers), workers)
   laps = [laplacian(m) for m in partners]
@@ -239,13 +231,13 @@ def _ring_matchings(workers: int, budget: float):
 @functools.lru_cache(maxsize=64)
 def ring_plan(workers: int, budget: float, alpha: Optional[float] = None) -> Plan:
   """MATCHA's plan on the ring of `workers` (the paper's alpha unless `alpha` is given)."""
-  partners, laps, probs = _ring_matchings(workers, budget)
+  partners, laps, probs = ring_matchings(workers, budget)
   alpha = mixing_weight(laps, probs) if alpha is None else float(alpha)
   return Plan(partners=partners, probabilities=tuple(float(x) for x in probs), alpha=alpha,
               rho=contraction_factor(laps, probs, alpha))
 
 
-def _check(budget, alpha) -> None:
+def check_plan(budget, alpha) -> None:
   if not (spec.is_static_number(budget) and 0 < budget <= 1):
     raise ValueError(f'budget={budget!r} must be a number in (0, 1]')
   if alpha is not None and not (spec.is_static_number(alpha) and alpha > 0):
@@ -274,7 +266,7 @@ def matcha(inner: optax.GradientTransformation, budget: float = 0.5, alpha: Opti
   Example:
     tx = matcha(optax.sgd(0.1), budget=0.5, axis_name='workers')  # under vmap / shard_map over 'workers'
   """
-  _check(budget, alpha)
+  check_plan(budget, alpha)
   inner = optax.with_extra_args_support(inner)
 
   @spec.owns_its_buffers
@@ -311,99 +303,6 @@ class MatchaSchedule(NamedTuple):
   UNIFORM = ('active',)
 
 
-@functools.lru_cache(maxsize=64)
-def _tables(workers: int, budget: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(partner index (J, P), matched float64 (J, P), p (J,)) of `ring_plan(workers, budget)` (no alpha needed)."""
-  partners, _, probs = _ring_matchings(workers, budget)
-  table = np.asarray(partners, np.int64).reshape(len(partners), workers)
-  return table, (table != np.arange(workers)).astype(np.float64), np.asarray(probs, np.float64)
-
-
-@dataclasses.dataclass(frozen=True)
-class MatchingGossip(synchronous.WaitsForEveryone):
-  """MATCHA (`matcha`): per iteration only the active matchings exchange, each pair waiting for each other.
-
-  The matchings and their probabilities are `ring_plan(P, budget)`'s. Worker i finishes its gradient at
-  c_i = start_i + sum_k X_{i,k}; in the active matchings A(k) its partners are partner_j(i), j in A(k):
-      end_i = max(c_i, max_{j in A(k)} c_{partner_j(i)}) + a_i p2p(M),   a_i = #{j in A(k): i matched in j}
-      Idle: end_i - a_i p2p(M) - c_i.
-  As in D-PSGD's `RingGossip` (of which budget 1 on the ring is this rule exactly), a worker's exchanges run
-  back to back and it does not wait for its partners' other exchanges. Bytes: M per exchange per worker.
-  Activations: B_j(k) = U_j < p_j with U ~ Uniform[0, 1)^J from numpy's generator seeded by (seed, 0x4D41, k):
-  a pure function of the iteration, so checkpoints need nothing more and blocks equal single iterations.
-  Reports `active_matchings`, the number of matchings active per iteration.
-
-  Schedule: `MatchaSchedule`.
-  """
-  budget: float = 0.5
-  seed: int = 0
-  microbatches: int = 1
-
-  schedule_type = MatchaSchedule
-  reports = {'active_matchings': 'mean'}
-  vectorized = True
-
-  def __post_init__(self):
-    super().__post_init__()
-    _check(self.budget, None)
-
-  def activations(self, workers: int, iteration: int) -> np.ndarray:
-    """bool (J,): the matchings of `ring_plan(workers, budget)` active at `iteration`."""
-    _, _, probabilities = _tables(workers, float(self.budget))
-    draws = np.random.default_rng([self.seed, _ACTIVATION_STREAM, iteration]).random(len(probabilities))
-    return draws < probabilities
-
-  def _gossip(self, finished: np.ndarray, on: np.ndarray, ready: np.ndarray, count: np.ndarray) -> None:
-    """ready_i = max(c_i, c of i's active partners); count_i = a_i (in place)."""
-    table, matched, _ = _tables(len(finished), float(self.budget))
-    ready[:] = finished
-    count[:] = 0.0
-    for j in np.flatnonzero(on):
-      np.maximum(ready, finished[table[j]], out=ready)
-      count += matched[j]
-
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
-    p = clock.workers
-    finished = self.everyone_computes(clock, clock.times.copy())
-    on = self.activations(p, iteration)
-    ready, count = np.empty(p), np.empty(p)
-    self._gossip(finished, on, ready, count)
-    clock.times[:] = ready + count * clock.network.p2p(clock.model_bytes)
-    return rules.Iteration(
-        schedule=MatchaSchedule(microbatches_done=rules.base.full(p, self.microbatches, np.int32),
-                                active=np.int32(np.sum(on.astype(np.int64) << np.arange(len(on))))),
-        idle=ready - finished, bytes_communicated=float(count.sum()) * clock.model_bytes, staleness=np.zeros(p),
-        measurements={'active_matchings': float(on.sum())})
-
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
-    """n calls of `iterate` on compute times drawn ahead (the same float operations); failures: None."""
-    jobs = synchronous.job_seconds(clock, n, self.microbatches)
-    if jobs is None:
-      return None
-    p = clock.workers
-    p2p = clock.network.p2p(clock.model_bytes)
-    on = np.stack([self.activations(p, iteration + k) for k in range(n)])
-    times, ready, count = np.empty((n, p)), np.empty((n, p)), np.empty((n, p))
-    finished = np.empty((n, p))
-    start = clock.times
-    for k in range(n):
-      np.add(start, jobs[k], out=finished[k])
-      self._gossip(finished[k], on[k], ready[k], count[k])
-      times[k] = ready[k] + count[k] * p2p
-      start = times[k]
-    clock.times[:] = times[-1]
-    steps = self.everyone_steps(ready - finished, count.sum(axis=1) * clock.model_bytes, times)
-    bits = (on.astype(np.int64) << np.arange(on.shape[1])).sum(axis=1).astype(np.int32)
-    return dataclasses.replace(
-        steps, schedule=MatchaSchedule(microbatches_done=steps.schedule.microbatches_done, active=bits),
-        measurements={'active_matchings': on.sum(axis=1).astype(np.float64)})
-
-
-def time_rule(config):
-  return MatchingGossip(budget=float(config.algorithm.budget), seed=int(config.seed),
-                        microbatches=config.microbatches)
-
-
 def validate(config):
   a = config.algorithm
   errors.require_number(a.budget, 'algorithm.budget', 'must be a number in (0, 1]: the expected share of the '
@@ -427,4 +326,4 @@ SPEC = spec.AlgorithmSpec(
     },
     build=lambda config, inner, axis_name: matcha(inner, budget=config.algorithm.budget,
                                                   alpha=config.algorithm.alpha, axis_name=axis_name),
-    time_rule=time_rule, validate=validate)
+    validate=validate)

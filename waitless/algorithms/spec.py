@@ -1,7 +1,8 @@
-"""What an algorithm module declares so the harness can build it: its `SPEC`.
+"""What an algorithm module declares so the harness can build it: its `SPEC`, the math hooks.
 
-The spec is the whole interface between an algorithm and the harness: nothing else is discovered from the
-algorithm's state or schedule. The step calls the transformation as
+The spec is the whole interface between an algorithm's math and the harness: nothing else is discovered from
+the algorithm's state or schedule. Its time rule lives with the other rules (`cluster/rules/NAME.py`), and
+`cluster/registry.py` pairs the two. The step calls the transformation as
 
     updates, state = tx.update(grads, state, params, schedule=schedule, step=step)
 
@@ -27,8 +28,12 @@ import numpy as np
 import optax
 
 from waitless.algorithms import collectives
-from waitless.cluster import rules
 
+
+# Config default of `algorithm.activation_latency_s`, a time-rule field of the wait-avoiding collectives (WAGMA's
+# group average, non-blocking SGD's trigger): one hop of their activation broadcast = a network latency (~1-5 us)
+# plus the progress thread noticing the message and forwarding it (a few us); not 0 on the ideal network.
+DEFAULT_ACTIVATION_LATENCY_S = 1e-5
 
 def _no_checks(config: ml_collections.ConfigDict) -> None:
   del config
@@ -112,7 +117,6 @@ class AlgorithmSpec:
     name: registry name, `config.algorithm.name`.
     defaults: the `config.algorithm.*` fields it reads, with their defaults.
     build: (config, inner optimizer, axis_name) -> the per-worker optax transformation.
-    time_rule: config -> the `cluster.rules.TimeRule` that produces its schedules.
     validate: config -> None; raises config_errors.ConfigError for a bad value. Runs before anything compiles.
     consensus: (stacked params, stacked opt state) -> the model to evaluate (leading axis = workers).
     microbatches_per_iteration: config -> how many micro-batches each worker's batch holds per iteration (the
@@ -140,7 +144,6 @@ class AlgorithmSpec:
   defaults: Mapping[str, Any]
   build: Callable[[ml_collections.ConfigDict, optax.GradientTransformation, collectives.AxisName],
                   optax.GradientTransformationExtraArgs]
-  time_rule: Callable[[ml_collections.ConfigDict], rules.TimeRule]
   validate: Callable[[ml_collections.ConfigDict], None] = _no_checks
   consensus: Callable[[Any, Any], Any] = mean_of_workers
   microbatches_per_iteration: Callable[[ml_collections.ConfigDict], int] = _configured_microbatches

@@ -7,7 +7,7 @@ r"""Compares algorithms on one workload, straggler trace and seeds: who reaches 
 `--algorithms`: entries `ALGORITHM[,key=value...]`, the config argument of `experiments.main`. A name starts
 a new entry and a `key=value` belongs to the entry before it, so `sync,local_sgd,ksync,k=6` is three entries;
 `;` also separates entries (`'sync;ksync,k=6'`); `all` is every registered algorithm
-(`algorithms.registry.names()`, each with its defaults; one whose config is invalid for the workload is
+(`cluster.registry.names()`, each with its defaults; one whose config is invalid for the workload is
 skipped with a note). `--sweep KEY=V1,V2,...` (repeatable: the grid of all of them) runs every entry at every
 value (`KEY1:KEY2=A1:B1,A2:B2` moves keys together); each entry is then reported at its best value (the lowest
 median time to target accuracy, seeds that miss it included, then the lowest median final eval loss), every

@@ -20,7 +20,7 @@ from waitless.experiments import config_paths
 
 def parse_entries(text: str) -> list[str]:
   """'sync,ksync,k=6;local_sgd' -> ['sync', 'ksync,k=6', 'local_sgd']; 'all' -> every registered algorithm."""
-  from waitless.algorithms import registry  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import registry  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   entries: list[list[str]] = []

@@ -59,7 +59,7 @@ import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import measured_speeds
+from waitless.cluster import measured_speeds
 from waitless.algorithms import nonblocking
 from waitless.cluster import factory as cluster_factory
 

@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 
 from waitless.algorithms import optimizers
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.experiments import measured_time
 
 

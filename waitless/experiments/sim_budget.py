@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
 from waitless.experiments import tasks
@@ -29,15 +29,14 @@ def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
   do not depend on the training (every compute model; not AdaSync, whose K follows the loss: there the clock
   runs at K0 and the real run may end later).
   """
-  spec = registry.get(config.algorithm.name)
   nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
-  clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
+  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
   limit, step = max_steps or MAX_STEPS, 0
   while step < limit:
     try:
       block = clock.next_block(min(1000, limit - step))
     except clock_lib.StalledError:  # somewhere in this block: replay it one iteration at a time
-      clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
+      clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
       if step:
         clock.next_block(step)
       for step in range(step + 1, limit + 1):  # noqa: B020  the search goes on from where it stopped

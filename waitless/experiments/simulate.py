@@ -9,7 +9,7 @@ Prints one JSON object: `algorithm`, `workers`, `iterations`, `sim_time`, `mean_
 `bytes_communicated`, `bytes_per_iteration`, `model_bytes`, `measurements` (what the time rule declares in
 its `reports`, reduced over the run as declared: e.g. K-async's mean `k` and `max_staleness`, WAGMA's summed
 `behind`), and `simulator_us_per_iteration` (host cost of the simulation itself).
-The time rule is the algorithm's own (`algorithms.registry.get(name).time_rule(config)`).
+The time rule is the algorithm's own (`cluster.registry.time_rule(config)`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
 from waitless.experiments import config_paths
@@ -73,7 +73,7 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   errors.require(block >= 1, 'block', block, 'must be >= 1')
   nbytes = model_bytes(config) if nbytes is None else float(nbytes)
   errors.require(nbytes >= 0, 'model_bytes', nbytes, 'must be >= 0')
-  clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
+  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
 
   p = config.workers
   idle = np.zeros(p)

@@ -33,7 +33,7 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.algorithms import optimizers
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import calibration
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
@@ -172,7 +172,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
   spec = registry.get(config.algorithm.name)
   model = model_registry.make_model(config.model, dataset.num_classes)
   return Run(config=config, spec=spec, layout=layout, dataset=dataset, task=tasks.get(dataset.task),
-             model=model, tx=make_tx(config, spec, layout.axis_name), rule=spec.time_rule(config))
+             model=model, tx=make_tx(config, spec, layout.axis_name), rule=registry.time_rule(config))
 
 
 @dataclasses.dataclass

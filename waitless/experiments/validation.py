@@ -8,7 +8,7 @@ import ml_collections
 
 from waitless import config_errors as errors
 from waitless.algorithms import optimizers
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
 from waitless.experiments import measured_time

@@ -17,9 +17,10 @@ import math
 
 import numpy as np
 
-# Default activation latency a (choice): one hop of the activation broadcast = a network latency (~1-5 us)
-# plus the progress thread noticing the message and forwarding it (a few us); not 0 on the ideal network.
-DEFAULT_ACTIVATION_LATENCY_S = 1e-5
+from waitless.algorithms import spec
+
+# Default activation latency a (a choice, declared with the algorithms' config defaults).
+DEFAULT_ACTIVATION_LATENCY_S = spec.DEFAULT_ACTIVATION_LATENCY_S
 
 
 def is_latency(value) -> bool:

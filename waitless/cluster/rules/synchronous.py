@@ -1,7 +1,7 @@
 """Shared pieces of the rules that wait for every worker (sync, local SGD, D-PSGD gossip), and the ring.
 
-The ring helpers (`ring_neighbours`, `neighbourhood_max`) serve D-PSGD's `RingGossip` (algorithms/dpsgd.py)
-and non-blocking SGD's ring topology (algorithms/nonblocking.py).
+The ring helpers (`ring_neighbours`, `neighbourhood_max`) serve D-PSGD's `RingGossip` (cluster/rules/dpsgd.py)
+and non-blocking SGD's ring topology (cluster/rules/nonblocking.py).
 
 Every rule built on `WaitsForEveryone` needs every worker (a failed worker stalls it): `tolerated_failures`
 is 0, and every worker computes its m micro-batches each iteration.
@@ -9,20 +9,15 @@ is 0, and every worker computes its m micro-batches each iteration.
 
 from __future__ import annotations
 
-from typing import NamedTuple, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from waitless.algorithms.schedules import EveryoneSchedule
 from waitless.cluster.rules import base
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
-
-
-class EveryoneSchedule(NamedTuple):
-  """Schedule of a rule in which every worker contributes all of its micro-batches."""
-  microbatches_done: np.ndarray  # int32 (P,), = microbatches for every worker
-  UNIFORM = ()
 
 
 class WaitsForEveryone(base.TimeRule):

@@ -19,7 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from waitless import config_errors as errors
-from waitless.algorithms import registry
+from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 
 

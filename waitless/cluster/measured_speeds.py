@@ -10,12 +10,9 @@ host sync; s_d seconds per micro-batch), fitted from its measured calls:
     deadline  = min_d (c_d + m s_d)         (the time the fastest device needs for all m micro-batches)
     n_d       = clip(floor((deadline + slack - c_d) / s_d), 1, m),   slack = max(tolerance deadline, min_slack_s)
 The slack (defaults: tolerance 0.1, min_slack_s 1 ms) is how far past the deadline the round may run to let a
-device finish its micro-batches. With none, two equally fast devices split by a millisecond of noise in the
-fitted speeds give the slower-looking one m - 1 (`benchmarks/real_stragglers.py` with no process slowed: 3.0-3.3
-micro-batches per iteration of m = 4 on average; with tolerance 0.1, 3.67-4.00). The absolute floor is the
-resolution of a host-timed call on a loaded machine: calls of a fraction of a millisecond (the digits MLP
-through the harness, `experiments/measured_time.py`) fit at 0.02-0.27 ms per micro-batch on two equally fast
-processes, and 10% of such a deadline kept cutting one of them (2.3 of 4 on average).
+device finish its micro-batches: without it, two equally fast devices split by noise in the fitted speeds give
+the slower-looking one m - 1. The absolute floor is the resolution of a host-timed call on a loaded machine
+(calls of a fraction of a millisecond, as the digits MLP through the harness, `experiments/measured_time.py`).
 Device d then runs exactly n_d micro-batches, a real `lax.while_loop` whose trip count is a per-device input
 (not a masked scan over all m), and the all-reduce weights each device by what it ran: the update is
 `nonblocking.nonblocking_sgd` with `microbatches_done` = n_d, g = (sum_d G_d) / (sum_d n_d), W <- W + U(g).
@@ -33,8 +30,7 @@ an iteration (the counts follow the fit, one iteration late), and abandoned work
 a micro-batch it will not finish, unlike the simulated rule, which cuts one mid-way).
 
 The per-call cost: measured as seconds / n, c would count as c / n per micro-batch, so a device cut to few
-micro-batches would look slower than it is, and one cut to 1 could stay at 1 (`benchmarks/real_stragglers.py`
-with no process slowed locked one of 2 CPU processes at n = 1 before the fit). The line is
+micro-batches would look slower than it is, and one cut to 1 could stay at 1. The line is
 `cluster/calibration.py`'s `fit_overhead`, the one the simulator's compute model is calibrated with (a negative
 intercept clamped to 0). Two sizes to fit from: `MeasuredStep` starts with a short warm-up, the compiling call
 (not measured), then one call at n = m and one at n = 1 on every device (`probe`). A window that holds one

@@ -1,7 +1,8 @@
-"""Time rules of delayed (non-blocking) model averaging: the shared clock.
+"""The timing of delayed (non-blocking) model averaging, shared by the rules that use it.
 
-DaSGD's rule (`DelayedAverage`) lives in `algorithms/dasgd.py`, LAP-SGD / LPP-SGD's (`NodeThreads`) in
-`algorithms/lap_sgd.py`; both use `delayed_average_step` below.
+DaSGD's rule (`DelayedAverage`, `cluster/rules/dasgd.py`) and LAP-SGD / LPP-SGD's (`NodeThreads`,
+`cluster/rules/lap_sgd.py`) both advance the clock with `delayed_average_step` below; their schedules carry the
+fields of `algorithms.delayed_averaging.DelayedAverageSchedule`.
 
 Both take a snapshot of every model at selected iterations, start an all-reduce of the snapshots, keep
 stepping, and apply the mean some iterations later. The all-reduce can start only when every worker has
@@ -29,7 +30,7 @@ and between two events each worker's times are a running sum of its compute time
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, TYPE_CHECKING
+from typing import Callable, Optional, TYPE_CHECKING
 
 import numpy as np
 
@@ -37,15 +38,6 @@ from waitless.cluster import network as network_lib
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
-
-
-class DelayedAverageSchedule(NamedTuple):
-  """Schedule of DaSGD (see the module docstring for the order of events within an iteration)."""
-  microbatches_done: np.ndarray  # int32 (P,), = m
-  snapshot: np.ndarray           # bool (), snapshot after the local step and start the all-reduce
-  apply_average: np.ndarray      # bool (), apply the mean of the snapshots in flight
-  average_age: np.ndarray        # int32 (), iterations between the snapshot applied and this one
-  UNIFORM = ('snapshot', 'apply_average', 'average_age')
 
 
 def delayed_average_step(clock: "Clock", iteration: int, finished: np.ndarray, snapshot: bool, delay: int):

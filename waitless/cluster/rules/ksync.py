@@ -1,0 +1,98 @@
+"""K-sync SGD's time rule (`algorithms/ksync.py`): the first K of P gradients, the rest cancelled.
+
+Time per update with X ~ Exp(mu), ideal network: (H_P - H_{P-K}) / mu.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from waitless.algorithms import parameter_server
+from waitless.cluster import rules
+from waitless.cluster.rules import parameter_server as ps
+
+if TYPE_CHECKING:
+  from waitless.cluster.clock import Clock
+
+
+@dataclasses.dataclass(frozen=True)
+class KSync(ps.KRule):
+  """K-sync time rule.
+
+  All learners start round t at S from W_t (fetched). The server takes the first K gradients to arrive and
+  cancels the other learners' work (lost: not idle, and their samples are not consumed). The round ends when
+  the new model is back at the learners:
+    T = K-th smallest (S + X_i + p2p(M)),   end = T + p2p(M);   time per update X_(K) + 2 p2p(M).
+  Ties are broken by worker id. Idle: T - arrival_i for the K contributors, 0 for the others.
+  Bytes: K pushes + P fetches of M.
+
+  Schedule: `ServerSchedule` with contributions 1 for the first K learners (exactly K), 0 for the others;
+  every learner fetches the new model; staleness 0.
+  """
+  k: int
+  fresh_views = True  # every learner fetches the new model
+  microbatches: int = 1
+
+  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+    del iteration
+    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    up = clock.network.p2p(clock.model_bytes)
+    arrival = clock.work(np.arange(p), clock.times.max(), m) + up
+    chosen = np.argsort(arrival, kind='stable')[:k]
+    contributed = np.zeros(p, bool)
+    contributed[chosen] = True
+    update = arrival[chosen[-1]]
+    clock.times[:] = update + up
+    return rules.Iteration(
+        schedule=parameter_server.schedule(p, k, m, contributed), idle=np.where(contributed, update - arrival, 0.0),
+        bytes_communicated=float(k + p) * clock.model_bytes, staleness=np.zeros(p),
+        measurements={'k': k, 'max_staleness': 0.0})
+
+  vectorized = True
+
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+    """n calls of `iterate` with numpy over the block (any compute model, delays; failures: `iterate`).
+
+    Every learner starts update t at S_t, so the draws are known ahead. Rounding is monotone, so the K-th
+    smallest arrival fl(fl(S_t + J_i) + up) is that of the K-th smallest job time J_(K): the start times
+    S_{t+1} = fl(fl(fl(S_t + J_(K)) + up) + up) are a cheap scan, and the rest is whole-block numpy.
+    """
+    del iteration
+    if clock.failure is not None:
+      return ps.loop_block(self, clock, n)
+    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    up = clock.network.p2p(clock.model_bytes)
+    workers = np.broadcast_to(np.arange(p)[None, :, None], (n, p, m))
+    units = clock.units[None, :, None] + m * np.arange(n)[:, None, None] + np.arange(m)[None, None, :]
+    rng = clock.rng  # the clock's generator: the same draws as `iterate`
+    seconds = np.array(clock.compute.sample(rng, workers, units), np.float64).reshape(n, p, m)
+    if clock.delay is not None:
+      seconds[:, :, 0] += clock.delay.delays(workers[:, :, 0], clock.jobs[None, :] + np.arange(n)[:, None])
+    job = np.cumsum(seconds, axis=2)[:, :, -1]
+    kth = np.partition(job, k - 1, axis=1)[:, k - 1].tolist()
+    start, update, s = [], [], float(clock.times.max())
+    for x in kth:
+      start.append(s)
+      u = (s + x) + up
+      update.append(u)
+      s = u + up
+    update = np.asarray(update)
+    arrival = (np.asarray(start)[:, None] + job) + up
+    # The first K by (arrival, worker id), as the stable argsort: all below the K-th arrival, then the lowest ids
+    # among those equal to it.
+    below, tied = arrival < update[:, None], arrival == update[:, None]
+    contributed = below | (tied & (np.cumsum(tied, axis=1) <= k - below.sum(axis=1, keepdims=True)))
+    ps.count_jobs(clock, np.full(p, n), m)
+    clock.times[:] = update[-1] + up
+    return rules.Steps(
+        schedule=parameter_server.schedule(p, np.full(n, k), m, contributed),
+        idle=np.where(contributed, update[:, None] - arrival, 0.0),
+        bytes_communicated=np.full(n, float(k + p) * clock.model_bytes), mean_staleness=np.zeros(n),
+        end_time=update + up, measurements={'k': np.full(n, float(k)), 'max_staleness': np.zeros(n)})
+
+
+def time_rule(config) -> KSync:
+  return KSync(k=config.algorithm.k, microbatches=config.microbatches)
