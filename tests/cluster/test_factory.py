@@ -167,7 +167,8 @@ class ImportDirectionTest(absltest.TestCase):
 
   def test_the_clock_imports_no_rule_module(self):
     # Rules import the clock; the clock reads what they return from `cluster.schedules` (issue 29 item 5).
-    code = 'import sys, cluster.clock; print(sorted(m for m in sys.modules if m.startswith("cluster.rules")))'
+    code = ('import sys, waitless.cluster.clock; '
+            'print(sorted(m for m in sys.modules if m.startswith("waitless.cluster.rules")))')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                          env={**os.environ, 'PYTHONPATH': ROOT})
     self.assertEqual(out.stdout.strip(), '[]')

@@ -18,7 +18,12 @@ What a rule may use (see `cluster/rules/`):
                           and failures applied; clock.work_each(...) + clock.consume(...)
                           when a rule needs every micro-batch's finish time (non-blocking SGD);
                           clock.draw_jobs(n, ...) draws a whole block's times at once (vectorised rules);
-                          clock.rng, clock.snapshot() / restore(...) for rules that draw ahead and rewind
+                          clock.rng, clock.snapshot() / restore(...) for rules that draw ahead and rewind,
+                          clock.count_started(...) to count what they drew ahead and started
+  clock.units, clock.jobs int64 (P,): micro-batches and jobs each worker started (read only: the trace
+                          position and the random-delay index; `work`, `consume`, `draw_jobs` and
+                          `count_started` advance them)
+  clock.compute, clock.delay, clock.failure   the compute model, transient delays and failures (read only)
   clock.mean_unit_seconds nominal seconds of one micro-batch (a rule's fixed estimates)
   clock.rule_state        dict of numpy arrays / numbers / None kept between iterations (checkpointed)
   clock.lost_workers      how many workers fail and never come back
@@ -27,7 +32,7 @@ What a rule may use (see `cluster/rules/`):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping, NamedTuple, Optional, Protocol
+from typing import Any, Mapping, NamedTuple, Optional, TYPE_CHECKING
 
 import numpy as np
 
@@ -36,23 +41,8 @@ from waitless.cluster import faults
 from waitless.cluster import network as network_lib
 from waitless.cluster import schedules
 
-
-class Rule(Protocol):
-  """What the clock calls on its time rule: the part of `cluster.rules.TimeRule` (the contract, with its
-  documentation and the check `cluster.rules.base.check_rule`, run by `factory.make_clock`) that drives it.
-  Declared here so that the clock does not import the rules: they import the clock."""
-  reports: ClassVar[Mapping[str, str]]
-  adjustable_k: ClassVar[bool]
-  vectorized: ClassVar[bool]
-
-  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
-    ...
-
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
-    ...
-
-  def feedback(self, clock: 'Clock', measurements: Mapping[str, float]) -> None:
-    ...
+if TYPE_CHECKING:  # the rules import the clock; it reads what they return from `cluster.schedules`
+  from waitless.cluster.rules.base import TimeRule
 
 
 class StalledError(RuntimeError):
@@ -113,7 +103,7 @@ class Clock:
     rule_state: dict of numpy arrays or numbers that a stateful rule keeps between iterations.
   """
 
-  def __init__(self, *, workers: int, rule: Rule, compute: compute_lib.ComputeModel,
+  def __init__(self, *, workers: int, rule: 'TimeRule', compute: compute_lib.ComputeModel,
                network: network_lib.Network, model_bytes: float, seed: int,
                delay: Optional[faults.RandomDelay] = None, failure: Optional[faults.Failure] = None):
     self.workers = workers
@@ -216,6 +206,15 @@ class Clock:
     workers = np.asarray(workers, np.int64)
     self.units[workers] += units
     self.jobs[workers] += 1
+
+  def count_started(self, units, jobs) -> None:
+    """Counts `units` micro-batches and `jobs` jobs that each worker started (int64 (P,) arrays or numbers).
+
+    For rules that draw compute times ahead without counting them (`draw_jobs(..., consume=False)`, `rng`) and
+    learn only afterwards how much of the drawn work started (non-blocking SGD, the parameter-server rules).
+    """
+    self.units += units
+    self.jobs += jobs
 
   def work(self, workers: np.ndarray, start, count: int, per_call: int = 1) -> np.ndarray:
     """Finish times float64 (L,) of one job of `count` micro-batches per worker, counted as consumed."""

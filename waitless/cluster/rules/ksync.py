@@ -13,6 +13,7 @@ import numpy as np
 from waitless.algorithms import parameter_server
 from waitless.cluster import rules
 from waitless.cluster.rules import parameter_server as ps
+from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -61,17 +62,11 @@ class KSync(ps.KRule):
     S_{t+1} = fl(fl(fl(S_t + J_(K)) + up) + up) are a cheap scan, and the rest is whole-block numpy.
     """
     del iteration
-    if clock.failure is not None:
-      return ps.loop_block(self, clock, n)
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    job = synchronous.job_seconds(clock, n, m)  # the same draws as `iterate`, counted as consumed
+    if job is None:  # failures
+      return ps.loop_block(self, clock, n)
     up = clock.network.p2p(clock.model_bytes)
-    workers = np.broadcast_to(np.arange(p)[None, :, None], (n, p, m))
-    units = clock.units[None, :, None] + m * np.arange(n)[:, None, None] + np.arange(m)[None, None, :]
-    rng = clock.rng  # the clock's generator: the same draws as `iterate`
-    seconds = np.array(clock.compute.sample(rng, workers, units), np.float64).reshape(n, p, m)
-    if clock.delay is not None:
-      seconds[:, :, 0] += clock.delay.delays(workers[:, :, 0], clock.jobs[None, :] + np.arange(n)[:, None])
-    job = np.cumsum(seconds, axis=2)[:, :, -1]
     kth = np.partition(job, k - 1, axis=1)[:, k - 1].tolist()
     start, update, s = [], [], float(clock.times.max())
     for x in kth:
@@ -85,7 +80,6 @@ class KSync(ps.KRule):
     # among those equal to it.
     below, tied = arrival < update[:, None], arrival == update[:, None]
     contributed = below | (tied & (np.cumsum(tied, axis=1) <= k - below.sum(axis=1, keepdims=True)))
-    ps.count_jobs(clock, np.full(p, n), m)
     clock.times[:] = update[-1] + up
     return rules.Steps(
         schedule=parameter_server.schedule(p, np.full(n, k), m, contributed),

@@ -177,8 +177,7 @@ class NonBlocking(rules.TimeRule):
     done = (finish <= activation).sum(axis=0)
     began = np.where(done > 0, np.take_along_axis(finish, np.maximum(done - 1, 0)[None], axis=0)[0], start)
     running = (done < m) & (began < activation)
-    clock.units += (done + running).sum(axis=0)
-    clock.jobs += n
+    clock.count_started((done + running).sum(axis=0), n)
     end = joined + comm
     clock.times[:] = end[-1]
     spent = (np.minimum(finish[-1], activation) - start).sum(axis=1)

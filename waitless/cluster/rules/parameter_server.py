@@ -160,8 +160,7 @@ def scaled_job_seconds(z: np.ndarray, factors) -> np.ndarray:
 def count_jobs(clock: 'Clock', jobs: np.ndarray, m: int) -> None:
   """Advances the clock's unit and job counters by `jobs` (P,) jobs of m micro-batches per worker."""
   jobs = np.asarray(jobs, np.int64)
-  clock.units += jobs * m
-  clock.jobs += jobs
+  clock.count_started(jobs * m, jobs)
 
 
 def concat_steps(parts: list[rules.Steps]) -> rules.Steps:
