@@ -16,14 +16,14 @@ around it and consumed after the local step at position d - 1, so XLA can run it
 blocks (and library loops) take the per-iteration path, whose conditionals read the schedule's uniform fields;
 both give the same trajectory.
 
-Time (`DelayedAverage` below): worker i steps without waiting; at the apply step it waits until
+Time (`DelayedAverage`, `cluster/rules/dasgd.py`): worker i steps without waiting; at the apply step it waits until
 R = max_j(time j took the snapshot) + allreduce(P), or not at all when that is earlier: communication is
 fully hidden when allreduce(P) <= d x step time, else allreduce(P) - d x step time of it is exposed per round.
 
 Reference: Zhou et al., "DaSGD: Squeezing SGD Parallelization Performance in Distributed Training Using
 Delayed Averaging", 2020 (arXiv:2006.00441). Author's defaults: tau = 4, d = 1, p = 0.25.
-The authors' code: github.com/sweetwenwen/fastai-dasgd, train.py, `fit_asynchronous_average_models_one_cycle`
-(commit 1b1cbdd): `mix` with p = `update_proportion` (8/32) is their rule, and a float64 test ports their loop
+The authors' code: github.com/sweetwenwen/fastai-dasgd, train.py, `fit_asynchronous_average_models_one_cycle`:
+`mix` with p = `update_proportion` (8/32) is their rule, and a float64 test ports their loop
 line by line (tests/algorithms/test_dasgd.py). Two departures, both deliberate: `local_progress`, the default,
 is the paper's description, not their code; and at d = 0 their loop mixes only the last worker (its loop
 variable after the worker loop), which this module does not copy: every worker mixes. As in their code (which
@@ -48,9 +48,16 @@ from waitless.algorithms import spec
 # ---- the math ----
 
 class DaSGDState(NamedTuple):
-  count: jax.Array         # int32 (): local steps taken so far (the same on every worker)
-  inner: optax.OptState    # this worker's own inner optimizer state
-  buffer: optax.Params     # like params: the snapshot s_i in flight (see `delayed_averaging`), zeros at first
+  """State of `dasgd` on one worker.
+
+  Attributes:
+    count: int32 (): local steps taken so far (the same on every worker).
+    inner: this worker's own inner optimizer state.
+    buffer: like params: the snapshot s_i in flight (see `delayed_averaging`), zeros at first.
+  """
+  count: jax.Array
+  inner: optax.OptState
+  buffer: optax.Params
 
 
 def dasgd(inner: optax.GradientTransformation, local_steps: int = 4, delay: int = 1,

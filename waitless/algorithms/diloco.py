@@ -13,9 +13,9 @@ Nesterov 0.9 at rate 0.7 diverges; there use `optimizer.name=adamw` or `outer_mo
 
 Built on local SGD, not beside it: `diloco(...)` runs `local_sgd.local_sgd(...)` unchanged (the same
 averaging step, post-local warmup, `average_opt_state`, static `round_position` for whole rounds) and turns
-its average into the outer step; the time rule is local SGD's `PeriodicAverage` (one model all-reduce per
-round), its validation and `round_length` are local SGD's. Outer steps cost no communication: every worker
-holds W_outer and the outer momentum, and computes the same outer step from the same mean.
+its average into the outer step; the time rule is local SGD's `PeriodicAverage` (`cluster/rules/local_sgd.py`) (one
+model all-reduce per round), its validation and `round_length` are local SGD's. Outer steps cost no communication:
+every worker holds W_outer and the outer momentum, and computes the same outer step from the same mean.
 
 Why a registry name of its own (`diloco`) rather than `local_sgd` with `outer_optimizer.*` fields: the outer
 model and momentum are two more model-sized buffers per worker that local SGD does not carry (the state's
@@ -44,9 +44,16 @@ OUTER_HYPERPARAMETERS = ('outer_learning_rate', 'outer_momentum')  # replicas of
 
 
 class DiLoCoState(NamedTuple):
-  local: local_sgd.LocalSGDState  # local SGD's state: step count and this worker's inner optimizer state
-  outer_params: optax.Params      # W_outer: the model every worker restarted from at the last outer step
-  outer: optax.OptState           # the outer optimizer's state (momentum), the same on every worker
+  """State of `diloco` on one worker.
+
+  Attributes:
+    local: local SGD's state: step count and this worker's inner optimizer state.
+    outer_params: W_outer, the model every worker restarted from at the last outer step.
+    outer: the outer optimizer's state (momentum), the same on every worker.
+  """
+  local: local_sgd.LocalSGDState
+  outer_params: optax.Params
+  outer: optax.OptState
 
 
 def outer_optimizer(learning_rate: float, momentum: float = 0.0,

@@ -11,12 +11,12 @@ params AFTER the mix: `update` makes the local step and then mixes the stepped m
     W_i <- mix(W + U(g))_i,
 which is the same sequence (mix, step at the mixed model, mix, ...) shifted by half an iteration; it starts
 from identical models, where the first mix is the identity.
-Time per iteration (`RingGossip` below): gossip_then_step: start_i(t+1) = max_{j in N(i)} c_j + 2 p2p(M);
-overlap: start_i(t+1) = max(c_i, max_{j in N(i), j != i} start_j(t) + p2p(M)), with c_i = start_i + X_i.
+Time per iteration (`RingGossip`, `cluster/rules/dpsgd.py`), with c_i = start_i + X_i:
+  gossip_then_step: start_i(t+1) = max_{j in N(i)} c_j + 2 p2p(M);
+  overlap:          start_i(t+1) = max(c_i, max_{j in N(i), j != i} start_j(t) + p2p(M)).
 Off the simulator the exchanges are two `ppermute`s: on a multi-process run a slow process delays its
-neighbours only, as the rule says. Measured on 4 CPU processes (`benchmarks/real_stragglers.py`, RESULTS.md
-section 8): a random 40 ms straggler per iteration cost 37 ms per iteration (sync: 37-45), the rule predicted
-30-33; on a ring of 4 every process neighbours 2 of the 3 others, so little is hidden.
+neighbours only, as the rule says (`benchmarks/real_stragglers.py` measures it); on a ring of 4 every process
+neighbours 2 of the 3 others, so little is hidden.
 
 Reference: Lian, Zhang, Zhang, Hsieh, Zhang, Liu, "Can Decentralized Algorithms Outperform Centralized
 Algorithms? A Case Study for Decentralized Parallel Stochastic Gradient Descent", NeurIPS 2017.
@@ -57,7 +57,12 @@ def ring_mix(tree: Any, axis_name: collectives.AxisName) -> Any:
 
 
 class DPSGDState(NamedTuple):
-  inner: optax.OptState  # this worker's own inner optimizer state (never exchanged)
+  """State of `dpsgd` on one worker.
+
+  Attributes:
+    inner: this worker's own inner optimizer state (never exchanged).
+  """
+  inner: optax.OptState
 
 
 def dpsgd(inner: optax.GradientTransformation, order: str = 'gossip_then_step',

@@ -24,9 +24,9 @@ are left as they were (choice: no step at all there, as a framework skips parame
 With Q = 1 and d = 0 this is local SGD with period H (`local_sgd`), exactly. State per node: Q views (none
 when Q = 1), Q inner optimizer states and the snapshot: about Q + 1 extra copies of the parameters.
 
-Time (`NodeThreads` below): Q threads share the node's accelerator (choice): Q node updates together cost
-X(b Q), one batch Q times larger, spread evenly (X(b Q) / Q each). The clock draws the Q*m micro-batch times
-once per Q node updates, so the compute time follows the data actually consumed (m micro-batches per update).
+Time (`NodeThreads`, `cluster/rules/lap_sgd.py`): Q threads share the node's accelerator (choice): Q node updates
+together cost X(b Q), one batch Q times larger, spread evenly (X(b Q) / Q each). The clock draws the Q*m micro-batch
+times once per Q node updates, so the compute time follows the data actually consumed (m micro-batches per update).
 With a per-call overhead o (`stragglers.overhead_s`) the Q threads' concurrent micro-batches are one call of
 Q b/m samples (the accelerator runs one thread's work while another's call is dispatched): X(b Q) =
 m o + the Q*m per-sample parts, against m o + m per-sample parts for one batch of b. So a node update costs
@@ -86,10 +86,18 @@ def partial_at(step, threads: int, prepass_steps: Optional[int]):
 # ---- the math ----
 
 class LapState(NamedTuple):
-  count: jax.Array          # int32 (): node updates so far (the same on every worker)
-  inner: optax.OptState     # per-thread inner optimizer states, every leaf stacked (Q, ...)
-  views: Any                # params stacked (Q, ...): the node model each thread read; () when Q = 1
-  snapshot: optax.Params    # like params: the snapshot s whose average is in flight (delayed_averaging buffer)
+  """State of `lap_sgd` on one worker.
+
+  Attributes:
+    count: int32 (): node updates so far (the same on every worker).
+    inner: per-thread inner optimizer states, every leaf stacked (Q, ...).
+    views: params stacked (Q, ...): the node model each thread read; () when Q = 1.
+    snapshot: like params: the snapshot s whose average is in flight (delayed_averaging buffer).
+  """
+  count: jax.Array
+  inner: optax.OptState
+  views: Any
+  snapshot: optax.Params
 
 
 def _stack(tree: Any, q: int) -> Any:

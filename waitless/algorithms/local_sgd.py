@@ -5,7 +5,7 @@ Update rule for worker i at step t (H = `local_steps`, t0 = `warmup_steps`):
     if averages_at(t): W_i <- (1/P) sum_j W_j           (blocking all-reduce of the models)
 where averages_at(t) holds for every t < t0 (post-local warmup: H = 1) and then every H-th step.
 Optimizer state stays local unless `average_opt_state`.
-Time per round: max_i sum_h X_{i,h} + allreduce(P) (`PeriodicAverage` below).
+Time per round: max_i sum_h X_{i,h} + allreduce(P) (`PeriodicAverage`, `cluster/rules/local_sgd.py`).
 
 The harness passes the replicated step number (`step=`), so the average is a real conditional also when
 several workers are vmapped on one device; without it (a library user's loop) the step comes from the state's
@@ -31,8 +31,14 @@ from waitless.algorithms import spec
 
 
 class LocalSGDState(NamedTuple):
-  count: jax.Array       # int32 (): local steps taken so far (the same on every worker)
-  inner: optax.OptState  # this worker's own inner optimizer state
+  """State of `local_sgd` on one worker.
+
+  Attributes:
+    count: int32 (): local steps taken so far (the same on every worker).
+    inner: this worker's own inner optimizer state.
+  """
+  count: jax.Array
+  inner: optax.OptState
 
 
 def averages_at(step, local_steps: int, warmup_steps: int = 0):

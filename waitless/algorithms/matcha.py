@@ -17,7 +17,7 @@ Special case (tested): budget 1 and alpha = 1/3 on a ring of P >= 3 workers is `
 mean of the two neighbours and oneself); alpha = 1/2 for P = 2.
 
 The authors solve both problems with cvxpy (JYWa/MATCHA, graph_manager.py, `MatchaProcessor.getProbability` /
-`getAlpha`, commit 7dbbf5afbbf34c8b51f97ab88a2ff13d3ae47b50); here, without that dependency, the first is
+`getAlpha`); here, without that dependency, the first is
 Kelley's cutting-plane method (an LP in scipy per cut, lambda_2 being the minimum of the linear functions
 x^T L(p) x over unit x orthogonal to 1) and the second a bounded scalar minimisation (rho is convex in
 alpha). Both are deterministic.
@@ -26,9 +26,10 @@ Activations are drawn on the host by the time rule (`MatchingGossip`) from a str
 iteration), independent of the clock's compute-time stream: the same seed gives MATCHA the straggler trace it
 gives D-PSGD, and a resumed run the draws an uninterrupted one saw. They reach `update` as the schedule's
 uniform bitmask `active`, so a matching that is off is a real branch not taken: no exchange.
-Time per iteration (`MatchingGossip`): worker i waits for the partners of its active matchings to finish
-computing, then exchanges with each of them: end_i = max(c_i, max_{active j} c_{partner_j(i)}) + a_i p2p(M),
-a_i the number of active matchings that pair i (D-PSGD's rule, of which budget 1 on the ring is the case a_i = 2).
+Time per iteration (`MatchingGossip`, `cluster/rules/matcha.py`): worker i waits for the partners of its active
+matchings to finish computing, then exchanges with each of them: end_i = max(c_i, max_{active j} c_{partner_j(i)}) +
+a_i p2p(M), a_i the number of active matchings that pair i (D-PSGD's rule, of which budget 1 on the ring is the case
+a_i = 2).
 
 Off the simulator: the savings are real where the schedule's draws are used (an inactive matching sends
 nothing); with one worker per device each active matching is one ppermute over its own edges.
@@ -245,7 +246,12 @@ def check_plan(budget, alpha) -> None:
 
 
 class MatchaState(NamedTuple):
-  inner: optax.OptState  # this worker's own inner optimizer state (never exchanged)
+  """State of `matcha` on one worker.
+
+  Attributes:
+    inner: this worker's own inner optimizer state (never exchanged).
+  """
+  inner: optax.OptState
 
 
 def matcha(inner: optax.GradientTransformation, budget: float = 0.5, alpha: Optional[float] = None,

@@ -8,18 +8,21 @@ there next round. Update rule (topology='allreduce'):
     weighting='microbatch' (default):  g = (sum_i G_i) / (sum_i n_i)
     weighting='worker':                g = mean over {i : n_i > 0} of G_i / n_i
     W_{t+1} = W_t + U(g)                                  (U: the inner optimizer, identical on every worker)
-The step hands `update` the per-worker mean G_i / max(n_i, 1) (experiments/step.py), so the all-reduce sums
-w_i * (G_i / n_i) and w_i with w_i = n_i ('microbatch': that is G_i) or w_i = [n_i > 0] ('worker') in one
-collective, and divides. With no stragglers (n_i = m for all) both are sync SGD with batch b per worker and
-optax.MultiSteps accumulation over m micro-batches; with m = 1 it is sync restricted to the finishers.
+The harness's step hands `update` each worker's gradient SUM G_i (`GRADIENT_SUMS`, the spec's
+`gradient_sums`); a library loop may hand it the mean G_i / max(n_i, 1) instead (`gradient_sums=False`). The
+all-reduce sums w_i g_i and w_i in one collective and divides: 'microbatch' sums G_i itself (w_i = n_i, no
+per-worker multiply with the sums), 'worker' sums the means G_i / n_i (w_i = [n_i > 0]). With no stragglers
+(n_i = m for all) both are sync SGD with batch b per worker and optax.MultiSteps accumulation over m
+micro-batches; with m = 1 it is sync restricted to the finishers.
 topology='ring' (decentralized, choice): D-PSGD gossip of the models in place of the all-reduce, in the
 `gossip_then_step` order of `algorithms/dpsgd.py`: worker i steps with its own g_i = G_i / n_i (no step, inner
 state kept, when n_i = 0), then mixes with its ring neighbours,
     W_i <- mix(W + U(g))_i,
 so the two weightings coincide (each worker's step uses only its own micro-batches).
-Time per round (`NonBlocking` below): min_i (time for worker i to finish m micro-batches) + activation (the
-first finisher's news reaches worker i after popcount(finisher XOR i) hops of `activation_latency_s`, at
-most ceil(log2 P); the communication starts when the last worker has joined) + allreduce(P) (ring: 2 p2p(M)).
+Time per round (`NonBlocking`, `cluster/rules/nonblocking.py`): min_i (time for worker i to finish m
+micro-batches) + activation (the first finisher's news reaches worker i after popcount(finisher XOR i) hops
+of `activation_latency_s`, at most ceil(log2 P); the communication starts when the last worker has joined)
++ allreduce(P) (ring: 2 p2p(M)).
 Each micro-batch is one accelerator call: with a per-call overhead o (`stragglers.overhead_s`) a worker's m
 micro-batches cost m o + their per-sample parts, so splitting a batch finer pays (m - 1) o more per batch.
 
@@ -46,8 +49,13 @@ WEIGHTINGS = ('microbatch', 'worker')
 
 
 class NonBlockingState(NamedTuple):
-  inner: optax.OptState  # the inner optimizer's state (identical on every worker with the all-reduce; each
-  #                        worker's own with the ring)
+  """State of `nonblocking_sgd` on one worker.
+
+  Attributes:
+    inner: the inner optimizer's state (identical on every worker with the all-reduce; each worker's own with the
+      ring).
+  """
+  inner: optax.OptState
 
 
 def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'microbatch',
@@ -64,10 +72,11 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
       `gradient_sums`), not G_i / max(n_i, 1).
 
   Returns:
-    A transformation whose `update(grads, state, params, *, schedule=None, **extra)` expects `grads` =
-    G_i / max(n_i, 1) (the worker's mean over its finished micro-batches) and `schedule.microbatches_done` =
-    n_i, with the totals `microbatches_total` and `contributors` (`round_schedule`). `schedule=None` (a
-    library user's loop) means every worker finished its whole batch; the count is then all-reduced.
+    A transformation whose `update(grads, state, params, *, schedule=None, **extra)` expects `grads` = G_i
+    (with `gradient_sums`) or G_i / max(n_i, 1) (the worker's mean over its finished micro-batches) and
+    `schedule.microbatches_done` = n_i, with the totals `microbatches_total` and `contributors`
+    (`round_schedule`). `schedule=None` (a library user's loop) means every worker finished its whole batch;
+    the count is then all-reduced.
   """
   if weighting not in WEIGHTINGS:
     raise ValueError(f'weighting={weighting!r} must be one of {WEIGHTINGS}')
@@ -117,7 +126,7 @@ def nonblocking_sgd(inner: optax.GradientTransformation, weighting: str = 'micro
 
 
 class NonBlockingSchedule(NamedTuple):
-  """Schedule of one non-blocking round."""
+  """Schedule of one non-blocking round (what `update` reads; `cluster/rules/nonblocking.py` writes it)."""
   microbatches_done: np.ndarray  # int32 (P,), n_i in 0..m: finished micro-batches worker i contributes (these,
   #                                and only these, are consumed from its data stream)
   abandoned: np.ndarray          # bool (P,), n_i < m: worker i dropped an unfinished micro-batch at the trigger

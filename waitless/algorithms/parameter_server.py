@@ -21,8 +21,8 @@ lambda_i = 1 unless the staleness-adaptive learning rate is on (C = `adaptive_lr
 lambda_i = min(C / ||W_t - view_i||^2, eta_max) / eta, so that with plain SGD of learning rate eta the
 gradient of learner i is applied with eta_j = min(C / ||W_j - W_tau(j)||^2, eta_max) (Dutta et al. 2018).
 
-Which learners push how many gradients, and who fetches, comes from the variant's time rule (its module): the
-math is the same for every variant; the variants differ only in their schedules. The data contract of the
+Which learners push how many gradients, and who fetches, comes from the variant's time rule (`cluster/rules/NAME.py`):
+the math is the same for every variant; the variants differ only in their schedules. The data contract of the
 harness does the rest: a learner's data position advances only by what it pushed, and cancelled work (K-sync,
 K-batch-sync) consumes no samples.
 
@@ -43,7 +43,8 @@ micro-batches are not consumed (`microbatches_done` counts pushed gradients only
 micro-batches of the first job at the view, later ones at the server copy W_t.
 
 Every variant shares the schedule `ServerSchedule` and this module's math; each variant's module
-(`ksync`, `kbatch_sync`, `kasync`, `kbatch_async` with `async`, `adasync`) holds its time rule and spec.
+(`ksync`, `kbatch_sync`, `kasync`, `kbatch_async` with `async`, `adasync`) holds its spec; its time rule is
+`cluster/rules/NAME.py`, beside the family's shared rule code (`cluster/rules/parameter_server.py`).
 
 Reference: Dutta, Joshi, Ghosh, Dube, Nagpurkar, "Slow and Stale Gradients Can Win the Race: Error-Runtime
 Trade-offs in Distributed SGD", AISTATS 2018; AdaSync: the journal version, arXiv 2003.10579.
@@ -86,10 +87,15 @@ class ServerSchedule(NamedTuple):
 
 
 class ParameterServerState(NamedTuple):
-  """A learner's copy of the server: the model W_t and the optimizer state on it."""
-  server: Any            # the emulated server model W_t: same tree as params, identical on every worker;
-  #                        None with fresh views (the view is W_t)
-  inner: optax.OptState  # the server's inner optimizer state (on W), identical on every worker
+  """A learner's copy of the server: the model W_t and the optimizer state on it.
+
+  Attributes:
+    server: the emulated server model W_t: same tree as params, identical on every worker; None with fresh views
+      (the view is W_t).
+    inner: the server's inner optimizer state (on W), identical on every worker.
+  """
+  server: Any
+  inner: optax.OptState
 
 
 def gradient_params(params, opt_state: ParameterServerState, schedule: ServerSchedule, microbatch):

@@ -35,9 +35,9 @@ DaSGD. Each all-reduce moves one fragment, so peak bandwidth falls F-fold agains
 library loops) take the per-iteration path, one `lax.switch` over the fragment for the merge and one for the
 snapshot, driven by the replicated step; both paths compute the same floating-point operations.
 
-Time (`StreamingAverage` below): workers step without waiting. A snapshot's all-reduce of M / F bytes starts
-when every worker has taken it, R_f = max_j (end_j) + allreduce(M / F, P); at the merge step worker i waits
-until R_f, or not at all when that is earlier: end_i = max(c_i, R_f). Communication is hidden when
+Time (`StreamingAverage`, `cluster/rules/streaming_diloco.py`): workers step without waiting. A snapshot's all-reduce
+of M / F bytes starts when every worker has taken it, R_f = max_j (end_j) + allreduce(M / F, P); at the merge step
+worker i waits until R_f, or not at all when that is earlier: end_i = max(c_i, R_f). Communication is hidden when
 allreduce(M / F) <= d x step time. d = 0: everybody waits for the last worker and the all-reduce (blocking).
 The rule is the same for both conventions: in both the all-reduce is issued at the snapshot (torchft's
 `prepare_sync` starts it on a side stream) and must have arrived at the merge (`perform_sync` waits on it), d
@@ -48,8 +48,7 @@ network (max over a window: the peak per sync).
 
 Reference: Douillard et al., "Streaming DiLoCo with overlapping communication: Towards a Distributed Free
 Lunch", arXiv:2501.18512 (2025) (alpha = 0.5 and an overlap of 1 to 5 steps there; inner AdamW). torchft:
-github.com/pytorch/torchft, torchft/local_sgd.py (`DiLoCo`, `_StreamingDiLoCoFragment`), commit
-73dafea422116b2a713542719c8454efe5444c6c.
+github.com/pytorch/torchft, torchft/local_sgd.py (`DiLoCo`, `_StreamingDiLoCoFragment`).
 """
 
 from __future__ import annotations
@@ -140,12 +139,21 @@ def scatter(leaves: Sequence[jax.Array], pieces: Sequence[Piece], vector: jax.Ar
 # ---- the math ----
 
 class StreamingDiLoCoState(NamedTuple):
-  count: jax.Array               # int32 (): local steps taken so far (the same on every worker)
-  inner: optax.OptState          # this worker's own inner optimizer state
-  outer_params: tuple            # F vectors: W_outer,f, the same on every worker
-  outer: tuple                   # F outer optimizer states (momentum of each fragment), the same on every worker
-  buffer: tuple                  # F vectors (d > 0; () for d = 0): the snapshot s_i,f in flight, or its mean
-                                 # once issued inside a round (`delayed_averaging`)
+  """State of `streaming_diloco` on one worker.
+
+  Attributes:
+    count: int32 (): local steps taken so far (the same on every worker).
+    inner: this worker's own inner optimizer state.
+    outer_params: F vectors: W_outer,f, the same on every worker.
+    outer: F outer optimizer states (momentum of each fragment), the same on every worker.
+    buffer: F vectors (d > 0; () for d = 0): the snapshot s_i,f in flight, or its mean once issued inside a round
+      (`delayed_averaging`).
+  """
+  count: jax.Array
+  inner: optax.OptState
+  outer_params: tuple
+  outer: tuple
+  buffer: tuple
 
 
 def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation, local_steps: int,

@@ -4,7 +4,7 @@ Update rule (every worker, every iteration):
     g = (1/P) sum_i g_i          (all-reduce of the workers' gradients)
     W <- W + U(g)                (U: the inner optimizer, identical on every worker)
 With P workers of local batch b this is single-device SGD with batch P*b.
-Time per iteration: max_i X_i + allreduce(P) (`Barrier` below).
+Time per iteration: max_i X_i + allreduce(P) (`Barrier`, `cluster/rules/sync.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ from waitless.algorithms import spec
 
 
 class SyncState(NamedTuple):
-  inner: optax.OptState  # the inner optimizer's state, identical on every worker
+  """State of `sync_sgd` on one worker.
+
+  Attributes:
+    inner: the inner optimizer's state, identical on every worker.
+  """
+  inner: optax.OptState
 
 
 def sync_sgd(inner: optax.GradientTransformation,

@@ -2,78 +2,39 @@
 
 Update rule for worker i at iteration t (P workers, groups of S, G = log2 P, g = log2 S, tau = `sync_every`),
 c_j = what member j contributes: its posted model if fresh, else its send buffer (the model it posted last):
-  rule='authors' (default; the authors' code):
+  rule='authors' (default):
     if (t+1) mod tau == 0 or S == P:  A_i = (1/P) sum_j W_j                    (blocking global average)
     else:                             A_i = (sum_{j in group_t(i)} c_j + W_i) / (S + 1)   fresh or not
     W_i <- A_i + U_i(g_i(W_i))        (the gradient at the W_i before the average; buf_i <- W_i)
-  rule='step_then_average' (the rule this project built first; an option):
+  rule='step_then_average':
     W'_i <- W_i + U_i(g_i)
     if (t+1) mod tau == 0 or S == P:  W_i <- (1/P) sum_j W'_j
     else:                             Sg = sum_{j in group_t(i)} c_j (posted model W'_j)
                                       W_i <- Sg / S if fresh_i, (Sg + W'_i) / (S + 1) if not
     buf_i <- W'_i
-Why the authors' rule is the default: it is what the paper's numbers were measured with
-(Shigangli/WAGMA-SGD at 3cb53050a309fa461b01361fc173a91339b05556,
-test-models/tf-models-r1.11/official/utils/opt_wagma_sgd_imagenet.py: `WAGMASGDOptimizer.apply_gradients`
-assigns var <- allreducef(var) and then applies the momentum step of the gradient taken at the old var;
-`allreducef::forward` returns (group sum + input) / (S + 1), own model counted twice, or sum / P every
-LIMITER + 1 = tau iterations), and its order lets the group exchange of W(t) run under the gradient computation
-(the time rule charges that overlap). Under it S = P or tau = 1 is not local SGD with H = 1 but
-W_i <- mean_j W_j + U_i(g_i(W_i)) (D-PSGD's overlap order on the complete graph); under step_then_average
-it is. The two rules differ by O(1) on a trajectory (a float64 port of the authors' code: 1.03 at P = 16,
-S = 4, tau = 11), so an experiment says which it ran.
+'authors' is the update of the authors' code (Shigangli/WAGMA-SGD, `opt_wagma_sgd_imagenet.py`:
+`WAGMASGDOptimizer.apply_gradients` averages var, own model counted twice, then applies the momentum step of
+the gradient taken at the old var); its order lets the group exchange of W(t) run under the gradient
+computation. Under it S = P or tau = 1 is W_i <- mean_j W_j + U_i(g_i(W_i)), not local SGD with H = 1 as under
+'step_then_average'; the two rules give different trajectories, so an experiment says which it ran.
 A worker lost for good (`live` false in the schedule) is frozen: its W, send buffer and optimizer state stay,
 it contributes nothing, and its group counts its live members n_g (S without failures) in place of S.
-The blocking global average needs every worker: the time rule stops the run there (`clock.StalledError`).
 
-Groups: group_t(i) = {i XOR (any XOR of the masks m_r)}. group_patterns='rotate' (default):
-m_r = 1 << ((t g + r) mod G), r = 0..g-1: P = 8, S = 4: t = 0 -> {0,1,2,3},{4,5,6,7}; t = 1 ->
-{0,1,4,5},{2,3,6,7}; the mask set repeats with period n = G / gcd(G, g). group_patterns='authors':
-m_r = 1 << (j g + r), j = t mod floor(G / g) (fflib3/src/colls/ffallreduce.c, `ffallreduce_nh`). The two are
-the same whenever g divides G (every configuration the authors ran: P = 64, S = 8). Where it does not
-(P = 8, S = 4; P = 16, S = 8) the authors' groups are fixed and the top G mod g bits of the worker id never mix
-except in the global average; rotation is the default there because it keeps the paper's stated property
-(information reaches all P workers in ceil(log_S P) iterations; the paper's ablation: fixed groups lose
-accuracy), and the authors' own code asserts nothing about that case (`//assert(steps == STEPS)`).
-The group sum is one of n static recursive-doubling programs (g single-axis exchange rounds each,
-`collectives.xor_group_sum`), picked by the schedule's uniform `pattern` with `lax.switch` (one more branch
-holds the global all-reduce): only the iteration's own collectives run, also when workers are vmapped.
-`fixed_groups` keeps pattern 0 (the paper's ablation).
-
-Choices: S = P makes every iteration the blocking global average (under step_then_average = `local_sgd` with
-H = 1); the initial send buffer is W_0; optimizer state stays local.
-
-Time (`WaitAvoidingGroups` below): worker i's local step ends at c_i; its model joins the collective at x_i:
-its start (authors: W(t) is ready before the gradient) or c_i (step_then_average). The group collective of
-iteration t is activated by the first worker to reach it and the activation spreads over the hypercube: worker
-i learns of it at A_i = min_k (x_k + popcount(k XOR i) a), a = `activation_latency_s`; fresh iff x_i <= A_i; a
-group completes at D = max over its members of A_i + allreduce(S); a late member does not delay it; worker i
-ends at max(c_i, D) (authors: the exchange is hidden under the gradient as in dpsgd's order='overlap', an
-iteration costs max(compute, exchange); step_then_average: D >= c_i for a fresh worker, compute + exchange).
-Idealised for the authors' rule: their TF graph starts each tensor's exchange once that tensor's gradient is
-ready (`tf.control_dependencies([grad])`), so it hides the exchange under the rest of the backward pass only;
-the rule charges the full overlap that the order permits. Consequence (measured with step_then_average;
-`experiments.simulate`, P = 16, S = 4, tau = 10, ideal network, a = 10 us, median 10 ms per step; share of
-fresh contributions on group iterations): constant compute 1.0, 2 % lognormal noise 0.068, 20 % noise 0.063
-(with a = 0 exactly one worker in 16 is fresh; a = 100 us and 2 % noise: 0.19). With any continuous noise
-larger than `a` most contributions are one iteration stale, as in the real collective (the authors' code
-always averages (sum + own W) / (S + 1)). On digits (16 workers, target 95 %, 3 seeds;
-`benchmarks/wagma_comparison.py`) this staleness costs little: see its `noise` table. A worker more than one
-iteration behind (its previous step had not finished when the activation reached it: its buffer is older than
-one iteration; 20 % noise: about 3.4 of 16 workers per iteration) is still treated as one iteration stale by
-the math; the rule counts such workers (`behind`).
-Off the simulator (no schedule: every member is fresh) the group exchange is log2 S pairwise `ppermute`s, so on
-a multi-process run a slow process delays its partners of that iteration only, but it does delay them: a
-lock-step program cannot skip a late partner. Measured on 4 CPU processes, S = 2 (`benchmarks/real_stragglers.py`,
-RESULTS.md section 8): a random 40 ms straggler per iteration cost 23-26 ms per iteration against sync's 37-45;
-this rule, which does skip late members, predicted 12-13.
+Groups: group_t(i) = {i XOR (any XOR of the masks m_r)} (`group_masks`): 'rotate' (default) moves the masks by
+g bits every iteration, modulo G; 'authors' keeps their floor(G / g) fixed patterns (fflib3's
+`ffallreduce_nh`). The two agree whenever g divides G. The group sum is one of n static recursive-doubling
+programs (`collectives.xor_group_sum`), picked by the schedule's uniform `pattern` with `lax.switch` (one more
+branch holds the global all-reduce): only the iteration's own collectives run, also when workers are vmapped.
+The time rule (who is fresh, when a group completes) is `cluster/rules/wagma.py`. Off the simulator (no
+schedule: every member is fresh) the group exchange is log2 S pairwise `ppermute`s: a slow process delays its
+partners of that iteration only, but it does delay them (a lock-step program cannot skip a late partner).
 
 Reference: Li, Ben-Nun, Di Girolamo, Alistarh, Hoefler, "Breaking (Global) Barriers in Parallel Stochastic
 Optimization with Wait-Avoiding Group Averaging", IEEE TPDS 2020 (arXiv 2005.00124).
 """
-
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -146,11 +107,68 @@ def group_ids(iteration: int, workers: int, group_size: int, patterns: str = 'ro
 
 # ---- the math ----
 
+def check_options(rule: str, group_patterns: str) -> None:
+  """Raises ValueError unless `rule` is one of RULES and `group_patterns` one of GROUP_PATTERNS."""
+  if rule not in RULES:
+    raise ValueError(f'rule={rule!r} must be one of {RULES}')
+  if group_patterns not in GROUP_PATTERNS:
+    raise ValueError(f'group_patterns={group_patterns!r} must be one of {GROUP_PATTERNS}')
+
+
 class WagmaState(NamedTuple):
-  count: jax.Array         # int32 (): iterations so far (the same on every worker)
-  inner: optax.OptState    # this worker's own inner optimizer state
-  send_buffer: optax.Params  # like params: the model this worker last posted (W_0 at first), what it contributes
-  #                            when stale: W_i(t-1) under rule='authors', W'_i(t-1) under 'step_then_average'
+  """State of `wagma` on one worker.
+
+  Attributes:
+    count: int32 (), iterations so far (the same on every worker).
+    inner: this worker's own inner optimizer state.
+    send_buffer: like params, the model this worker last posted (W_0 at first), what it contributes when
+      stale: W_i(t-1) under rule='authors', W'_i(t-1) under 'step_then_average'.
+  """
+  count: jax.Array
+  inner: optax.OptState
+  send_buffer: optax.Params
+
+
+def _iteration(schedule, t, group_size: int, workers: int, patterns: int, sync_every: int, fixed_groups: bool):
+  """(fresh, live, members, global_average, pattern) of iteration t: the schedule's, or without one (a library
+  loop) every worker fresh and live, and a global average every `sync_every`-th iteration."""
+  if schedule is None:
+    fresh, live, members = jnp.ones((), bool), jnp.ones((), bool), jnp.full((), group_size, jnp.int32)
+    global_average = ((t + 1) % sync_every == 0) | (group_size == workers)
+    pattern = t % patterns
+  else:
+    fresh, global_average, pattern = schedule.fresh, schedule.global_average, schedule.pattern
+    live, members = schedule.live, schedule.members
+    global_average = global_average | (group_size == workers)
+  pattern = jnp.asarray(0 if fixed_groups else pattern, jnp.int32)
+  return fresh, live, members, global_average, pattern
+
+
+def _contribution(posted, send_buffer, fresh, live):
+  """What a worker adds to its group's sum: its posted model (fresh), its send buffer (stale), or nothing (lost)."""
+  return jax.tree.map(lambda new, buf: jnp.where(fresh, new, jnp.where(live, buf, jnp.zeros_like(buf))),
+                      posted, send_buffer)
+
+
+def _group_mean(total, own, before, members, fresh, live, authors: bool):
+  """One leaf of the group average: (sum + own) / (n_g + 1), or sum / n_g for a fresh worker under
+  step_then_average (own model counted twice if fresh, beside its buffer if stale); a lost worker keeps `before`."""
+  count = jnp.maximum(members, 1).astype(total.dtype)
+  with_own = (total + own) / (count + 1)
+  mean = with_own if authors else jnp.where(fresh, total / count, with_own)
+  return jnp.where(live, mean, before).astype(own.dtype)
+
+
+def _group_average(operands, *, masks, authors: bool, axis_name):
+  """A `lax.switch` branch: the average over the groups of `masks` (the XOR masks of one pattern)."""
+  own, contribution, fresh, live, members, before = operands
+  total = collectives.xor_group_sum(contribution, axis_name, masks)
+  return jax.tree.map(lambda t, o, b: _group_mean(t, o, b, members, fresh, live, authors), total, own, before)
+
+
+def _global_average(operands, *, axis_name):
+  """The last `lax.switch` branch: the blocking average of the posted models over all P workers."""
+  return collectives.worker_mean(operands[0], axis_name)
 
 
 def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None, sync_every: int = 10,
@@ -175,11 +193,12 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
     `pattern` and `global_average` (unbatched: the `lax.switch` over them is a real conditional when workers
     are vmapped). `step`: the replicated iteration number, used only without a schedule (None: the state's
     counter).
+
+  Example:
+    >>> tx = wagma(optax.sgd(0.1), group_size=4, axis_name='workers')  # inside shard_map over 'workers'
+    >>> updates, state = tx.update(grads, state, params, schedule=schedule)
   """
-  if rule not in RULES:
-    raise ValueError(f'rule={rule!r} must be one of {RULES}')
-  if group_patterns not in GROUP_PATTERNS:
-    raise ValueError(f'group_patterns={group_patterns!r} must be one of {GROUP_PATTERNS}')
+  check_options(rule, group_patterns)
   authors = rule == 'authors'
   inner = optax.with_extra_args_support(inner)
 
@@ -194,47 +213,18 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
     p = collectives.num_workers(axis_name)
     s = default_group_size(p) if group_size is None else group_size
     n = 1 if fixed_groups else num_patterns(p, s, group_patterns)
-    masks_of = [group_masks(k, p, s, group_patterns) for k in range(n)]
     updates, inner_state = inner.update(grads, state.inner, params)
-    stepped = optax.apply_updates(params, updates)
     # The model this iteration posts to its group: W(t) (authors: its gradient is independent of the average,
     # so the exchange can run under the gradient computation) or the stepped W' (step_then_average).
-    posted = params if authors else stepped
-
-    if schedule is None:
-      t = state.count if step is None else step
-      fresh, live, members = jnp.ones((), bool), jnp.ones((), bool), jnp.full((), s, jnp.int32)
-      global_average = ((t + 1) % sync_every == 0) | (s == p)
-      pattern = t % n
-    else:
-      fresh, global_average, pattern = schedule.fresh, schedule.global_average, schedule.pattern
-      live, members = schedule.live, schedule.members
-      global_average = global_average | (s == p)
-    pattern = jnp.asarray(0 if fixed_groups else pattern, jnp.int32)
-
-    def group_average(masks):
-      def branch(operands):
-        own, contribution, is_fresh, is_live, count, old = operands
-        total = collectives.xor_group_sum(contribution, axis_name, masks)
-
-        def average(sum_, mine, before):
-          count_ = jnp.maximum(count, 1).astype(sum_.dtype)
-          with_own = (sum_ + mine) / (count_ + 1)  # own model counted twice if fresh, beside its buffer if stale
-          mean = with_own if authors else jnp.where(is_fresh, sum_ / count_, with_own)
-          return jnp.where(is_live, mean, before).astype(mine.dtype)
-        return jax.tree.map(average, total, own, old)
-      return branch
-
-    def global_mean(operands):
-      return collectives.worker_mean(operands[0], axis_name)
-
-    # A live worker contributes its posted model (fresh) or its send buffer (stale); a lost one (never fresh)
-    # nothing.
-    contribution = jax.tree.map(lambda new, buf: jnp.where(fresh, new, jnp.where(live, buf, jnp.zeros_like(buf))),
-                                posted, state.send_buffer)
-    index = jnp.where(global_average, n, pattern)
-    averaged = lax.switch(index, [group_average(m) for m in masks_of] + [global_mean],
-                          (posted, contribution, fresh, live, members, params))
+    posted = params if authors else optax.apply_updates(params, updates)
+    t = state.count if step is None else step
+    fresh, live, members, global_average, pattern = _iteration(schedule, t, s, p, n, sync_every, fixed_groups)
+    branches = [functools.partial(_group_average, masks=group_masks(k, p, s, group_patterns), authors=authors,
+                                  axis_name=axis_name) for k in range(n)]
+    branches.append(functools.partial(_global_average, axis_name=axis_name))
+    averaged = lax.switch(jnp.where(global_average, n, pattern), branches,
+                          (posted, _contribution(posted, state.send_buffer, fresh, live), fresh, live, members,
+                           params))
     keep = lambda new, old: jax.tree.map(lambda x, y: jnp.where(live, x, y), new, old)  # a lost worker is frozen
     if authors:  # W_i <- A_i + U_i(g_i(W_i(t))); a lost worker keeps its W
       averaged = keep(optax.apply_updates(averaged, updates), params)
@@ -245,10 +235,8 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-# ---- the time rule ----
-
 class WagmaSchedule(NamedTuple):
-  """Schedule of one WAGMA iteration."""
+  """Schedule of one WAGMA iteration (what `update` reads; `cluster/rules/wagma.py` writes it)."""
   microbatches_done: np.ndarray  # int32 (P,), m (0 for a worker that failed for good)
   fresh: np.ndarray              # bool (P,), worker i's posted model (authors: W_i, step_then_average: W'_i)
   #                                is in its group's sum, else its send buffer (True for all on global averages)
@@ -282,9 +270,8 @@ def validate(config):
                  'must be a power of two (0: sqrt(workers) rounded up to a power of two)')
   errors.require(s <= p, 'algorithm.group_size', s, f'must be <= workers={p}')
   errors.require_int(a.sync_every, 'algorithm.sync_every', 1)
-  lat = a.activation_latency_s
-  errors.require(isinstance(lat, (int, float)) and not isinstance(lat, bool) and math.isfinite(lat) and lat >= 0,
-                 'algorithm.activation_latency_s', lat, 'must be a number >= 0 (seconds)')
+  errors.require_number(a.activation_latency_s, 'algorithm.activation_latency_s', 'must be a number >= 0 (seconds)',
+                        lambda v: v >= 0)
   for field in ('fixed_groups', 'wait_avoiding'):
     errors.require(isinstance(a[field], bool), f'algorithm.{field}', a[field], 'must be a bool')
   errors.require(a.rule in RULES, 'algorithm.rule', a.rule, f'must be one of {", ".join(RULES)}')

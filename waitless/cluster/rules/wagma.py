@@ -1,13 +1,8 @@
 """WAGMA's time rule (`algorithms/wagma.py`): group averages that a late member does not delay.
 
-Worker i's local step ends at c_i; its model joins the collective at x_i (its start under the authors' rule,
-c_i under step_then_average). The group collective is activated by the first worker to reach it and the
-activation spreads over the hypercube: worker i learns of it at A_i = min_k (x_k + popcount(k XOR i) a);
-fresh iff x_i <= A_i; a group completes at D = max over its members of A_i + allreduce(S); worker i ends at
-max(c_i, D). Idealised for the authors' rule: the rule charges the full overlap of the exchange with the
-gradient that their order permits (their graph starts each tensor's exchange once its gradient is ready).
-A worker that is more than one iteration behind is still one iteration stale for the math; the rule counts
-such workers (`behind`).
+Idealised for the authors' rule: their graph starts each tensor's exchange once that tensor's gradient is ready
+(`tf.control_dependencies([grad])`), so it hides the exchange under the rest of the backward pass only; the
+rule charges the full overlap of the exchange with the gradient that their order permits.
 """
 
 from __future__ import annotations
@@ -106,10 +101,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     rules.check_positive_int(self.period, 'period')
     rules.check_positive_int(self.microbatches, 'microbatches')
     wagma.exact_log2(self.group_size, 'group_size')
-    if self.rule not in wagma.RULES:
-      raise ValueError(f'rule={self.rule!r} must be one of {wagma.RULES}')
-    if self.group_patterns not in wagma.GROUP_PATTERNS:
-      raise ValueError(f'group_patterns={self.group_patterns!r} must be one of {wagma.GROUP_PATTERNS}')
+    wagma.check_options(self.rule, self.group_patterns)
     a = self.activation_latency_s
     if not isinstance(a, (int, float, np.integer, np.floating)) or not math.isfinite(a) or a < 0:
       raise ValueError(f'activation_latency_s={a!r} must be a number >= 0')
