@@ -18,11 +18,10 @@ from waitless.algorithms.schedules import EveryoneSchedule
 from waitless.cluster.rules.base import Iteration
 from waitless.cluster.rules.base import Steps
 from waitless.cluster.rules.base import TimeRule
-from waitless.cluster.rules.base import check_positive_int
 from waitless.cluster.rules.base import full
 from waitless.cluster.rules.synchronous import WaitsForEveryone
 
 __all__ = [
     'EveryoneSchedule', 'Iteration', 'Steps',
-    'TimeRule', 'WaitsForEveryone', 'check_positive_int', 'full',
+    'TimeRule', 'WaitsForEveryone', 'full',
 ]

@@ -13,20 +13,19 @@ message per round: worker i would be reached after the rank of the highest diffe
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms import spec
 
 # Default activation latency a (a choice, declared with the algorithms' config defaults).
 DEFAULT_ACTIVATION_LATENCY_S = spec.DEFAULT_ACTIVATION_LATENCY_S
 
 
-def is_latency(value) -> bool:
-  """A valid activation latency: a finite number >= 0 (not a bool)."""
-  return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-          and math.isfinite(value) and value >= 0)
+def check_latency(value) -> None:
+  """Raises ConfigError (a ValueError) unless `value` is a valid activation latency: a finite number >= 0."""
+  errors.require_number(value, 'activation_latency_s', 'must be a number >= 0 (seconds)', lambda v: v >= 0)
 
 
 def activation_times(finished: np.ndarray, latency: float) -> np.ndarray:

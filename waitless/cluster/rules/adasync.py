@@ -11,6 +11,7 @@ from typing import Any, Mapping, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms.parameter_server import ServerSchedule
 from waitless.cluster import rules
 from waitless.cluster.rules import kasync
@@ -49,7 +50,7 @@ class AdaSync(rules.TimeRule):
   uses_feedback = True
 
   def __post_init__(self):
-    rules.check_positive_int(self.k0, 'k0')
+    errors.require_int(self.k0, 'k0', 1)
     if not isinstance(self.base, ps.KRule):
       raise ValueError(f'AdaSync needs a K-family base rule, got {type(self.base).__name__}')
     if not self.period_s > 0:

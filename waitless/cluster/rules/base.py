@@ -23,7 +23,6 @@ from __future__ import annotations
 import abc
 from typing import ClassVar, Mapping, TYPE_CHECKING
 
-import numpy as np
 
 # The records and schedule helpers live in `cluster/schedules.py` (the clock reads them without importing
 # the rules); re-exported here, where rules have always found them.
@@ -93,7 +92,3 @@ def check_rule(rule: TimeRule) -> None:
   if bad:
     raise TypeError(f'{type(rule).__name__}.reports: reductions must be one of {REDUCTIONS}, got {bad}')
 
-
-def check_positive_int(value, name: str, minimum: int = 1) -> None:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-    raise ValueError(f'{name}={value!r} must be an integer >= {minimum}')

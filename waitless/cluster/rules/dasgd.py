@@ -11,6 +11,7 @@ from typing import Optional, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms.delayed_averaging import DelayedAverageSchedule
 from waitless.cluster.rules import base
 from waitless.cluster.rules import synchronous
@@ -43,9 +44,9 @@ class DelayedAverage(base.TimeRule):
   vectorized = True
 
   def __post_init__(self):
-    base.check_positive_int(self.period, 'period')
-    base.check_positive_int(self.delay, 'delay', minimum=0)
-    base.check_positive_int(self.microbatches, 'microbatches')
+    errors.require_int(self.period, 'period', 1)
+    errors.require_int(self.delay, 'delay', 0)
+    errors.require_int(self.microbatches, 'microbatches', 1)
     if self.delay > self.period:
       raise ValueError(f'delay={self.delay} must be <= period={self.period}')
 

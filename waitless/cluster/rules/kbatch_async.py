@@ -12,6 +12,7 @@ from typing import Optional, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms import parameter_server
 from waitless.cluster import rules
 from waitless.cluster.rules import parameter_server as ps
@@ -51,7 +52,7 @@ class KBatchAsync(ps.KRule):
   def __post_init__(self):
     super().__post_init__()
     if self.max_delay is not None:
-      rules.check_positive_int(self.max_delay, 'max_delay')
+      errors.require_int(self.max_delay, 'max_delay', 1)
 
   @property
   def reports(self):

@@ -9,6 +9,7 @@ from typing import Callable, Optional, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms import lap_sgd
 from waitless.algorithms import local_sgd
 from waitless.algorithms.lap_sgd import NodeThreadsSchedule
@@ -56,15 +57,13 @@ class NodeThreads(rules.TimeRule):
   vectorized = True
 
   def __post_init__(self):
-    rules.check_positive_int(self.threads, 'threads')
-    rules.check_positive_int(self.microbatches, 'microbatches')
+    errors.require_int(self.threads, 'threads', 1)
+    errors.require_int(self.microbatches, 'microbatches', 1)
     if self.delay_steps is not None:
-      rules.check_positive_int(self.delay_steps, 'delay_steps', minimum=0)
+      errors.require_int(self.delay_steps, 'delay_steps', 0)
     if self.prepass_steps is not None:
-      rules.check_positive_int(self.prepass_steps, 'prepass_steps', minimum=0)
-    c = self.partial_cost
-    if not isinstance(c, (int, float, np.integer, np.floating)) or isinstance(c, bool) or not 0 < c <= 1:
-      raise ValueError(f'partial_cost={c!r} must be in (0, 1]')
+      errors.require_int(self.prepass_steps, 'prepass_steps', 0)
+    errors.require_number(self.partial_cost, 'partial_cost', 'must be in (0, 1]', lambda c: 0 < c <= 1)
 
   def delay(self, clock: 'Clock') -> int:
     """d: updates between a snapshot and applying its mean."""

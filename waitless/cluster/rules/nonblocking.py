@@ -8,6 +8,7 @@ from typing import Optional, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms import nonblocking
 from waitless.algorithms.nonblocking import NonBlockingSchedule
 from waitless.cluster import network as network_lib
@@ -65,15 +66,14 @@ class NonBlocking(rules.TimeRule):
   vectorized = True
 
   def __post_init__(self):
-    rules.check_positive_int(self.microbatches, 'microbatches')
+    errors.require_int(self.microbatches, 'microbatches', 1)
     if self.trigger not in nonblocking.TRIGGERS:
       raise ValueError(f'trigger={self.trigger!r} must be one of {nonblocking.TRIGGERS}')
     if self.trigger == 'deadline' and not (self.deadline_s is not None and self.deadline_s > 0):
       raise ValueError(f'trigger=deadline needs deadline_s > 0, got {self.deadline_s!r}')
     if self.topology not in nonblocking.TOPOLOGIES:
       raise ValueError(f'topology={self.topology!r} must be one of {nonblocking.TOPOLOGIES}')
-    if not activation_lib.is_latency(self.activation_latency_s):
-      raise ValueError(f'activation_latency_s={self.activation_latency_s!r} must be a number >= 0')
+    activation_lib.check_latency(self.activation_latency_s)
 
   def tolerated_failures(self, workers: int) -> int:
     return workers - 1

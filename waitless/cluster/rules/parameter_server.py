@@ -12,6 +12,7 @@ from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms.parameter_server import ServerSchedule
 from waitless.cluster import compute as compute_lib
 from waitless.cluster import rules
@@ -41,8 +42,8 @@ class KRule(rules.TimeRule):
   fresh_views = False
 
   def __post_init__(self):
-    rules.check_positive_int(self.k, 'k')
-    rules.check_positive_int(self.microbatches, 'microbatches')
+    errors.require_int(self.k, 'k', 1)
+    errors.require_int(self.microbatches, 'microbatches', 1)
 
   def tolerated_failures(self, workers: int) -> int:
     return workers - self.k

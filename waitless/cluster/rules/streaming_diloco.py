@@ -11,6 +11,7 @@ from typing import Optional, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms import streaming_diloco
 from waitless.cluster import network as network_lib
 from waitless.cluster.rules import base
@@ -46,8 +47,8 @@ class StreamingAverage(synchronous.WaitsForEveryone):
 
   def __post_init__(self):
     super().__post_init__()
-    base.check_positive_int(self.period, 'period')
-    base.check_positive_int(self.delay, 'delay', minimum=0)
+    errors.require_int(self.period, 'period', 1)
+    errors.require_int(self.delay, 'delay', 0)
     if self.delay > self.period:
       raise ValueError(f'delay={self.delay} must be <= period={self.period}')
     streaming_diloco.snapshot_table(self.period, self.fragments, self.delay, self.overlap)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms.schedules import EveryoneSchedule
 from waitless.cluster.rules import base
 
@@ -26,7 +27,7 @@ class WaitsForEveryone(base.TimeRule):
   schedule_type = EveryoneSchedule
 
   def __post_init__(self):
-    base.check_positive_int(self.microbatches, 'microbatches')
+    errors.require_int(self.microbatches, 'microbatches', 1)
 
   def everyone_computes(self, clock: 'Clock', start) -> np.ndarray:
     """Finish times of every worker's m micro-batches, started at `start` (a time or one per worker)."""

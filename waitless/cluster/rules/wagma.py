@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Optional, TYPE_CHECKING
 
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.algorithms import wagma
 from waitless.algorithms.wagma import WagmaSchedule
 from waitless.cluster import network as network_lib
@@ -97,14 +97,12 @@ class WaitAvoidingGroups(rules.TimeRule):
   vectorized = True
 
   def __post_init__(self):
-    rules.check_positive_int(self.group_size, 'group_size')
-    rules.check_positive_int(self.period, 'period')
-    rules.check_positive_int(self.microbatches, 'microbatches')
+    errors.require_int(self.group_size, 'group_size', 1)
+    errors.require_int(self.period, 'period', 1)
+    errors.require_int(self.microbatches, 'microbatches', 1)
     wagma.exact_log2(self.group_size, 'group_size')
     wagma.check_options(self.rule, self.group_patterns)
-    a = self.activation_latency_s
-    if not isinstance(a, (int, float, np.integer, np.floating)) or not math.isfinite(a) or a < 0:
-      raise ValueError(f'activation_latency_s={a!r} must be a number >= 0')
+    activation_lib.check_latency(self.activation_latency_s)
 
   def pattern(self, iteration: int, workers: int) -> int:
     return 0 if self.fixed_groups else iteration % wagma.num_patterns(workers, self.group_size, self.group_patterns)
