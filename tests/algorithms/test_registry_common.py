@@ -59,11 +59,15 @@ class RegistryCommonTest(parameterized.TestCase):
     config = _config(name)
     validation.validate(config)  # its defaults form a valid config
     self.assertEqual(set(config.algorithm.keys()) - {'name'}, set(spec.defaults))
-    self.assertIsInstance(spec.time_rule(config), rules.TimeRule)
+    self.assertIsInstance(registry.time_rule(config), rules.TimeRule)
 
   def test_unknown_name_lists_the_known_ones(self):
     with self.assertRaisesRegex(errors.ConfigError, 'algorithm.name.*' + '.*'.join(registry.names())):
       registry.get('nope')
+    config = _config('sync')
+    config.algorithm.name = 'nope'
+    with self.assertRaisesRegex(errors.ConfigError, 'algorithm.name.*' + '.*'.join(registry.names())):
+      registry.time_rule(config)
 
 
 if __name__ == '__main__':

@@ -351,7 +351,7 @@ class Clock:
   @property
   def rng(self) -> np.random.Generator:
     """The clock's only source of randomness, for rules that draw compute times ahead of their events
-    (`algorithms/parameter_server.py: Draws`): what they draw and do not use they must put back (rewind and
+    (`cluster/rules/parameter_server.py: Draws`): what they draw and do not use they must put back (rewind and
     redraw), so the stream stays the one `iterate` would have drawn."""
     return self._rng
 

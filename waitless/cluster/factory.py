@@ -276,7 +276,7 @@ def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
 
 
 def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_bytes: float) -> clock_lib.Clock:
-  """The seeded clock for `config`, driving `rule` (from the algorithm's registry spec).
+  """The seeded clock for `config`, driving `rule` (`cluster.registry.time_rule(config)`).
 
   A worker that fails for good is simulated as it happens: a rule that can go on without it does; one that
   waits for it raises `clock.StalledError` at the first iteration that needs it, naming the worker, when it

@@ -2,8 +2,8 @@
 schedule they carry (its uniform fields, stacking n iterations, taking one back).
 
 The one home of the records that both sides of the rule contract read: `cluster/clock.py` consumes them, the
-rules (`cluster/rules/`, `algorithms/*`) build them. It imports nothing from `cluster`, so the imports run one
-way: rules -> clock -> schedules (the clock never imports a rule module).
+rules (`cluster/rules/`) build them. It imports nothing from `cluster`, so the imports run one way:
+rules -> clock -> schedules (the clock never imports a rule module).
 """
 
 from __future__ import annotations

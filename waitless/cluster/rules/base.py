@@ -3,8 +3,10 @@
 
 A time rule turns the compute and network models into one iteration of an algorithm: it advances the clock's
 per-worker times and returns the per-worker SCHEDULE the math consumes. The schedule is the one contract
-between the host clock and the device step, so it is typed: each rule declares a `typing.NamedTuple` with a
-comment on every field (dtype, shape, meaning), and algorithms read its fields by name. Every schedule has
+between the host clock and the device step, so it is typed: each algorithm declares a `typing.NamedTuple` in
+its math module (`algorithms/NAME.py`, or `algorithms/schedules.py` for the shared `EveryoneSchedule`) with a
+comment on every field (dtype, shape, meaning), its rule names it in `schedule_type` and fills it, and the
+update reads its fields by name. Every schedule has
 
   microbatches_done: int32 (P,), micro-batches of data each worker's contribution consumed this iteration
 

@@ -30,7 +30,7 @@ class DelayedAverage(base.TimeRule):
 
   Worker i steps without waiting (start_i(t+1) = end_i(t)). After step t with (t+1) mod tau == 0 it snapshots;
   the mean is applied after step t + d (0 <= d <= tau), where worker i waits until R (see
-  `cluster.rules.delayed_average`):  end_i(t + d) = max(c_i(t + d), R).
+  `cluster.rules.delayed_averaging_time`):  end_i(t + d) = max(c_i(t + d), R).
   d = 0 is local SGD with H = tau (`local_sgd.PeriodicAverage`). Idle: the wait at the apply step (for d = 0:
   waiting for the last worker, as in local SGD).
 

@@ -35,7 +35,7 @@ class NodeThreads(rules.TimeRule):
   model of update t - Q + 1, staleness min(t, Q - 1) updates (reported as `staleness` and in
   `thread_staleness`).
   Averaging: after update t with `averages_at(t)` the node snapshots and the all-reduce starts; the mean is
-  applied d updates later (`cluster.rules.delayed_average`): d = `delay_steps`, or when None
+  applied d updates later (`cluster.rules.delayed_averaging_time`): d = `delay_steps`, or when None
   max(1, ceil(allreduce(P) / nominal update time)), the nominal update being m x the mean micro-batch time
   with Q micro-batches per call, m (o / Q + mean per-sample part) (`Clock.mean_unit_seconds`; fixed for
   the run, computed once). d >= 1 even on the ideal network: d = 0 would make the average a
