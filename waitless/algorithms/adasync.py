@@ -26,9 +26,10 @@ def validate(config) -> None:
   a = config.algorithm
   errors.require(a.base in BASES, 'algorithm.base', a.base, f'one of {", ".join(BASES)}')
   ps.require_k(a.k0, 'algorithm.k0', config.workers)
-  errors.require(ps.is_number(a.adapt_every_s) and a.adapt_every_s > 0, 'algorithm.adapt_every_s',
-                 a.adapt_every_s, 'must be a number of simulated seconds > 0: AdaSync adapts K from the training '
-                 'loss every adapt_every_s; without it there is no loss signal (use a fixed-K variant instead)')
+  errors.require_number(a.adapt_every_s, 'algorithm.adapt_every_s',
+                        'must be a number of simulated seconds > 0: AdaSync adapts K from the training loss every '
+                        'adapt_every_s; without it there is no loss signal (use a fixed-K variant instead)',
+                        lambda v: v > 0)
   # The loop reports the training loss to the clock after each block of <= steps_per_call iterations; the
   # first report is F(W_0), so K can only change from the third block on.
   # With num_epochs (num_steps None) this is checked on the resolved config (experiments/train.py:build).

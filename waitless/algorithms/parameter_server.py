@@ -52,7 +52,6 @@ Trade-offs in Distributed SGD", AISTATS 2018; AdaSync: the journal version, arXi
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -250,20 +249,16 @@ def build(config: ml_collections.ConfigDict, inner, axis_name, fresh_views: bool
                           gradient_sums=GRADIENT_SUMS, fresh_views=fresh_views)
 
 
-def is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def require_k(value, field: str, workers: int) -> None:
   ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= workers
   errors.require(ok, field, value, f'must be an integer in 1..{workers} (workers)')
 
 
 def validate_adaptive_lr(a) -> None:
-  errors.require(is_number(a.adaptive_lr_c) and a.adaptive_lr_c >= 0, 'algorithm.adaptive_lr_c',
-                 a.adaptive_lr_c, 'must be a number >= 0 (0 disables the staleness-adaptive learning rate)')
-  errors.require(is_number(a.eta_max) and a.eta_max >= 0, 'algorithm.eta_max', a.eta_max,
-                 'must be a number >= 0 (0: the optimizer\'s learning_rate)')
+  errors.require_number(a.adaptive_lr_c, 'algorithm.adaptive_lr_c',
+                        'must be a number >= 0 (0 disables the staleness-adaptive learning rate)', lambda v: v >= 0)
+  errors.require_number(a.eta_max, 'algorithm.eta_max', 'must be a number >= 0 (0: the optimizer\'s learning_rate)',
+                        lambda v: v >= 0)
 
 
 def validate_k(config) -> None:
