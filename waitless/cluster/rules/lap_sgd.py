@@ -1,5 +1,4 @@
-"""LAP-SGD and LPP-SGD's time rule (`algorithms/lap_sgd.py`): Q threads per node, non-blocking averaging.
-"""
+"""LAP-SGD and LPP-SGD's time rule (`algorithms/lap_sgd.py`): Q threads per node, non-blocking averaging."""
 
 from __future__ import annotations
 

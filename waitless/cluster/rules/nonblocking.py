@@ -1,5 +1,4 @@
-"""Non-blocking SGD's time rule (`algorithms/nonblocking.py`): rounds cut at a trigger, partial work contributes.
-"""
+"""Non-blocking SGD's time rule (`algorithms/nonblocking.py`): rounds cut at a trigger, partial work counts."""
 
 from __future__ import annotations
 
