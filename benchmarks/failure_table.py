@@ -26,8 +26,8 @@ from absl import flags
 from absl import logging
 
 from waitless.algorithms import registry
-from waitless.experiments import sim_budget
-from waitless.experiments import train
+from waitless.experiments.comparison import sim_budget
+from waitless.experiments.harness import train
 from waitless.experiments.configs import digits
 
 ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',

@@ -71,7 +71,7 @@ def memory_per_replica(name: str, count: int = 2 * SEEDS) -> tuple[float, float]
   """(bytes of one run's compiled block step, bytes per replica of `count` replicas'), arguments + temporaries."""
   # pylint: disable=g-import-not-at-top  (JAX after the device count is set)
   import numpy as np
-  from waitless.experiments import train
+  from waitless.experiments.harness import train
   from waitless.experiments.configs import mnist1d
   configs = []
   for i in range(count):

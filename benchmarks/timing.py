@@ -1,6 +1,6 @@
 """Timing the jitted block step of a config, and ratios measured side by side.
 
-A `BlockTimer` builds a run the way training does (`experiments.train`: the state, one block of schedules from
+A `BlockTimer` builds a run the way training does (`experiments.harness.train`: the state, one block of schedules from
 the run's own clock, every worker's micro-batches, the compiled block step), runs it once to warm up, and then
 times one call at a time. `round_robin` times several of them in turn, one call each per round, so that a
 shared machine's load drifts hit every config alike: a ratio is the median over rounds of the two calls'
@@ -15,7 +15,7 @@ from typing import Mapping
 import jax
 import numpy as np
 
-from waitless.experiments import train
+from waitless.experiments.harness import train
 
 
 class BlockTimer:
@@ -60,7 +60,7 @@ def gradient_ratio(config, iterations: int = 2000) -> float:
   """Micro-batch gradients the block step computes / those the simulated cluster pushes, over `iterations` of
   the config's own clock in blocks of `steps_per_call` (host only: `step.gradients_computed` counts what the
   program computes, `microbatches_done` what the cluster pushes)."""
-  from waitless.experiments import step as step_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import step as step_lib  # pylint: disable=g-import-not-at-top
   run = train.build(config)
   clock = train.make_clock(run, 4.0 * 10_000)
   computed = pushed = 0

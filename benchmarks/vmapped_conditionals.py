@@ -32,7 +32,7 @@ import jax
 import numpy as np
 import optax
 
-from waitless.experiments import train
+from waitless.experiments.harness import train
 from waitless.experiments.configs import digits
 
 _WORKERS = flags.DEFINE_integer('workers', 8, 'Workers.')

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from waitless.cluster import rules
-from waitless.experiments import train
+from waitless.experiments.harness import train
 from waitless.experiments.configs import synthetic
 
 

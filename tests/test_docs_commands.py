@@ -22,9 +22,9 @@ from absl.testing import parameterized
 from ml_collections import config_flags
 
 from waitless import config_errors
-from waitless.experiments import compare_plan
+from waitless.experiments.comparison import plan as compare_plan
 from waitless.experiments import config_paths
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

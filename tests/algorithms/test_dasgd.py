@@ -12,7 +12,7 @@ import optax
 from waitless import config_errors as errors
 from waitless.algorithms import dasgd
 from waitless.algorithms import delayed_averaging
-from waitless.experiments import train
+from waitless.experiments.harness import train
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference

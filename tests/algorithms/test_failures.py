@@ -13,8 +13,8 @@ import numpy as np
 from waitless.algorithms import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory
-from waitless.experiments import metrics_io
-from waitless.experiments import train
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import train
 from waitless.experiments.configs import digits
 
 _ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',

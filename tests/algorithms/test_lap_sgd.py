@@ -20,8 +20,8 @@ from waitless.algorithms import local_sgd
 from waitless.algorithms import optimizers
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import network as network_lib
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference

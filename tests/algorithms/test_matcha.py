@@ -15,7 +15,7 @@ from waitless import config_errors as errors
 from waitless.algorithms import collectives
 from waitless.algorithms import dpsgd
 from waitless.algorithms import matcha
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_nonblocking

@@ -25,9 +25,9 @@ from waitless import config_errors as errors
 from waitless.algorithms import nonblocking
 from waitless.algorithms import wagma
 from waitless.cluster.rules import activation as activation_lib
-from waitless.experiments import metrics_io
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.cluster import helpers

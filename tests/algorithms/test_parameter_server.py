@@ -20,9 +20,9 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import parameter_server
-from waitless.experiments import metrics_io
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import common
 from tests import harness
 from tests.algorithms import reference

@@ -17,7 +17,7 @@ from waitless import config_errors as errors
 from waitless.algorithms import local_sgd
 from waitless.algorithms import streaming_diloco as sd
 from waitless.cluster import network as network_lib
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_diloco

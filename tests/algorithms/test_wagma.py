@@ -17,8 +17,8 @@ from waitless.algorithms import sync
 from waitless.algorithms import wagma
 from waitless.cluster import clock as clock_lib
 from waitless.cluster.rules import activation
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-from waitless.experiments import atomic_files
+from waitless.experiments.harness import atomic_files
 
 
 class AtomicFilesTest(absltest.TestCase):

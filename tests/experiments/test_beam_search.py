@@ -1,4 +1,4 @@
-"""Beam search (experiments/beam_search.py): exact against brute force on a toy model, scores consistent with
+"""Beam search (experiments/harness/beam_search.py): exact against brute force on a toy model, scores consistent with
 the rule score = log p(y|x) / ((5 + |y|) / 6) ** alpha, early stopping, and the Transformer's cached beam
 decoding against its teacher-forced forward pass."""
 
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from waitless.experiments import beam_search
-from waitless.experiments import translation
+from waitless.experiments.harness import beam_search
+from waitless.experiments.harness import translation
 from waitless.models import transformer
 
 EOS = 1

@@ -8,10 +8,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from waitless.experiments import checkpointing
-from waitless.experiments import metrics_io
-from waitless.experiments import preemption
-from waitless.experiments import train
+from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import train
 from tests import harness
 from tests.experiments import test_preemption
 from tests.experiments import test_train

@@ -8,7 +8,7 @@ from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
-from waitless.experiments import compilation_cache
+from waitless.experiments.harness import compilation_cache
 
 
 class EnabledTest(absltest.TestCase):

@@ -14,7 +14,7 @@ from absl.testing import parameterized
 import numpy as np
 import optax
 
-from waitless.experiments import train
+from waitless.experiments.harness import train
 from tests import harness
 from tests import hlo
 

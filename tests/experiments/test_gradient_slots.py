@@ -6,8 +6,8 @@ import jax
 import numpy as np
 
 from benchmarks import timing
-from waitless.experiments import step as step_lib
-from waitless.experiments import train
+from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import train
 from waitless.experiments.configs import digits
 from tests import harness
 

@@ -1,4 +1,4 @@
-"""Measured time (`stragglers.kind='measured'`, experiments/measured_time.py): validation, schedules, real runs."""
+"""Measured time (`stragglers.kind='measured'`, harness/measured_time.py): validation, schedules, real runs."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import numpy as np
 from waitless import config_errors as errors
 from waitless.algorithms import measured_speeds
 from waitless.algorithms import registry
-from waitless.experiments import measured_time
-from waitless.experiments import metrics_io
-from waitless.experiments import preemption
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import measured_time
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import digits
 from tests.experiments import test_multiprocess
 
@@ -82,7 +82,7 @@ class ValidationTest(parameterized.TestCase):
       simulate.simulate(_config('sync'), iterations=10)
 
   def test_a_sim_time_budget_is_refused(self):
-    from waitless.experiments import compare_plan  # pylint: disable=g-import-not-at-top
+    from waitless.experiments.comparison import plan as compare_plan  # pylint: disable=g-import-not-at-top
     with self.assertRaisesRegex(errors.ConfigError, r"stragglers.kind='measured' is not allowed: .*--sim_time"):
       compare_plan.plan(digits.get_config, [f'sync,{SMALL}'], [()], seeds=1, root=self.create_tempdir().full_path,
                         sim_time=1.0)

@@ -13,7 +13,7 @@ import pytest
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
-from waitless.experiments import metrics_io
+from waitless.experiments.harness import metrics_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS = [{'step': 10, 'train_loss': 0.5, 'sim_time': 0.125, 'flag': True, 'note': 'text', 'lost': float('nan')},
@@ -108,7 +108,7 @@ class EventFileTest(absltest.TestCase):
     workdir = self.create_tempdir().full_path
     result = _python(f"""
         import sys
-        from waitless.experiments import metrics_io
+        from waitless.experiments.harness import metrics_io
         writer = metrics_io.MetricsWriter({workdir!r}, keep_through_step=None)
         writer.write({{'step': 10, 'train_loss': 0.5}})
         writer.close()

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from waitless import config_errors as errors
-from waitless.experiments import distributed
-from waitless.experiments import metrics_io
-from waitless.experiments import peer_watchdog
+from waitless.experiments.harness import distributed
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import peer_watchdog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh')
@@ -47,7 +47,7 @@ EXACT = ('steps', 'sim_time', 'time_to_target', 'num_params', 'final_eval_accura
 CLOSE = ('final_train_loss', 'final_eval_loss', 'param_norm')
 RTOL, ATOL = 1e-5, 1e-6
 
-# The one line a survivor prints when a peer dies (experiments/peer_watchdog.py), and what it must not print.
+# The one line a survivor prints when a peer dies (experiments/harness/peer_watchdog.py), and what it must not print.
 PEER_DIED = re.compile(r'^process 0: (process\(es\) 1 stopped responding for 2\.5s \(died or hung\)|a collective '
                        r'failed .*); this process completed step \d+\. The run cannot continue: rerun the same '
                        r'command on every process to resume from the last checkpoint in ', re.MULTILINE)

@@ -9,8 +9,8 @@ from absl.testing import parameterized
 import tensorflow_datasets as tfds
 
 from waitless import config_errors as errors
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import cifar10
 from waitless.experiments.configs import common
 from waitless.experiments.configs import digits

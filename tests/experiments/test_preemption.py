@@ -10,9 +10,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import pytest
 
-from waitless.experiments import metrics_io
-from waitless.experiments import preemption
-from waitless.experiments import train
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import train
 from tests import harness
 from tests.experiments import test_train
 

@@ -10,10 +10,10 @@ import pytest
 
 from waitless import config_errors as errors
 from waitless.algorithms import registry
-from waitless.experiments import metrics_io
-from waitless.experiments import preemption
-from waitless.experiments import replicas
-from waitless.experiments import train
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import replicas
+from waitless.experiments.harness import train
 from waitless.experiments.configs import digits
 from tests import harness
 from tests.experiments import test_preemption

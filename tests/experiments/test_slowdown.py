@@ -1,11 +1,11 @@
-"""`experiments/slowdown.py`'s TEST-ONLY flags `--debug_slow_process=I:S` and `--debug_delay=K:S`: what they
+"""`experiments/harness/slowdown.py`'s TEST-ONLY flags `--debug_slow_process=I:S` and `--debug_delay=K:S`: what they
 accept, and a bad value refused in one line naming the flag."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
 from waitless import config_errors as errors
-from waitless.experiments import slowdown
+from waitless.experiments.harness import slowdown
 
 
 class ParseTest(parameterized.TestCase):

@@ -1,4 +1,4 @@
-"""experiments.statistics: medians with bootstrap intervals, censored misses, paired probabilities, verdicts,
+"""experiments.comparison.statistics: medians with bootstrap intervals, censored misses, paired probabilities, verdicts,
 tuning seeds apart from reporting seeds; the report built from fake run workdirs (no training)."""
 
 import json
@@ -10,9 +10,9 @@ from absl.testing import parameterized
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.experiments import report as report_lib
-from waitless.experiments import statistics
-from waitless.experiments.compare_plan import PlannedRun
+from waitless.experiments.comparison import report as report_lib
+from waitless.experiments.comparison import statistics
+from waitless.experiments.comparison.plan import PlannedRun
 
 TARGET = 0.5
 BUDGET = 10.0

@@ -13,9 +13,9 @@ from absl.testing import parameterized
 import pytest
 
 from waitless import config_errors as errors
-from waitless.experiments import metrics_io
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import wmt
 from tests import harness

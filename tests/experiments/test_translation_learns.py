@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from waitless.experiments import train
+from waitless.experiments.harness import train
 from waitless.experiments.configs import wmt
 
 ENGLISH = ('one two three four five six seven eight nine ten red blue green black white cat dog bird fish '

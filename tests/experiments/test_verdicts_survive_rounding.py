@@ -9,7 +9,7 @@ import sys
 from absl.testing import absltest
 import pytest
 
-from waitless.experiments import statistics
+from waitless.experiments.comparison import statistics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The quickstart's workload, cluster and budget, one step size; entries of every kind of verdict against sync.

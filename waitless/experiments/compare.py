@@ -22,7 +22,7 @@ apply to every run; an entry's own pairs, then the sweep's, win over them.
 
 Each run has its own workdir, `WORKDIR/<entry>[/<sweep value>]/seed<N>`, and every file of a run (metrics.jsonl,
 summary.json, checkpoints) is the one `experiments.main` writes. Runs that differ only in their seed, budget and
-scalar hyper-parameters train as the replicas of one compiled program (`experiments/replicas.py`,
+scalar hyper-parameters train as the replicas of one compiled program (`experiments/harness/replicas.py`,
 `train.plan_groups`: at most `--max_replicas`, or as many as fit in memory); the programs run one after another
 in this process, sharing the imports, the JAX backend, the datasets' in-memory caches and a persistent
 compilation cache (`--compilation_cache_dir`, default WORKDIR/jax_cache, '' for none). Rerunning the same
@@ -39,7 +39,7 @@ not the same draws; use `trace` to replay one measured table for all.
 Writes in WORKDIR: `comparison.md` (the table), `comparison.json` (the same figures, per run and per
 algorithm) and `comparison.png` (eval loss and accuracy against simulated time and against steps, one line per
 algorithm at its best value, the median over the reporting seeds, shaded by the pointwise bootstrap interval of
-that median). Figures over seeds (`experiments.statistics`): medians with `--confidence` (0.95) bootstrap
+that median). Figures over seeds (`experiments.comparison.statistics`): medians with `--confidence` (0.95) bootstrap
 intervals, a seed that misses a target censored at its budget (never dropped), the probability of beating
 `--baseline` on paired seeds with its interval, and a verdict (faster / slower / tied). Times to target are
 interpolated linearly between the two evaluations around the crossing (never quantised by `eval_every`);
@@ -60,11 +60,11 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from waitless.experiments import compare_plan
-from waitless.experiments import compare_runs
-from waitless.experiments import compilation_cache
-from waitless.experiments import report as report_lib
-from waitless.experiments import statistics
+from waitless.experiments.comparison import plan as compare_plan
+from waitless.experiments.comparison import runs as compare_runs
+from waitless.experiments.harness import compilation_cache
+from waitless.experiments.comparison import report as report_lib
+from waitless.experiments.comparison import statistics
 from waitless.experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
 
 flags.adopt_module_key_flags(main_lib)  # --config, --workdir, --seeds, ... in `--help` too
@@ -122,7 +122,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   for r in runs:
     errors.require(r.config.devices == devices, 'devices', r.config.devices,
                    f'must be the same for every run of a comparison ({devices}: set it with --config.devices)')
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
   for r in runs:  # a rerun with other settings must not skip runs of the old ones and report them as the new
     try:
       train.check_workdir(r.workdir, r.config)
@@ -154,10 +154,10 @@ def main(argv):
   log.setLevel(logging.INFO)
   log.propagate = False
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import checkpointing  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import checkpointing  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
   root = main_lib._WORKDIR.value  # pylint: disable=protected-access
   preemption.exit_before_training()
   try:
@@ -180,7 +180,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
   preemption.exit_before_training()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')

@@ -2,7 +2,7 @@
 
 Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
 resumes from its latest checkpoint. `--seeds=N` (N > 1) trains seeds config.seed + 0 .. N-1 as the replicas of
-one compiled program (`experiments/replicas.py`), each in `WORKDIR/seed<S>` with the files of a run alone.
+one compiled program (`experiments/harness/replicas.py`), each in `WORKDIR/seed<S>` with the files of a run alone.
 
 User errors (bad config, missing data, a workdir holding another run) print one line and exit with status 2; a
 diverged run exits with status 3, a simulated cluster that cannot go on (the algorithm waits for a worker that
@@ -11,16 +11,16 @@ stalled). SIGTERM or Ctrl-C (SIGINT) finish the current block, checkpoint, and e
 (`preemption.EXIT_PREEMPTED`) and one line: rerunning the same command resumes; a second signal stops at once
 (status 75 after a SIGTERM, 130 after Ctrl-C), and a SIGTERM before training starts exits 75 too.
 
-Real time (`--config=...:nonblocking,stragglers.kind=measured`, experiments/measured_time.py): nothing is
+Real time (`--config=...:nonblocking,stragglers.kind=measured`, experiments/harness/measured_time.py): nothing is
 simulated; TEST-ONLY `--debug_slow_process=I:S` makes process I sleep S seconds in every micro-batch it computes
-(experiments/slowdown.py), a bad value is one line and status 2.
+(experiments/harness/slowdown.py), a bad value is one line and status 2.
 
 `--compilation_cache_dir=DIR` (or $WAITLESS_COMPILATION_CACHE_DIR) keeps the compiled programs for later runs:
 a 10-step digits run then spends about half the CPU time (no compilation), with identical results.
 
 Multi-process (multi-host) runs: every process runs the same command plus `--coordinator_address`,
 `--num_processes` and `--process_id` (or `--distributed` where JAX detects them: SLURM, Cloud TPU pods); see
-experiments/distributed.py and launch/multiprocess_cpu.sh, launch/slurm.sh, launch/tpu_pod.sh.
+experiments/harness/distributed.py and launch/multiprocess_cpu.sh, launch/slurm.sh, launch/tpu_pod.sh.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from waitless.experiments import compilation_cache  # no JAX import at module level
+from waitless.experiments.harness import compilation_cache  # no JAX import at module level
 from waitless.experiments import config_paths
-from waitless.experiments import distributed  # no JAX backend use at import
-from waitless.experiments import slowdown  # no JAX import at module level
+from waitless.experiments.harness import distributed  # no JAX backend use at import
+from waitless.experiments.harness import slowdown  # no JAX import at module level
 
 if 'config' in flags.FLAGS:  # experiments.simulate imported first in the same process, as in the tests
   _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
@@ -55,7 +55,7 @@ _MAX_REPLICAS = flags.DEFINE_integer(
     'more runs are split into several programs).')
 _MOCK_DATA = flags.DEFINE_bool('mock_data', False, 'Run under tfds.testing.mock_data (dry run, no dataset files).')
 _MOCK_EXAMPLES = flags.DEFINE_integer('mock_examples', 64, 'Examples per split under --mock_data.')
-# Multi-process runs (experiments/distributed.py); none of these set: one process, as before.
+# Multi-process runs (experiments/harness/distributed.py); none of these set: one process, as before.
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0 in a multi-process run '
                                    '(default $JAX_COORDINATOR_ADDRESS).')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in the run (default $JAX_NUM_PROCESSES).')
@@ -71,7 +71,7 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     'default $WAITLESS_COMPILATION_CACHE_DIR, unset: off.')
 _DEBUG_SLOW = flags.DEFINE_string(
     'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
-    'slower device, experiments/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
+    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -85,7 +85,7 @@ def force_host_devices(count: int) -> None:
 def _train(config, workdir, stop_requests, loss_hook=None):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
   replicas (`train.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
-  from waitless.experiments import train  # imported after XLA_FLAGS is set
+  from waitless.experiments.harness import train  # imported after XLA_FLAGS is set
   from waitless import config_errors as errors
   errors.require_int(_SEEDS.value, '--seeds', 1)
   if _SEEDS.value == 1:
@@ -121,7 +121,7 @@ def _run(config, workdir, stop_requests, loss_hook=None):
 
 def _report_seeds(outcomes) -> None:
   """Each seed's summary or failure, one line each; exits 3 if one diverged, else 4 if one stalled."""
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
   progress = std_logging.getLogger('waitless')
   for workdir, outcome in outcomes.items():
     if isinstance(outcome, Exception):
@@ -142,7 +142,7 @@ def _is_jax_runtime_error(e: BaseException) -> bool:
 def _watch_peers(stop_requests, workdir):
   """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import peer_watchdog
+  from waitless.experiments.harness import peer_watchdog
   watchdog = peer_watchdog.PeerWatchdog(
       jax_distributed.global_state.client, distributed.process_index(), distributed.process_count(),
       timeout_s=_HEARTBEAT.value / 2, completed_step=lambda: stop_requests.completed_step, workdir=workdir)
@@ -185,9 +185,9 @@ def main(argv):
   progress.setLevel(std_logging.INFO)
   progress.propagate = False
   from waitless import config_errors as errors
-  from waitless.experiments import checkpointing
-  from waitless.experiments import preemption
-  from waitless.experiments import train
+  from waitless.experiments.harness import checkpointing
+  from waitless.experiments.harness import preemption
+  from waitless.experiments.harness import train
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if _COMPILATION_CACHE.value:
@@ -257,7 +257,7 @@ def parse_flags(argv):
 
 
 def run():
-  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
+  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
   preemption.exit_before_training()  # from here, not after the seconds of imports that main() starts with
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # TensorFlow only feeds data here; silences its notice

@@ -44,7 +44,7 @@ _BLOCK = flags.DEFINE_integer('block', 1000, 'Iterations drawn per clock call.')
 
 def model_bytes(config: ml_collections.ConfigDict) -> float:
   """Bytes of the config's model parameters, from shapes only (`tasks.model_bytes`: nothing is compiled)."""
-  from waitless.experiments import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
+  from waitless.experiments.harness import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
   try:
     return tasks.model_bytes(config)
   except errors.ConfigError as e:

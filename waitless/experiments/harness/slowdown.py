@@ -7,7 +7,7 @@ testing straggler tolerance on one machine; never for a real experiment.
 
 The callback returns 0, added to the loss (its input the loss itself, under `stop_gradient`): the sleep then
 lies between the micro-batch's forward pass and everything that reads the loss, so a host timestamp taken
-after the gradient (`experiments.step.Stopwatch`) comes after it even when the gradient is not computed in a
+after the gradient (`experiments.harness.step.Stopwatch`) comes after it even when the gradient is not computed in a
 loop. (`jax.debug.callback` with no data dependency may be scheduled anywhere in the iteration.)
 """
 

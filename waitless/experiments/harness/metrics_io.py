@@ -27,7 +27,7 @@ import google_crc32c
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 
-from waitless.experiments import atomic_files
+from waitless.experiments.harness import atomic_files
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'

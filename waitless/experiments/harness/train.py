@@ -5,12 +5,12 @@ streams serve every worker the micro-batches at its own positions, one jitted ca
 host logs, evaluates the consensus model and checkpoints at fixed step boundaries. Block lengths depend only on
 absolute step numbers, so a resumed run executes the same programs on the same inputs as an uninterrupted one.
 
-Several runs can share the loop and its program (`experiments/replicas.py`): `train_runs` groups runs whose
+Several runs can share the loop and its program (`experiments/harness/replicas.py`): `train_runs` groups runs whose
 configs differ only in their seed, budget and scalar hyper-parameters, and `train_group` trains a group as R
 replicas of one compiled block step, each with its own clock, data positions, budget and workdir (metrics,
 summary, TensorBoard, checkpoints: the files a run alone writes). `train_and_evaluate` is a group of one.
 
-With `stragglers.kind='measured'` nothing is simulated (`experiments/measured_time.py`): the clock is a
+With `stragglers.kind='measured'` nothing is simulated (`experiments/harness/measured_time.py`): the clock is a
 `MeasuredClock`, `sim_time` and `time_to_target` hold measured training seconds (every row and the summary say
 `"clock": "measured"`), and nonblocking's counts come from the devices' measured speeds.
 """
@@ -39,17 +39,17 @@ from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
 from waitless.cluster import rules as rules_lib
 from waitless.data import registry as data_registry
-from waitless.experiments import atomic_files
-from waitless.experiments import checkpointing
-from waitless.experiments import measured_time
-from waitless.experiments import metrics_io
-from waitless.experiments import preemption
-from waitless.experiments import replicas as replicas_lib
-from waitless.experiments import step as step_lib
-from waitless.experiments import transfer
-from waitless.experiments import tasks
-from waitless.experiments import validation
-from waitless.experiments import workers as workers_lib
+from waitless.experiments.harness import atomic_files
+from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import measured_time
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import replicas as replicas_lib
+from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import transfer
+from waitless.experiments.harness import tasks
+from waitless.experiments.harness import validation
+from waitless.experiments.harness import workers as workers_lib
 from waitless.experiments.configs import common as config_common
 from waitless.models import registry as model_registry
 
@@ -135,7 +135,7 @@ class Run:
 
   @property
   def measured(self) -> bool:
-    """Real time, nothing simulated (`stragglers.kind='measured'`, experiments/measured_time.py)."""
+    """Real time, nothing simulated (`stragglers.kind='measured'`, experiments/harness/measured_time.py)."""
     return measured_time.is_measured(self.config)
 
   @property
@@ -177,7 +177,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
 
 @dataclasses.dataclass
 class Group:
-  """R runs trained by one program (`experiments/replicas.py`).
+  """R runs trained by one program (`experiments/harness/replicas.py`).
 
   Attributes:
     runs: one `Run` per replica: its config, its dataset (its seed's data order), its transformation.
@@ -209,7 +209,7 @@ def build_group(configs: Sequence[ml_collections.ConfigDict]) -> Group:
   keys = {replicas_lib.program_key(run.config) for run in runs}
   if None in keys or len(keys) > 1:
     raise ValueError('these runs cannot share one program: their configs differ beyond the replica fields '
-                     '(experiments.replicas.partition groups runs that can)')
+                     '(experiments.harness.replicas.partition groups runs that can)')
   return Group(runs, replicas_lib.varying_values([run.config for run in runs]))
 
 
@@ -237,10 +237,10 @@ def vectorize_evaluation(layout: workers_lib.WorkerLayout) -> bool:
 
 
 class BlockStep:
-  """The jitted block step (`experiments.step.make_block_step`) of a run or a group, with the algorithm's hooks.
+  """The jitted block step (`experiments.harness.step.make_block_step`) of a run or a group, with the algorithm's hooks.
 
   `(state, packed, spec, steps, slots) -> (state, measurements)`: the block's inputs packed
-  (`experiments.transfer`) with their static spec, `steps` a host int32 array and `slots` the block's static
+  (`experiments.harness.transfer`) with their static spec, `steps` a host int32 array and `slots` the block's static
   number of gradient slots (`step.gradient_slots`; None: every worker computes). A data set held in memory
   lives on the devices (placed once, here), and the step reads its micro-batches there by index. A block of whole
   rounds of the algorithm's `round_length` runs the round-structured program where `rounds` is true (default:
@@ -304,7 +304,7 @@ def make_block_step(run_or_group, rounds: bool | None = None, vectorized: bool =
                     loss_hook=None) -> BlockStep:
   """The block step of a run or group; `rounds`: see `BlockStep` (None: the round program on accelerators);
   `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`);
-  `loss_hook`: TEST-ONLY, on every micro-batch's loss (`experiments.slowdown`)."""
+  `loss_hook`: TEST-ONLY, on every micro-batch's loss (`experiments.harness.slowdown`)."""
   return BlockStep(run_or_group, rounds, vectorized, loss_hook)
 
 
@@ -496,7 +496,7 @@ def _pack(run: Run, examples, per_worker, shared, own, steps):
 
 def block_inputs(run: Run, block, positions: np.ndarray, step: int):
   """The step's (packed inputs, their spec, steps, slots) for `block`: every worker's micro-batches at its own
-  positions (or their indices), the schedule and the steps packed (`experiments.transfer`), the steps on the
+  positions (or their indices), the schedule and the steps packed (`experiments.harness.transfer`), the steps on the
   host (`BlockStep` picks the program by them) and the block's gradient slots (`step.gradient_slots`).
 
   Returns the four arguments after the state, and the data positions after the block.
@@ -763,7 +763,7 @@ def _restore(group: Group, replicas: list[_Replica], state):
     if not common:
       raise ValueError('the runs of this group have no checkpoint step in common (latest: '
                        + ', '.join(f'{r.workdir}: {max(s) if s else None}' for r, s in zip(replicas, steps))
-                       + '): train them in separate groups (experiments.replicas.partition does)')
+                       + '): train them in separate groups (experiments.harness.replicas.partition does)')
     step = max(common)
     restored = [r.checkpointer.restore_step(step, like, checkpointing.quarantine_step(r.workdir)) for r in replicas]
     if all(x is not None for x in restored):
@@ -818,7 +818,7 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   float32: XLA may round the batched program differently). A replica that has spent its budget, or that
   diverged or stalled, is frozen (it computes what is never read) while the others go on.
 
-  `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.slowdown.loss_hook`).
+  `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.harness.slowdown.loss_hook`).
 
   Returns:
     Per run, its summary dict, or the TrainingDiverged / ClusterStalled it stopped with.

@@ -1,8 +1,8 @@
 """A comparison's report: comparison.md (the table), comparison.json (the figures), comparison.png (the curves).
 
 The figures and their definitions (medians with bootstrap intervals, censoring, probability of improvement,
-verdicts, tuning seeds) are `experiments.statistics`'; the table states them in its notes, the plot shows each
-entry's median curve over the reporting seeds shaded by the pointwise bootstrap interval of that median.
+verdicts, tuning seeds) are `experiments.comparison.statistics`'; the table states them in its notes, the plot shows
+each entry's median curve over the reporting seeds shaded by the pointwise bootstrap interval of that median.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import math
 import os
 from typing import Any, Optional, Sequence
 
-from waitless.experiments import atomic_files
-from waitless.experiments import statistics
-from waitless.experiments.compare_plan import PlannedRun
-from waitless.experiments.compare_plan import sweep_label
+from waitless.experiments.harness import atomic_files
+from waitless.experiments.comparison import statistics
+from waitless.experiments.comparison.plan import PlannedRun
+from waitless.experiments.comparison.plan import sweep_label
 
 log = logging.getLogger('waitless')
 
@@ -188,7 +188,7 @@ def _curves(group: dict[str, Any], x: str, key: str, confidence: float):
   """(grid, median, low, high) of `key` against `x` over the group's seeds, low and high the pointwise bootstrap
   interval of the median (None with one seed); None when no run has `key`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
   series = []
   for record in group['runs']:
     rows = [r for r in metrics_io.read_rows(record['workdir']) if r.get(key) is not None and math.isfinite(r[key])]

@@ -195,7 +195,7 @@ def transformer_beam_search(model, params, inputs, max_decode_len: int, beam_siz
 
   Encodes `inputs` (batch, length) once, repeats the encoding and the source over the beam and steps a
   `decode=True` copy of the model (dropout off) one token per call with its key/value cache, as
-  `experiments/translation.py:greedy_decode` does. `model.config.max_len` must be >= max_decode_len.
+  `experiments/harness/translation.py:greedy_decode` does. `model.config.max_len` must be >= max_decode_len.
   """
   decoder, encoded, cache = start_decoding(model, params, inputs, max_decode_len)
   batch = inputs.shape[0]
@@ -216,7 +216,7 @@ def beam_decode(model, params, inputs, max_decode_len: int, beam_size: int = 4, 
 
   The best hypothesis per example under score = log p(y|x) / ((5 + |y|) / 6) ** alpha (Wu et al. 2016,
   arXiv:1609.08144; see `beam_search`). Tokens after the first EOS are 0: the contract of
-  `experiments/translation.py:greedy_decode`, so either can feed BLEU. Jit with `static_argnums=(0, 3, 4)`.
+  `experiments/harness/translation.py:greedy_decode`, so either can feed BLEU. Jit with `static_argnums=(0, 3, 4)`.
   """
   sequences, _ = transformer_beam_search(model, params, inputs, max_decode_len, beam_size, alpha, eos_id)
   return sequences[:, 0]

@@ -28,7 +28,7 @@ K) are refused before anything compiles (`REFUSED` says why for each).
 Measuring a device inside a lock-step program: the program's collectives make every process's call as long
 as the slowest device's, so each device's gradient phase is timed from inside the program, by host clock reads
 on that device right before and right after its gradients, before the update's collectives
-(`experiments.step.Stopwatch`, which says why this was chosen over two calls per iteration). The seconds and
+(`experiments.harness.step.Stopwatch`, which says why this was chosen over two calls per iteration). The seconds and
 counts of every device reach every process with the block's measurements (one all-gather), so every process
 feeds the same table to `MeasuredSpeeds.observe_calls` and computes the same counts. The first measured
 iteration of a process is not fed (first execution of a program); then, as `MeasuredStep` does, the counts

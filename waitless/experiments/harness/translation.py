@@ -5,13 +5,13 @@ cross-entropy against targets smoothed with `label_smoothing` (0.1, Szegedy et a
 (the entropy of the smoothed targets) so a perfect model scores 0, averaged over the non-padding target tokens
 of the micro-batch. Evaluation sums (over the batch's `mask`): `loss_sum` = plain token negative
 log-likelihood, `correct` = tokens whose argmax is right, `count` = non-padding target tokens; so
-eval_loss is per-token NLL (perplexity = exp) and eval_accuracy is token accuracy. `experiments/tasks.py`
+eval_loss is per-token NLL (perplexity = exp) and eval_accuracy is token accuracy. `experiments/harness/tasks.py`
 registers `loss`, `eval_sums` and `model_inputs` as the `seq2seq` task (this module does not import it, so
 there is no import cycle).
 
 BLEU (Papineni et al. 2002) is computed with sacrebleu (Post 2018, "A Call for Clarity in Reporting BLEU
 Scores") on detokenized translations of the evaluation split: `bleu_score(model, params, dataset)`, by beam
-search (`experiments/beam_search.py`, beam 4 and length penalty 0.6 as Vaswani et al. 2017) or, with beam size
+search (`experiments/harness/beam_search.py`, beam 4 and length penalty 0.6 as Vaswani et al. 2017) or, with beam size
 1, greedily. The training loop reports it as `eval_bleu` when the config has a `bleu` section (see `eval_bleu` below).
 """
 
@@ -25,7 +25,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from waitless.experiments import beam_search
+from waitless.experiments.harness import beam_search
 
 
 LABEL_SMOOTHING = 0.1
@@ -50,7 +50,7 @@ def smoothed_cross_entropy(logits, targets, label_smoothing: float):
 
 
 def _apply(model, params, model_state, batch, train: bool, rng):
-  """Logits of the model on `batch` (as `experiments/tasks.py:_apply`; the Transformer has no batch norm)."""
+  """Logits of the model on `batch` (as `experiments/harness/tasks.py:_apply`; the Transformer has no batch norm)."""
   variables = {'params': params, **model_state}
   rngs = {'dropout': rng} if rng is not None else None
   if train and model_state:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from waitless import config_errors as errors
-from waitless.experiments import translation
+from waitless.experiments.harness import translation
 
 
 def _apply(model, params, model_state, inputs, train: bool, rng):

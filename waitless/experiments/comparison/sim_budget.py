@@ -14,7 +14,7 @@ import numpy as np
 from waitless.algorithms import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
-from waitless.experiments import tasks
+from waitless.experiments.harness import tasks
 
 
 MAX_STEPS = 10 ** 7  # the iterations a budget may buy without --max_steps
@@ -67,7 +67,7 @@ def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
   run (`CHECKPOINTS_PER_RUN`: a short run does not spend its time saving, and a kill loses at most a tenth of it;
   SIGTERM and Ctrl-C still checkpoint where they stop). `cadence_steps` (default `steps`) sets the cadence instead: the
   seeds of one comparison entry take their first seed's, so that they share one program
-  (`experiments/replicas.py`) and differ only in their own `num_steps`.
+  (`experiments/harness/replicas.py`) and differ only in their own `num_steps`.
   """
   r = registry.get(config.algorithm.name).round_length(config) or 1
   every = -(-max(1, (steps if cadence_steps is None else cadence_steps) // evals) // r) * r

@@ -103,7 +103,7 @@ def check_sweep_axes(specs: Sequence[str], runs: Sequence['PlannedRun']) -> None
     config_errors.ConfigError: naming the --sweep flag.
   """
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import replicas  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import replicas  # pylint: disable=g-import-not-at-top
   for spec in specs:
     keys = [k.strip() for k in spec.partition('=')[0].split(':')]
     if len(keys) < 2:
@@ -194,10 +194,10 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
   """
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   from waitless.data import registry as data_registry  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import measured_time  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import sim_budget  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import tasks  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import validation  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import measured_time  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.comparison import sim_budget  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import tasks  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import validation  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   errors.require_int(seeds, '--seeds', 1)
   if sim_time is not None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from waitless.algorithms import optimizers
 from waitless.algorithms import registry
-from waitless.experiments import measured_time
+from waitless.experiments.harness import measured_time
 
 
 def replica_fields(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -59,7 +59,7 @@ def program_key(config: ml_collections.ConfigDict) -> Optional[str]:
   only paces the log.
   """
   if config.stragglers.get('calibrate') or measured_time.is_measured(config):
-    return None  # a measured run (experiments/measured_time.py) times its own program too
+    return None  # a measured run (experiments/harness/measured_time.py) times its own program too
   tree = json.loads(config.to_json_best_effort())
   for path in (*replica_fields(config), 'progress_every_s'):
     node = tree

@@ -12,8 +12,8 @@ import os
 import time
 from typing import Optional, Sequence
 
-from waitless.experiments import atomic_files
-from waitless.experiments.compare_plan import PlannedRun
+from waitless.experiments.harness import atomic_files
+from waitless.experiments.comparison.plan import PlannedRun
 
 FAILED_FILE = 'compare_failed.json'  # a diverged or stalled run: rerunning would fail the same way
 SUMMARY_FILE = 'summary.json'
@@ -90,8 +90,8 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
   and the others go on. `train.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
   it stopped.
   """
-  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
   pending = [run for run in runs if run_status(run.workdir) is None]
   if len(pending) < len(runs):
     log.info('%d of %d runs finished already (summary.json or %s in their workdirs): skipped',

@@ -33,10 +33,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from waitless.experiments.compare_plan import PlannedRun
-from waitless.experiments.compare_runs import SUMMARY_FILE
-from waitless.experiments.compare_runs import read_json
-from waitless.experiments.compare_runs import run_status
+from waitless.experiments.comparison.plan import PlannedRun
+from waitless.experiments.comparison.runs import SUMMARY_FILE
+from waitless.experiments.comparison.runs import read_json
+from waitless.experiments.comparison.runs import run_status
 
 INTERPOLATION = 'linear interpolation between the two evaluations around the crossing'
 
@@ -60,7 +60,7 @@ def crossing(rows: Sequence[dict[str, Any]], key: str, target: float, above: boo
 
 def read_run(run: PlannedRun) -> dict[str, Any]:
   """The run's rows and summary (None while unfinished) and its status."""
-  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
   summary = read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
   return {'rows': metrics_io.read_rows(run.workdir, complete=status == 'finished'), 'summary': summary,

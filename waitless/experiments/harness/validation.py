@@ -11,7 +11,7 @@ from waitless.algorithms import optimizers
 from waitless.algorithms import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
-from waitless.experiments import measured_time
+from waitless.experiments.harness import measured_time
 from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 

@@ -10,7 +10,7 @@ state donated.
 The schedule's per-worker fields are vmapped with the workers that share a device; its uniform fields
 (`Schedule.UNIFORM`) and the step number are not, so conditionals over them stay conditionals.
 
-Replicas (`experiments/replicas.py`): with a `ReplicaAxis` the program trains R runs at once. Every state leaf
+Replicas (`experiments/harness/replicas.py`): with a `ReplicaAxis` the program trains R runs at once. Every state leaf
 is (R, P, ...), every per-worker input (R, n, P, ...), and one replica's block is vmapped over the leading axis
 inside the same `shard_map` (the collectives name the worker axes only, so replicas never mix). What differs
 between replicas arrives as inputs: their traced values (seed, learning rate, ...), from which each replica's
@@ -41,8 +41,8 @@ import optax
 from jax.sharding import PartitionSpec
 
 from waitless.algorithms import spec as spec_lib
-from waitless.experiments import transfer
-from waitless.experiments import workers as workers_lib
+from waitless.experiments.harness import transfer
+from waitless.experiments.harness import workers as workers_lib
 
 
 class TrainState(NamedTuple):
@@ -70,7 +70,7 @@ def make_worker_gradient(task, model, microbatches: int, gradient_params=spec_li
   finished) instead of scanning every slot of the buffer: the same sums, for buffers much larger than what a
   worker finishes (K-batch rules: K mini-batches per worker, about K / P of them used). Each micro-batch's
   gradient is taken where `gradient_params` says (default: the worker's own parameters). `loss_hook`: applied to
-  every micro-batch's loss (TEST-ONLY: `experiments.slowdown.loss_hook`, a slower device).
+  every micro-batch's loss (TEST-ONLY: `experiments.harness.slowdown.loss_hook`, a slower device).
   """
   def masked_loss(params, model_state, batch, rng, used):
     loss, new_model_state = task.loss(model, params, model_state, batch, rng)
@@ -142,7 +142,7 @@ def make_worker_update(tx: optax.GradientTransformationExtraArgs, microbatches: 
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaAxis:
-  """R runs in one program (`experiments/replicas.py`).
+  """R runs in one program (`experiments/harness/replicas.py`).
 
   Attributes:
     count: R.
@@ -263,7 +263,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
 
   Args (of the returned function):
     state: TrainState, every leaf (P, ...) sharded over the workers (donated); with `replicas`, (R, P, ...).
-    packed: the block's inputs (`experiments.transfer.pack`): the examples or their indices (n, P, m, b/m, ...),
+    packed: the block's inputs (`experiments.harness.transfer.pack`): the examples or their indices (n, P, m, b/m, ...),
       the schedule (the time rule's NamedTuple: per-worker fields (n, P), uniform fields (n,)) and the global
       step of each iteration (n,) (the same for every replica); with `replicas`, every per-worker array has a
       leading R, and a uniform field that differs between replicas is (R, n) ("own"), else (n,) (shared).
