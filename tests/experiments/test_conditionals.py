@@ -14,7 +14,9 @@ from absl.testing import parameterized
 import numpy as np
 import optax
 
-from waitless.experiments.harness import train
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
 from tests import harness
 from tests import hlo
 
@@ -30,14 +32,14 @@ def without_step(tx: optax.GradientTransformationExtraArgs) -> optax.GradientTra
 def compiled_block_step(arg: str, workers: int, devices: int, drop_step: bool = False, n: int = 4,
                         rounds: bool | None = None) -> hlo.Hlo:
   config = harness.synthetic_config(arg, workers=workers, devices=devices, steps_per_call=n)
-  run = train.build(config)
+  run = setup.build(config)
   if drop_step:
     run.tx = without_step(run.tx)
-  state = train.init_state(run)
-  _, nbytes = train.param_count_and_bytes(state.params)
-  block = train.make_clock(run, nbytes).next_block(n)
-  inputs, _ = train.block_inputs(run, block, np.zeros(workers, np.int64), 0)
-  return hlo.compiled(train.make_block_step(run, rounds=rounds), state, *inputs)
+  state = setup.init_state(run)
+  _, nbytes = setup.param_count_and_bytes(state.params)
+  block = setup.clock_for(run, nbytes).next_block(n)
+  inputs, _ = inputs_lib.block_inputs(run, block, np.zeros(workers, np.int64), 0)
+  return hlo.compiled(block_step_lib.BlockStep(run, rounds=rounds), state, *inputs)
 
 
 class ConditionalCollectivesTest(parameterized.TestCase):
@@ -75,12 +77,12 @@ class ConditionalCollectivesTest(parameterized.TestCase):
     def layout(platform):
       return types.SimpleNamespace(mesh=types.SimpleNamespace(devices=np.array([types.SimpleNamespace(
           platform=platform)])))
-    self.assertEqual({p: train.rounds_pay_off(layout(p)) for p in ('cpu', 'gpu', 'tpu')},
+    self.assertEqual({p: block_step_lib.rounds_pay_off(layout(p)) for p in ('cpu', 'gpu', 'tpu')},
                      {'cpu': False, 'gpu': True, 'tpu': True})
-    run = train.build(harness.synthetic_config('local_sgd,local_steps=4', workers=4, devices=2))
-    self.assertIsNone(train.make_block_step(run).rounds)
-    self.assertIsNotNone(train.make_block_step(run, rounds=True).rounds)
-    self.assertIsNone(train.make_block_step(train.build(harness.synthetic_config('sync')), rounds=True).rounds)
+    run = setup.build(harness.synthetic_config('local_sgd,local_steps=4', workers=4, devices=2))
+    self.assertIsNone(block_step_lib.BlockStep(run).rounds)
+    self.assertIsNotNone(block_step_lib.BlockStep(run, rounds=True).rounds)
+    self.assertIsNone(block_step_lib.BlockStep(setup.build(harness.synthetic_config('sync')), rounds=True).rounds)
 
   def test_sync_all_reduces_unconditionally(self):
     program = compiled_block_step('sync', workers=4, devices=2)

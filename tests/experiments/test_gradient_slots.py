@@ -6,9 +6,11 @@ import jax
 import numpy as np
 
 from benchmarks import timing
-from waitless.experiments.harness import step as step_lib
-from waitless.experiments.harness import train
 from waitless.experiments.configs import digits
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import step as step_lib
 from tests import harness
 
 
@@ -56,14 +58,14 @@ class GatheredEqualsDenseTest(parameterized.TestCase):
     with jax.enable_x64(True):
       config = harness.synthetic_config(arg, workers=4, devices=devices, microbatches=2, **{
           'model.param_dtype': 'float64', 'model.dtype': 'float64'})
-      run = train.build(config)
-      clock = train.make_clock(run, 1e4)
-      block_step = train.make_block_step(run)
-      inputs, _ = train.block_inputs(run, clock.next_block(6), np.zeros(config.workers, np.int64), 0)
+      run = setup.build(config)
+      clock = setup.clock_for(run, 1e4)
+      block_step = block_step_lib.BlockStep(run)
+      inputs, _ = inputs_lib.block_inputs(run, clock.next_block(6), np.zeros(config.workers, np.int64), 0)
       *args, slots = inputs
       self.assertIsNotNone(slots)  # some worker of the block finished nothing: the gathered program runs
-      gathered, _ = block_step(train.init_state(run), *args, slots=slots)
-      dense, _ = block_step(train.init_state(run), *args, slots=None)
+      gathered, _ = block_step(setup.init_state(run), *args, slots=slots)
+      dense, _ = block_step(setup.init_state(run), *args, slots=None)
       jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15), gathered, dense)
       self.assertEqual(block_step.per_iteration._cache_size(), 2)  # two programs did run
 

@@ -14,12 +14,13 @@ import numpy as np
 from waitless import config_errors as errors
 from waitless.algorithms import measured_speeds
 from waitless.algorithms import registry
+from waitless.experiments.configs import digits
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
+from waitless.experiments.harness import setup
 from waitless.experiments.harness import train
 from waitless.experiments.harness import validation
-from waitless.experiments.configs import digits
 from tests.experiments import test_multiprocess
 
 SMALL = 'stragglers.kind=measured,workers=2,devices=2,microbatches=4'
@@ -69,7 +70,7 @@ class ValidationTest(parameterized.TestCase):
   @parameterized.parameters('sync', 'local_sgd', 'diloco', 'streaming_diloco', 'dasgd', 'dpsgd', 'matcha', 'wagma')
   def test_synchronous_schedules_every_worker_all_microbatches(self, name):
     config = digits.get_config(f'{name},stragglers.kind=measured,workers=4,devices=2,microbatches=2')
-    run = train.build(config)
+    run = setup.build(config)
     clock = measured_time.MeasuredClock(run.config, run.rule, 1e4, devices=2)
     block = clock.next_block(8)
     np.testing.assert_array_equal(block.schedule.microbatches_done, np.full((8, 4), 2))

@@ -9,12 +9,13 @@ from absl.testing import parameterized
 import tensorflow_datasets as tfds
 
 from waitless import config_errors as errors
-from waitless.experiments.harness import train
-from waitless.experiments.harness import validation
 from waitless.experiments.configs import cifar10
 from waitless.experiments.configs import common
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import imagenet
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 
 DIGITS_TRAIN = 1437  # 80% of the 1,797 digits
 
@@ -84,7 +85,7 @@ class ResolutionTest(absltest.TestCase):
 
   def test_build_resolves_once_from_the_training_split(self):
     config = digits.get_config('sync,num_epochs=2.5')
-    run = train.build(config)
+    run = setup.build(config)
     # ceil(2.5 x 1,437 / (8 workers x 16)) = ceil(28.07)
     self.assertEqual(run.config.num_steps, 29)
     self.assertIsNone(run.config.num_epochs)
@@ -92,24 +93,24 @@ class ResolutionTest(absltest.TestCase):
     # The caller's config is left as given; a config in steps is used as it is.
     self.assertEqual((config.num_steps, config.num_epochs), (None, 2.5))
     steps_config = digits.get_config('sync')
-    self.assertIs(train.build(steps_config).config, steps_config)
+    self.assertIs(setup.build(steps_config).config, steps_config)
     # Workers and batch size given after the epochs change the resolved steps: global batch 4 x 16.
-    self.assertEqual(train.build(digits.get_config('sync,num_epochs=2.5,workers=4,devices=4'))
+    self.assertEqual(setup.build(digits.get_config('sync,num_epochs=2.5,workers=4,devices=4'))
                      .config.num_steps, 57)
-    self.assertEqual(train.build(digits.get_config('sync,num_epochs=1,batch_size=8')).config.num_steps,
+    self.assertEqual(setup.build(digits.get_config('sync,num_epochs=1,batch_size=8')).config.num_steps,
                      math.ceil(DIGITS_TRAIN / 64))
 
   def test_a_tfds_workload_resolves_from_its_training_split(self):
     config = cifar10.get_config('sync,model.name=resnet_test,workers=2,devices=2,batch_size=4,num_epochs=1.5')
     with tfds.testing.mock_data(num_examples=32):
-      run = train.build(config)
+      run = setup.build(config)
     self.assertEqual((run.dataset.train_size, run.config.num_steps), (32, 6))  # 1.5 x 32 / (2 x 4)
 
   def test_checks_on_the_number_of_steps_apply_to_the_resolved_one(self):
     config = digits.get_config('adasync,num_epochs=0.1')
     validation.validate(config)  # the steps are not known yet
     with self.assertRaisesRegex(errors.ConfigError, r'^num_steps=2 .*adasync needs'):
-      train.build(config)  # ceil(0.1 x 1,437 / 128) = 2 iterations: too few for AdaSync
+      setup.build(config)  # ceil(0.1 x 1,437 / 128) = 2 iterations: too few for AdaSync
 
   def test_a_run_in_epochs_trains_the_resolved_steps_and_resumes(self):
     config = digits.get_config('sync,num_epochs=0.5,eval_every=5,checkpoint_every=5,log_every=5,steps_per_call=5')

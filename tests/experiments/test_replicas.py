@@ -10,11 +10,13 @@ import pytest
 
 from waitless import config_errors as errors
 from waitless.algorithms import registry
+from waitless.experiments.configs import digits
+from waitless.experiments.harness import loop as loop_lib
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
 from waitless.experiments.harness import replicas
+from waitless.experiments.harness import setup
 from waitless.experiments.harness import train
-from waitless.experiments.configs import digits
 from tests import harness
 from tests.experiments import test_preemption
 from tests.experiments import test_train
@@ -149,7 +151,7 @@ class TrainGroupTest(parameterized.TestCase):
     root = self.create_tempdir().full_path
     with self.assertLogs('waitless', level='INFO') as logs:
       outcomes = train.train_group(configs, [os.path.join(root, f'r{i}') for i in range(2)])
-    self.assertIsInstance(outcomes[0], train.TrainingDiverged)
+    self.assertIsInstance(outcomes[0], loop_lib.TrainingDiverged)
     # Reported once, at its first non-finite step: the block dispatched ahead of the divergence is not read.
     reports = [line for line in logs.output if 'training loss is' in line]
     self.assertEqual(reports, [f'INFO:waitless:{outcomes[0]}'])
@@ -229,11 +231,11 @@ class PartitionTest(parameterized.TestCase):
     configs = [self._config(seed=i) for i in range(4)]
     with self.assertRaisesRegex(errors.ConfigError, r'^--max_replicas=4 is not allowed: only 1 replicas'):
       with absltest.mock.patch.object(replicas, 'available_memory_bytes', return_value=1):
-        train.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=4)
+        setup.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=4)
     with absltest.mock.patch.object(replicas, 'available_memory_bytes', return_value=1):
-      self.assertEqual(train.plan_groups(configs, [f'/w{i}' for i in range(4)]), [[0], [1], [2], [3]])
+      self.assertEqual(setup.plan_groups(configs, [f'/w{i}' for i in range(4)]), [[0], [1], [2], [3]])
     with self.assertRaisesRegex(errors.ConfigError, r'^--max_replicas=0 is not allowed'):
-      train.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=0)
+      setup.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=0)
 
 
 if __name__ == '__main__':

@@ -23,7 +23,7 @@ apply to every run; an entry's own pairs, then the sweep's, win over them.
 Each run has its own workdir, `WORKDIR/<entry>[/<sweep value>]/seed<N>`, and every file of a run (metrics.jsonl,
 summary.json, checkpoints) is the one `experiments.main` writes. Runs that differ only in their seed, budget and
 scalar hyper-parameters train as the replicas of one compiled program (`experiments/harness/replicas.py`,
-`train.plan_groups`: at most `--max_replicas`, or as many as fit in memory); the programs run one after another
+`setup.plan_groups`: at most `--max_replicas`, or as many as fit in memory); the programs run one after another
 in this process, sharing the imports, the JAX backend, the datasets' in-memory caches and a persistent
 compilation cache (`--compilation_cache_dir`, default WORKDIR/jax_cache, '' for none). Rerunning the same
 command skips finished runs (summary.json present, or a recorded divergence or stall), resumes interrupted ones
@@ -60,12 +60,12 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from waitless.experiments.comparison import plan as compare_plan
-from waitless.experiments.comparison import runs as compare_runs
-from waitless.experiments.harness import compilation_cache
-from waitless.experiments.comparison import report as report_lib
-from waitless.experiments.comparison import statistics
 from waitless.experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
+from waitless.experiments.comparison import plan as compare_plan
+from waitless.experiments.comparison import report as report_lib
+from waitless.experiments.comparison import runs as compare_runs
+from waitless.experiments.comparison import statistics
+from waitless.experiments.harness import compilation_cache
 
 flags.adopt_module_key_flags(main_lib)  # --config, --workdir, --seeds, ... in `--help` too
 
@@ -122,12 +122,12 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   for r in runs:
     errors.require(r.config.devices == devices, 'devices', r.config.devices,
                    f'must be the same for every run of a comparison ({devices}: set it with --config.devices)')
-  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   for r in runs:  # a rerun with other settings must not skip runs of the old ones and report them as the new
     try:
-      train.check_workdir(r.workdir, r.config)
-    except train.WorkdirConflict as e:
-      raise train.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
+      workdir_lib.check_workdir(r.workdir, r.config)
+    except workdir_lib.WorkdirConflict as e:
+      raise workdir_lib.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
                                   'same flags, or give the new one its own --workdir)') from e
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
         f'{len(set(r.sweep for r in runs))} sweep points x {main_lib._SEEDS.value} seeds) in {root}', file=sys.stderr)
@@ -157,12 +157,12 @@ def main(argv):
   from waitless.experiments.harness import checkpointing  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   root = main_lib._WORKDIR.value  # pylint: disable=protected-access
   preemption.exit_before_training()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
-  except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
           metrics_io.CutLog) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

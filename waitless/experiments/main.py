@@ -36,8 +36,8 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from waitless.experiments.harness import compilation_cache  # no JAX import at module level
 from waitless.experiments import config_paths
+from waitless.experiments.harness import compilation_cache  # no JAX import at module level
 from waitless.experiments.harness import distributed  # no JAX backend use at import
 from waitless.experiments.harness import slowdown  # no JAX import at module level
 
@@ -84,8 +84,9 @@ def force_host_devices(count: int) -> None:
 
 def _train(config, workdir, stop_requests, loss_hook=None):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
-  replicas (`train.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
-  from waitless.experiments.harness import train  # imported after XLA_FLAGS is set
+  replicas (`setup.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
+  from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
+  from waitless.experiments.harness import train
   from waitless import config_errors as errors
   errors.require_int(_SEEDS.value, '--seeds', 1)
   if _SEEDS.value == 1:
@@ -97,7 +98,7 @@ def _train(config, workdir, stop_requests, loss_hook=None):
     configs.append(seeded)
   workdirs = [os.path.join(workdir, f'seed{c.seed}') for c in configs]
   outcomes = {}
-  for group in train.plan_groups(configs, workdirs, _MAX_REPLICAS.value):
+  for group in setup.plan_groups(configs, workdirs, _MAX_REPLICAS.value):
     results = train.train_group([configs[i] for i in group], [workdirs[i] for i in group], stop_requests,
                                 loss_hook)
     outcomes.update({workdirs[i]: result for i, result in zip(group, results)})
@@ -121,16 +122,16 @@ def _run(config, workdir, stop_requests, loss_hook=None):
 
 def _report_seeds(outcomes) -> None:
   """Each seed's summary or failure, one line each; exits 3 if one diverged, else 4 if one stalled."""
-  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
   progress = std_logging.getLogger('waitless')
   for workdir, outcome in outcomes.items():
     if isinstance(outcome, Exception):
       print(f'error: {workdir}: {outcome}', file=sys.stderr)
     else:
       progress.info('summary %s: %s', workdir, json.dumps(outcome))
-  if any(isinstance(o, train.TrainingDiverged) for o in outcomes.values()):
+  if any(isinstance(o, loop_lib.TrainingDiverged) for o in outcomes.values()):
     sys.exit(3)
-  if any(isinstance(o, train.ClusterStalled) for o in outcomes.values()):
+  if any(isinstance(o, loop_lib.ClusterStalled) for o in outcomes.values()):
     sys.exit(4)
 
 
@@ -186,8 +187,9 @@ def main(argv):
   progress.propagate = False
   from waitless import config_errors as errors
   from waitless.experiments.harness import checkpointing
+  from waitless.experiments.harness import loop as loop_lib
   from waitless.experiments.harness import preemption
-  from waitless.experiments.harness import train
+  from waitless.experiments.harness import workdir as workdir_lib
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if _COMPILATION_CACHE.value:
@@ -204,13 +206,13 @@ def main(argv):
     watchdog = _watch_peers(stop_requests, _WORKDIR.value)
   try:
     summary = _run(config, _WORKDIR.value, stop_requests, loss_hook)
-  except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  except train.TrainingDiverged as e:
+  except loop_lib.TrainingDiverged as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(3)
-  except train.ClusterStalled as e:
+  except loop_lib.ClusterStalled as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(4)
   except preemption.Preempted as e:

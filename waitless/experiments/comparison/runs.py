@@ -12,8 +12,8 @@ import os
 import time
 from typing import Optional, Sequence
 
-from waitless.experiments.harness import atomic_files
 from waitless.experiments.comparison.plan import PlannedRun
+from waitless.experiments.harness import atomic_files
 
 FAILED_FILE = 'compare_failed.json'  # a diverged or stalled run: rerunning would fail the same way
 SUMMARY_FILE = 'summary.json'
@@ -84,14 +84,18 @@ def format_duration(seconds: float) -> str:
 def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas: Optional[int] = None) -> None:
   """Trains every unfinished run in this process; finished ones are skipped.
 
-  The runs are grouped into programs (`train.plan_groups`: seeds and sweep values that change no shape and no
+  The runs are grouped into programs (`setup.plan_groups`: seeds and sweep values that change no shape and no
   time rule train as the replicas of one compiled program, at most `max_replicas` or as many as fit in memory),
   one program after another. A run that diverges or stalls is recorded (`compare_failed.json` in its workdir)
-  and the others go on. `train.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
+  and the others go on. `preemption.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
   it stopped.
   """
-  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import loop as loop_lib
+  from waitless.experiments.harness import preemption
+  from waitless.experiments.harness import setup
+  from waitless.experiments.harness import train
+  # pylint: enable=g-import-not-at-top
   pending = [run for run in runs if run_status(run.workdir) is None]
   if len(pending) < len(runs):
     log.info('%d of %d runs finished already (summary.json or %s in their workdirs): skipped',
@@ -99,7 +103,7 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
   if not pending:
     return
   groups = [[pending[i] for i in group] for group in
-            train.plan_groups([r.config for r in pending], [r.workdir for r in pending], max_replicas)]
+            setup.plan_groups([r.config for r in pending], [r.workdir for r in pending], max_replicas)]
   log.info('%d runs to train in %d programs', len(pending), len(groups))
   progress = _Progress(groups)
   log.addFilter(progress)
@@ -114,8 +118,8 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
       outcomes = train.train_group([r.config.copy_and_resolve_references() for r in group],
                                    [r.workdir for r in group], stop_requests)
       for run, outcome in zip(group, outcomes):
-        if isinstance(outcome, (train.TrainingDiverged, train.ClusterStalled)):
-          failed = 'diverged' if isinstance(outcome, train.TrainingDiverged) else 'stalled'
+        if isinstance(outcome, (loop_lib.TrainingDiverged, loop_lib.ClusterStalled)):
+          failed = 'diverged' if isinstance(outcome, loop_lib.TrainingDiverged) else 'stalled'
           atomic_files.write_json(os.path.join(run.workdir, FAILED_FILE), {'status': failed, 'error': str(outcome)})
           log.info('%s %s: %s', run.name, failed, outcome)
         else:
