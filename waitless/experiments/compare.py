@@ -60,14 +60,14 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from waitless.experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
 from waitless.experiments.comparison import plan as compare_plan
 from waitless.experiments.comparison import report as report_lib
 from waitless.experiments.comparison import runs as compare_runs
+from waitless.experiments import shared_flags  # --config, --workdir, --seeds, ..., the flag parser, device forcing
 from waitless.experiments.comparison import statistics
 from waitless.experiments.harness import compilation_cache
 
-flags.adopt_module_key_flags(main_lib)  # --config, --workdir, --seeds, ... in `--help` too
+flags.adopt_module_key_flags(shared_flags)  # --config, --workdir, --seeds, ... in `--help` too
 
 _ALGORITHMS = flags.DEFINE_string('algorithms', None, "Entries 'ALGORITHM[,key=value...]' separated by ',' "
                                   "(a name starts an entry) or ';'; 'all': every registered algorithm.")
@@ -96,12 +96,12 @@ log = logging.getLogger('waitless')
 def _compare(argv_config: str, root: str) -> dict[str, Any]:
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
-  statistics.check_options(main_lib._SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
+  statistics.check_options(shared_flags.SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
   if _TARGET_LOSS.value is not None:
     errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0',
                           lambda v: math.isfinite(v) and v > 0)
-  devices = main_lib._CONFIG.value.devices  # pylint: disable=protected-access
-  main_lib.force_host_devices(devices)  # before anything starts a JAX backend
+  devices = shared_flags.CONFIG.value.devices
+  shared_flags.force_host_devices(devices)  # before anything starts a JAX backend
   path, _, arg = argv_config.partition(':')
   module = compare_plan.load_config_module(path)
   common_pairs = [p for p in common.split_arg(arg) if '=' in p]
@@ -110,7 +110,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   everything = any(part.strip() == 'all' for part in re.split('[;,]', text))
   overrides = dict(config_flags.get_override_values(flags.FLAGS['config']))
   runs, skipped = compare_plan.plan(
-      module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), main_lib._SEEDS.value, root, common_pairs,
+      module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), shared_flags.SEEDS.value, root, common_pairs,
       overrides, skip_invalid=everything, sim_time=_SIM_TIME.value, max_steps=_MAX_STEPS.value, evals=_EVALS.value)
   compare_plan.check_sweep_axes(_SWEEP.value, runs)
   for entry, why in skipped.items():
@@ -130,12 +130,13 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
       raise workdir_lib.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
                                   'same flags, or give the new one its own --workdir)') from e
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
-        f'{len(set(r.sweep for r in runs))} sweep points x {main_lib._SEEDS.value} seeds) in {root}', file=sys.stderr)
-  cache = flags.FLAGS.compilation_cache_dir  # experiments.main's flag; here on by default
+        f'{len(set(r.sweep for r in runs))} sweep points x {shared_flags.SEEDS.value} seeds) in {root}',
+        file=sys.stderr)
+  cache = shared_flags.COMPILATION_CACHE.value  # here on by default
   cache = os.path.join(root, 'jax_cache') if cache is None else cache
   if cache:
     compilation_cache.enable(cache)
-  compare_runs.run_all(runs, max_replicas=main_lib._MAX_REPLICAS.value)  # pylint: disable=protected-access
+  compare_runs.run_all(runs, max_replicas=shared_flags.MAX_REPLICAS.value)
   budget = (f'{_SIM_TIME.value:g} simulated seconds per run' if _SIM_TIME.value is not None
             else f'{runs[0].config.num_steps} steps per run')
   title = f'{os.path.basename(path)}: {runs[0].config.workers} workers, {budget}'
@@ -158,7 +159,7 @@ def main(argv):
   from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  root = main_lib._WORKDIR.value  # pylint: disable=protected-access
+  root = shared_flags.WORKDIR.value
   preemption.exit_before_training()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
@@ -184,4 +185,4 @@ if __name__ == '__main__':
   preemption.exit_before_training()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
-  app.run(main, flags_parser=main_lib.parse_flags)
+  app.run(main, flags_parser=shared_flags.parse_flags)

@@ -31,7 +31,7 @@ from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
 from waitless.experiments import config_paths
 
-if 'config' in flags.FLAGS:  # experiments.main imported first in the same process, as in the tests
+if 'config' in flags.FLAGS:  # experiments.shared_flags imported first in the same process, as in the tests
   _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
 else:
   _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (path:ARG).',
