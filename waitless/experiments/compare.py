@@ -50,7 +50,6 @@ interpolated linearly between the two evaluations around the crossing (never qua
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import sys
@@ -98,8 +97,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   statistics.check_options(shared_flags.SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
   if _TARGET_LOSS.value is not None:
-    errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0',
-                          lambda v: math.isfinite(v) and v > 0)
+    errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0', lambda v: v > 0)
   devices = shared_flags.CONFIG.value.devices
   shared_flags.force_host_devices(devices)  # before anything starts a JAX backend
   path, _, arg = argv_config.partition(':')

@@ -69,10 +69,10 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
     config = common.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
-  errors.require(isinstance(iterations, int) and iterations >= 1, 'iterations', iterations, 'must be >= 1')
-  errors.require(block >= 1, 'block', block, 'must be >= 1')
+  errors.require_int(iterations, 'iterations', 1)
+  errors.require_int(block, 'block', 1)
   nbytes = model_bytes(config) if nbytes is None else float(nbytes)
-  errors.require(nbytes >= 0, 'model_bytes', nbytes, 'must be >= 0')
+  errors.require_number(nbytes, 'model_bytes', 'must be a number >= 0', lambda v: v >= 0)
   clock = cluster_factory.make_clock(config, spec.time_rule(config), nbytes)
 
   p = config.workers

@@ -128,9 +128,9 @@ def check_options(seeds: int, tuning_seeds: int, confidence: float) -> None:
   """Raises ConfigError naming the flag unless 0 <= tuning_seeds < seeds and 0 < confidence < 1 (a bad
   `seeds` is --seeds' error, raised by the plan)."""
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  errors.require(seeds < 1 or isinstance(tuning_seeds, int) and 0 <= tuning_seeds < seeds, '--tuning_seeds',
-                 tuning_seeds,
-                 f'must be an integer in 0..{seeds - 1}: fewer than --seeds={seeds}, so that a seed reports')
+  if seeds >= 1:
+    errors.require_int(tuning_seeds, '--tuning_seeds', 0, seeds - 1,
+                       f'fewer than --seeds={seeds}, so that a seed reports')
   errors.require_number(confidence, '--confidence', 'must be a number strictly between 0 and 1 (e.g. 0.95)',
                         lambda v: 0 < v < 1)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import ml_collections
 
 from waitless import config_errors as errors
@@ -15,8 +13,8 @@ from waitless.experiments.harness import measured_time
 from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 
-_POSITIVE_INT = ('an integer >= 1', lambda v: _is_int(v) and v >= 1)
-_FRACTION = ('a number in [0, 1)', lambda v: _is_real(v) and 0 <= v < 1)
+_POSITIVE_INT = ('an integer >= 1', lambda v: errors.is_int(v) and v >= 1)
+_FRACTION = ('a number in [0, 1)', lambda v: errors.is_number(v) and 0 <= v < 1)
 # `model.*` and `dataset.*` fields by name (the same name means the same thing in every workload). A field
 # not listed here must be listed in tests/experiments/test_config_fuzz.py as checked when the data opens.
 _MODEL_FIELDS = {
@@ -24,14 +22,14 @@ _MODEL_FIELDS = {
     'dtype': (f'one of {", ".join(model_registry.DTYPES)}', lambda v: v in model_registry.DTYPES),
     'param_dtype': (f'one of {", ".join(model_registry.DTYPES)}', lambda v: v in model_registry.DTYPES),
     'hidden_sizes': ('a tuple of integers >= 1 (empty: a linear model)',
-                     lambda v: isinstance(v, (tuple, list)) and all(_is_int(h) and h >= 1 for h in v)),
+                     lambda v: isinstance(v, (tuple, list)) and all(errors.is_int(h) and h >= 1 for h in v)),
     'dropout_rate': _FRACTION,
     'attention_dropout_rate': _FRACTION,
     'max_len': _POSITIVE_INT,
 }
 _DATASET_FIELDS = {
     'name': (f'one of {", ".join(sorted(data_registry.BUILDERS))}', lambda v: v in data_registry.BUILDERS),
-    'test_fraction': ('a number in (0, 1)', lambda v: _is_real(v) and 0 < v < 1),
+    'test_fraction': ('a number in (0, 1)', lambda v: errors.is_number(v) and 0 < v < 1),
     'augment': ('a bool', lambda v: isinstance(v, bool)),
     'packing': ('a bool', lambda v: isinstance(v, bool)),
     'shuffle_buffer': _POSITIVE_INT,
@@ -42,18 +40,10 @@ _DATASET_FIELDS = {
     'max_corpus_chars': _POSITIVE_INT,
     'dim': _POSITIVE_INT,
     'num_examples': _POSITIVE_INT,
-    'problem_seed': ('an integer >= 0', lambda v: _is_int(v) and v >= 0),
-    'noise': ('a number >= 0', lambda v: _is_real(v) and v >= 0),
+    'problem_seed': ('an integer >= 0', lambda v: errors.is_int(v) and v >= 0),
+    'noise': ('a number >= 0', lambda v: errors.is_number(v) and v >= 0),
     'problem': ('one of least_squares, logistic', lambda v: v in ('least_squares', 'logistic')),
 }
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_section(section: ml_collections.ConfigDict, prefix: str, rules) -> None:
@@ -89,7 +79,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors.require_number(opt.weight_decay, 'optimizer.weight_decay', 'must be >= 0', lambda v: v >= 0)
   errors.require_number(opt.decay_factor, 'optimizer.decay_factor', 'must be in (0, 1]', lambda v: 0 < v <= 1)
   boundaries = opt.decay_boundaries
-  errors.require(isinstance(boundaries, (tuple, list)) and all(_is_real(b) and 0 < b < 1 for b in boundaries)
+  errors.require(isinstance(boundaries, (tuple, list)) and all(errors.is_number(b) and 0 < b < 1 for b in boundaries)
                  and list(boundaries) == sorted(boundaries), 'optimizer.decay_boundaries', boundaries,
                  'must be increasing fractions of num_steps in (0, 1)')
   errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 1 if opt.schedule == 'rsqrt' else 0)
