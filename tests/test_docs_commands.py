@@ -2,7 +2,7 @@
 
 Each `experiments/configs/NAME.py[:ARG]` is loaded the way `experiments.main` loads it (ml_collections'
 config_flags, with the `--config.KEY=VALUE` overrides on the same command line) and passed to
-`validation.validate`, the check `train.build` runs before anything compiles; nothing is compiled or trained.
+`validation.validate`, the check `setup.build` runs before anything compiles; nothing is compiled or trained.
 Text is read as a shell reads it: a backslash at the end of a line joins the next line as it stands, so a
 continuation indented inside a config argument splits it, and the command gets a stray positional argument
 (which `experiments.main` would ignore); that fails too. Entries of `experiments.compare --algorithms=...` are

@@ -23,7 +23,7 @@ scans over rounds, each round's R iterations unrolled with a static `round_posit
 the algorithm may issue a collective at a fixed position, with no conditional around it, and consume it
 positions later, so XLA can run it under the compute in between (DaSGD's delayed average). Blocks that do not
 start and end on round boundaries use the per-iteration path; the two must give the same trajectory. The
-training loop asks for the round program on accelerators only (`train.rounds_pay_off`).
+training loop asks for the round program on accelerators only (`block_step.rounds_pay_off`).
 """
 
 from __future__ import annotations

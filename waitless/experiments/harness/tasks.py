@@ -89,7 +89,7 @@ def get(name: str) -> Task:
 def model_bytes(config) -> float:
   """Bytes of one copy of the config's model parameters, from shapes only (`jax.eval_shape`: nothing compiles).
 
-  The model is initialised as the training loop does (`train.init_state`): one example of the config's dataset,
+  The model is initialised as the training loop does (`setup.init_state`): one example of the config's dataset,
   through its task's `model_inputs`.
   """
   # pylint: disable=g-import-not-at-top  (the data and model registries only when asked)
