@@ -11,7 +11,7 @@ import pytest
 
 from waitless.experiments.comparison import statistics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # The quickstart's workload, cluster and budget, one step size; entries of every kind of verdict against sync.
 COMMAND = ['--config=experiments/configs/mnist1d.py:sync,stragglers=heterogeneous',
            '--algorithms=sync,ksync,k=6,local_sgd,dpsgd,kasync,k=4,lap_sgd', '--seeds=5', '--sim_time=8',

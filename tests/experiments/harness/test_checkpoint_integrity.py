@@ -13,7 +13,7 @@ from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
 from waitless.experiments.harness import train
 from tests import harness
-from tests.experiments import test_preemption
+from tests.experiments.harness import test_preemption
 from tests.experiments import test_train
 
 

@@ -15,7 +15,7 @@ from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
 from waitless.experiments.harness import metrics_io
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ROWS = [{'step': 10, 'train_loss': 0.5, 'sim_time': 0.125, 'flag': True, 'note': 'text', 'lost': float('nan')},
         {'step': 20, 'train_loss': 0.25, 'sim_time': 0.25, 'bytes_communicated': 3}]
 # The scalars TensorBoard must show for ROWS: numbers only (no bool, no text, NaN written as null in the log).

@@ -4,8 +4,8 @@
 others with an error instead of leaving them waiting in a collective; rerunning the same command must resume
 from the last checkpoint and end where an uninterrupted run ends. The settings logic is tested without JAX.
 
-Run: python -m pytest -q tests/experiments/test_multiprocess.py           (all, about 5 minutes on 2 cores)
-     python -m pytest -q -m 'not slow' tests/experiments/test_multiprocess.py   (settings only, seconds)
+Run: python -m pytest -q tests/experiments/harness/test_multiprocess.py           (all, about 5 minutes on 2 cores)
+     python -m pytest -q -m 'not slow' tests/experiments/harness/test_multiprocess.py   (settings only, seconds)
 """
 
 import json
@@ -27,7 +27,7 @@ from waitless.experiments.harness import distributed
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import peer_watchdog
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCRIPT = os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh')
 SHORT = 'num_steps=20,eval_every=10,checkpoint_every=10,log_every=10'
 

@@ -21,7 +21,7 @@ from waitless.experiments.harness import preemption
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import train
 from waitless.experiments.harness import validation
-from tests.experiments import test_multiprocess
+from tests.experiments.harness import test_multiprocess
 
 SMALL = 'stragglers.kind=measured,workers=2,devices=2,microbatches=4'
 

@@ -18,7 +18,7 @@ from waitless.experiments.harness import replicas
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import train
 from tests import harness
-from tests.experiments import test_preemption
+from tests.experiments.harness import test_preemption
 from tests.experiments import test_train
 
 # CI runs these (one per kind of state and schedule); the rest of the registry is marked slow.
