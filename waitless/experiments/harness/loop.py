@@ -104,7 +104,7 @@ class Loop:
   """The block loop of a group: fills each replica's metrics, checkpoints and outcome.
 
   Attributes:
-    group: the runs (`setup.Group`); `run` its lead.
+    group: the runs (`setup.Group`); `lead` its first run (what every run shares: layout, rule, cadence).
     replicas: one `Replica` per run.
     block_step: the group's `block_step.BlockStep`.
     num_params: parameters per worker (for the summaries).

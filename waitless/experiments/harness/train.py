@@ -114,8 +114,6 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   return [r.summary if r.failure is None else r.failure for r in replicas]
 
 
-
-
 def _restore(group: setup.Group, replicas: list[loop_lib.Replica], state):
   """Restores every replica from the newest checkpoint step they all have (a kill between the replicas' saves
   leaves some a checkpoint ahead: they go back one); the group's state and that step, or (state, 0) if none.
@@ -146,8 +144,6 @@ def _restore(group: setup.Group, replicas: list[loop_lib.Replica], state):
     r.sim_time = r.clock.sim_time
     log.info('Resumed from the checkpoint at step %d in %s', step, r.workdir)
   return setup.stack_replicas(group, [s for s, _ in restored]), step
-
-
 
 
 def calibrated_stragglers(run: setup.Run, block_step, state, model_bytes: float, workdir: str):
