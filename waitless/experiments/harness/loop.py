@@ -188,7 +188,7 @@ class Loop:
     losses = np.where(contributed, mine['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
     if not np.all(np.isfinite(losses)):
       bad = at + int(np.argmin(np.isfinite(losses)))
-      kept = r.checkpointer.latest_step()
+      kept = None if r.checkpointer is None else r.checkpointer.latest_step()
       r.failure = TrainingDiverged(
           f'training loss is {losses[bad - at]} at step {bad + 1}; stopped, ' +
           (f'the last good checkpoint (step {kept}) is kept in {r.workdir}' if kept is not None else
