@@ -26,9 +26,10 @@ from absl import flags
 from absl import logging
 
 from waitless.cluster import registry
-from waitless.experiments import sim_budget
-from waitless.experiments import train
+from waitless.experiments.comparison import sim_budget
 from waitless.experiments.configs import digits
+from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import train
 
 ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',
         'kbatch_async': 'kbatch_async,k=4', 'adasync': 'adasync,k0=4',
@@ -65,7 +66,7 @@ def main(argv):
     workdir = os.path.join(_WORKDIR.value, arg.replace(',', '_').replace('=', '-'))
     try:
       summary = train.train_and_evaluate(config, workdir)
-    except train.ClusterStalled as e:
+    except loop_lib.ClusterStalled as e:
       print(f'| {name} | stops: "{str(e).split(": the run cannot continue")[0]}" | - | - |', flush=True)
       continue
     hit = summary['time_to_target']

@@ -3,7 +3,7 @@
   python -m benchmarks.harness_overhead [--steps=2000 --workers=8 --devices=8]
 
 Both train the digits MLP (8 workers x batch 16, SGD with momentum, 10 iterations per jitted call) on the same
-devices. The harness is `experiments.train.train_and_evaluate` with `sync` (its whole loop: the simulated
+devices. The harness is `experiments.harness.train.train_and_evaluate` with `sync` (its whole loop: the simulated
 clock, per-worker data reads by position, the block step, metrics rows every 10 steps, one evaluation and one
 checkpoint at the end); the reference is a jitted `shard_map` step that averages gradients with `pmean`, fed
 the same amount of data from a numpy array. Steady-state rates come from the difference of two run lengths
@@ -37,8 +37,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from waitless.data import registry as data_registry
-from waitless.experiments import compilation_cache
-from waitless.experiments import train
+from waitless.experiments.harness import compilation_cache
+from waitless.experiments.harness import train
 from waitless.experiments.configs import digits
 from waitless.models import registry as model_registry
 

@@ -5,7 +5,7 @@ real CPU processes, one slowed, against the simulator's prediction for the speed
   python benchmarks/real_run.py --repeats=1 --num_steps=300 --debug_slow_process=1:0.008 --out=/tmp/real_run.json
 
 Each algorithm is one `bash launch/multiprocess_cpu.sh 2 --config=experiments/configs/digits.py:NAME,
-stragglers.kind=measured,workers=2,devices=2,...` run (`experiments/measured_time.py`: nothing simulated, the
+stragglers.kind=measured,workers=2,devices=2,...` run (`experiments/harness/measured_time.py`: nothing simulated, the
 run's clock is its measured training time, nonblocking's counts come from measured speeds), with the same
 seed, data and model, and the TEST-ONLY `--debug_slow_process=I:S` (process I sleeps S seconds in every
 micro-batch it computes). From each run's metrics.jsonl and summary.json the table gives:
@@ -14,7 +14,8 @@ micro-batch it computes). From each run's metrics.jsonl and summary.json the tab
   - real time to target accuracy and to target loss: the measured seconds until the evaluation accuracy first
     reached `--target_accuracy`, and the evaluation loss first fell to `--target_loss` (evaluations every
     `--eval_every` steps, left out of the clock; interpolated between the two evaluations around the crossing,
-    `experiments.statistics.crossing`, as `experiments.compare` does), and the step of each (interpolated too);
+    `experiments.comparison.statistics.crossing`, as `experiments.compare` does), and the step of each
+    (interpolated too);
     the target loss defaults to the highest of the runs' lowest evaluation losses (every run reaches it);
   - nonblocking's micro-batches per worker (mean over the rows after the first);
   - simulated: `benchmarks.real_stragglers.simulate_iteration_seconds` (the simulator's mean seconds per
@@ -47,7 +48,7 @@ from absl import flags
 import numpy as np
 
 from benchmarks import real_stragglers  # pylint: disable=g-import-not-at-top
-from waitless.experiments import statistics  # pylint: disable=g-import-not-at-top
+from waitless.experiments.comparison import statistics  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = real_stragglers.ALGORITHMS  # sync, nonblocking, local_sgd, dpsgd, wagma
@@ -205,7 +206,7 @@ def report(results: dict, predicted: dict, load: tuple, target_loss: float) -> s
 
 def main(argv):
   del argv
-  from waitless.experiments import slowdown  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import slowdown  # pylint: disable=g-import-not-at-top
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   try:
     slowdown.parse_slow(FLAGS.debug_slow_process, 2)

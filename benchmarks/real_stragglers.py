@@ -5,7 +5,7 @@ the simulator's prediction for the same slowdowns.
   python benchmarks/real_stragglers.py --num_processes=2 --conditions=none,slowed --repeats=5
 
 The script starts `--num_processes` copies of itself (one CPU device each), joined by `jax.distributed` over
-loopback (`experiments.distributed`, as `launch/multiprocess_cpu.sh` joins `experiments.main`), and each
+loopback (`experiments.harness.distributed`, as `launch/multiprocess_cpu.sh` joins `experiments.main`), and each
 trains the same MLP least-squares problem (one worker per process, `--microbatches` m micro-batches per
 iteration) with sync, nonblocking with measured speeds (`cluster/measured_speeds.py`), local SGD, D-PSGD
 and WAGMA, each from the library's optax transformation in a plain `shard_map` step. The lock-step steps
@@ -60,7 +60,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import numpy as np
 
-from waitless.experiments.slowdown import parse_delay, parse_slow  # pylint: disable=g-importing-member  # no JAX
+from waitless.experiments.harness.slowdown import parse_delay, parse_slow  # pylint: disable=g-importing-member  # no JAX
 
 ALGORITHMS = ('sync', 'nonblocking', 'local_sgd', 'dpsgd', 'wagma')
 CONDITIONS = ('none', 'slowed', 'delayed')
@@ -150,7 +150,7 @@ def child_flags() -> list[str]:
 
 def launch() -> dict:
   """Starts the processes, waits for them, returns process 0's results."""
-  from waitless.experiments import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
   address = f'127.0.0.1:{distributed.free_port()}'
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, 'results.json')
@@ -167,7 +167,7 @@ def launch() -> dict:
 
 def run_process() -> dict:
   """One process's part: every algorithm in every condition, timed."""
-  from waitless.experiments import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize(distributed.settings_from(FLAGS.coordinator_address, FLAGS.num_processes,
                                                    FLAGS.process_id))
   import jax  # pylint: disable=g-import-not-at-top

@@ -71,8 +71,10 @@ def memory_per_replica(name: str, count: int = 2 * SEEDS) -> tuple[float, float]
   """(bytes of one run's compiled block step, bytes per replica of `count` replicas'), arguments + temporaries."""
   # pylint: disable=g-import-not-at-top  (JAX after the device count is set)
   import numpy as np
-  from waitless.experiments import train
   from waitless.experiments.configs import mnist1d
+  from waitless.experiments.harness import block_step as block_step_lib
+  from waitless.experiments.harness import inputs as inputs_lib
+  from waitless.experiments.harness import setup
   configs = []
   for i in range(count):
     config = mnist1d.get_config(f'{name},stragglers=heterogeneous')
@@ -81,17 +83,17 @@ def memory_per_replica(name: str, count: int = 2 * SEEDS) -> tuple[float, float]
     configs.append(config)
   sizes = []
   for group_configs in ([configs[0]], configs):
-    group = train.build_group(group_configs)
-    state = train.init_state(group)
-    _, model_bytes = train.param_count_and_bytes(state.params)
-    clocks = [train.make_clock(run, model_bytes) for run in group.runs]
+    group = setup.build_group(group_configs)
+    state = setup.init_state(group)
+    _, model_bytes = setup.param_count_and_bytes(state.params)
+    clocks = [setup.clock_for(run, model_bytes) for run in group.runs]
     blocks = [clock.next_block(group.lead.config.steps_per_call) for clock in clocks]
     zeros = [np.zeros(c.workers, np.int64) for c in group_configs]
     if group.batched:
-      inputs, _ = train.stacked_inputs(group, blocks, zeros, 0)
+      inputs, _ = inputs_lib.stacked_inputs(group, blocks, zeros, 0)
     else:
-      inputs, _ = train.block_inputs(group.lead, blocks[0], zeros[0], 0)
-    memory = train.make_block_step(group).lower(state, *inputs).compile().memory_analysis()
+      inputs, _ = inputs_lib.block_inputs(group.lead, blocks[0], zeros[0], 0)
+    memory = block_step_lib.BlockStep(group).lower(state, *inputs).compile().memory_analysis()
     sizes.append((memory.argument_size_in_bytes + memory.temp_size_in_bytes) / group.size)
   return sizes[0], sizes[1]
 

@@ -155,8 +155,8 @@ def table(results, budget_s: float, targets: list[float], at_s: list[float], see
 def main(argv):
   del argv
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
-  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
   budget, evals = _BUDGET.value, _EVALS.value
   targets = [float(t) for t in _TARGETS.value]
   at_s = [float(t) for t in _AT.value]

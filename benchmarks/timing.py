@@ -1,6 +1,6 @@
 """Timing the jitted block step of a config, and ratios measured side by side.
 
-A `BlockTimer` builds a run the way training does (`experiments.train`: the state, one block of schedules from
+A `BlockTimer` builds a run the way training does (`experiments.harness.train`: the state, one block of schedules from
 the run's own clock, every worker's micro-batches, the compiled block step), runs it once to warm up, and then
 times one call at a time. `round_robin` times several of them in turn, one call each per round, so that a
 shared machine's load drifts hit every config alike: a ratio is the median over rounds of the two calls'
@@ -15,7 +15,9 @@ from typing import Mapping
 import jax
 import numpy as np
 
-from waitless.experiments import train
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
 
 
 class BlockTimer:
@@ -24,12 +26,12 @@ class BlockTimer:
   def __init__(self, config, n: int = 8):
     config.steps_per_call = n
     self.iterations = n
-    run = train.build(config)
-    self.state = train.init_state(run)
-    _, nbytes = train.param_count_and_bytes(self.state.params)
-    clock = train.make_clock(run, nbytes)
-    self.inputs, _ = train.block_inputs(run, clock.next_block(n), np.zeros(config.workers, np.int64), 0)
-    self.step = train.make_block_step(run)
+    run = setup.build(config)
+    self.state = setup.init_state(run)
+    _, nbytes = setup.param_count_and_bytes(self.state.params)
+    clock = setup.clock_for(run, nbytes)
+    self.inputs, _ = inputs_lib.block_inputs(run, clock.next_block(n), np.zeros(config.workers, np.int64), 0)
+    self.step = block_step_lib.BlockStep(run)
     self.memory = self.step.lower(self.state, *self.inputs).compile().memory_analysis()
     self.seconds_per_iteration()  # compiles and warms up
 
@@ -60,9 +62,9 @@ def gradient_ratio(config, iterations: int = 2000) -> float:
   """Micro-batch gradients the block step computes / those the simulated cluster pushes, over `iterations` of
   the config's own clock in blocks of `steps_per_call` (host only: `step.gradients_computed` counts what the
   program computes, `microbatches_done` what the cluster pushes)."""
-  from waitless.experiments import step as step_lib  # pylint: disable=g-import-not-at-top
-  run = train.build(config)
-  clock = train.make_clock(run, 4.0 * 10_000)
+  from waitless.experiments.harness import step as step_lib  # pylint: disable=g-import-not-at-top
+  run = setup.build(config)
+  clock = setup.clock_for(run, 4.0 * 10_000)
   computed = pushed = 0
   for _ in range(iterations // config.steps_per_call):
     done = clock.next_block(config.steps_per_call).schedule.microbatches_done

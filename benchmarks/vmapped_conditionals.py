@@ -32,8 +32,10 @@ import jax
 import numpy as np
 import optax
 
-from waitless.experiments import train
 from waitless.experiments.configs import digits
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
 
 _WORKERS = flags.DEFINE_integer('workers', 8, 'Workers.')
 _DEVICES = flags.DEFINE_integer('devices', 1, 'Devices the workers are vmapped over (CPU: forced host devices).')
@@ -52,14 +54,14 @@ def _without_step(tx):
 def seconds_per_iteration(per_worker_predicate: bool) -> float:
   config = digits.get_config(f'local_sgd,local_steps={_LOCAL_STEPS.value}')
   config.workers, config.devices, config.steps_per_call = _WORKERS.value, _DEVICES.value, _BLOCK
-  run = train.build(config)
+  run = setup.build(config)
   if per_worker_predicate:
     run.tx = _without_step(run.tx)
-  state = train.init_state(run)
-  _, nbytes = train.param_count_and_bytes(state.params)
-  clock = train.make_clock(run, nbytes)
-  inputs, _ = train.block_inputs(run, clock.next_block(_BLOCK), np.zeros(config.workers, np.int64), 0)
-  step = train.make_block_step(run)
+  state = setup.init_state(run)
+  _, nbytes = setup.param_count_and_bytes(state.params)
+  clock = setup.clock_for(run, nbytes)
+  inputs, _ = inputs_lib.block_inputs(run, clock.next_block(_BLOCK), np.zeros(config.workers, np.int64), 0)
+  step = block_step_lib.BlockStep(run)
   state, out = step(state, *inputs)  # compile
   jax.block_until_ready(out)
   times = []

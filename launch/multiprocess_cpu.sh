@@ -31,7 +31,7 @@ else
 fi
 PYTHON="${PYTHON:-python}"
 GRACE_S="${GRACE_S:-5}"
-PORT="${PORT:-$("$PYTHON" -c 'from experiments.distributed import free_port; print(free_port())')}" || exit 1
+PORT="${PORT:-$("$PYTHON" -c 'from waitless.experiments.harness.distributed import free_port; print(free_port())')}" || exit 1
 ADDRESS="127.0.0.1:$PORT"
 
 pids=()

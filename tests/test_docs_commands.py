@@ -2,7 +2,7 @@
 
 Each `experiments/configs/NAME.py[:ARG]` is loaded the way `experiments.main` loads it (ml_collections'
 config_flags, with the `--config.KEY=VALUE` overrides on the same command line) and passed to
-`validation.validate`, the check `train.build` runs before anything compiles; nothing is compiled or trained.
+`validation.validate`, the check `setup.build` runs before anything compiles; nothing is compiled or trained.
 Text is read as a shell reads it: a backslash at the end of a line joins the next line as it stands, so a
 continuation indented inside a config argument splits it, and the command gets a stray positional argument
 (which `experiments.main` would ignore); that fails too. Entries of `experiments.compare --algorithms=...` are
@@ -22,9 +22,9 @@ from absl.testing import parameterized
 from ml_collections import config_flags
 
 from waitless import config_errors
-from waitless.experiments import compare_plan
+from waitless.experiments.comparison import plan as compare_plan
 from waitless.experiments import config_paths
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,15 +32,24 @@ def require(condition: bool, field: str, value, allowed: str) -> None:
     raise ConfigError(field, value, allowed)
 
 
-def require_int(value, field: str, minimum: int, maximum: int | None = None) -> None:
-  """`value` must be an int in [minimum, maximum]."""
-  ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-  ok = ok and (maximum is None or value <= maximum)
+def is_int(value) -> bool:
+  """Whether `value` is an integer (a bool is not)."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+  """Whether `value` is a finite real number (a bool is not)."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def require_int(value, field: str, minimum: int, maximum: int | None = None, why: str = '') -> None:
+  """`value` must be an int in [minimum, maximum]: else `field=value is not allowed: must be an integer >= 1`
+  (or `in 0..2`), followed by `: why` when given."""
+  ok = is_int(value) and value >= minimum and (maximum is None or value <= maximum)
   bound = f'>= {minimum}' if maximum is None else f'in {minimum}..{maximum}'
-  require(ok, field, value, f'must be an integer {bound}')
+  require(ok, field, value, f'must be an integer {bound}' + (f': {why}' if why else ''))
 
 
 def require_number(value, field: str, allowed: str, ok=lambda v: True) -> None:
   """`value` must be a finite real number (not a bool) with `ok(value)`; `allowed` says what is allowed."""
-  number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-  require(number and ok(value), field, value, allowed)
+  require(is_number(value) and ok(value), field, value, allowed)

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from waitless.algorithms import collectives
-from waitless.experiments.workers import WorkerLayout
+from waitless.experiments.harness.workers import WorkerLayout
 
 _POW2_LAYOUTS = [(p, d) for p in (1, 2, 4, 8, 16) for d in (1, 2, 4, 8) if d <= p and p % d == 0]
 _OTHER_LAYOUTS = [(6, 1), (6, 2), (6, 3), (12, 4)]
@@ -33,7 +33,7 @@ def _values(p):
 
 
 def _mapped(layout, fn):
-  """fn(per-worker tree, axis_name) over the stacked workers, as `experiments/step.py` runs algorithms."""
+  """fn(per-worker tree, axis_name) over the stacked workers, as `experiments/harness/step.py` runs algorithms."""
   spec = PartitionSpec('workers')
   return jax.jit(layout.shard_map(lambda x: layout.per_worker(lambda v: fn(v, layout.axis_name))(x),
                                   in_specs=spec, out_specs=spec))

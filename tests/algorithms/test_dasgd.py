@@ -13,7 +13,9 @@ from waitless import config_errors as errors
 from waitless.algorithms import dasgd
 from waitless.cluster.rules import dasgd as dasgd_rule
 from waitless.algorithms import delayed_averaging
-from waitless.experiments import train
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference
@@ -209,12 +211,12 @@ _LOCAL_STEP_OPS = ('dot', 'convolution')  # unfused on CPU: the count below fail
 def _compiled_text(arg: str, workers: int, devices: int, n: int) -> str:
   """Optimized HLO of the harness's block step for a block of n iterations from step 0."""
   config = harness.synthetic_config(arg, workers=workers, devices=devices, steps_per_call=n)
-  run = train.build(config)
-  state = train.init_state(run)
-  _, nbytes = train.param_count_and_bytes(state.params)
-  block = train.make_clock(run, nbytes).next_block(n)
-  inputs, _ = train.block_inputs(run, block, np.zeros(workers, np.int64), 0)
-  return train.make_block_step(run, rounds=True).lower(state, *inputs).compile().as_text()
+  run = setup.build(config)
+  state = setup.init_state(run)
+  _, nbytes = setup.param_count_and_bytes(state.params)
+  block = setup.clock_for(run, nbytes).next_block(n)
+  inputs, _ = inputs_lib.block_inputs(run, block, np.zeros(workers, np.int64), 0)
+  return block_step_lib.BlockStep(run, rounds=True).lower(state, *inputs).compile().as_text()
 
 
 def _instructions(text: str, computation: str) -> list[tuple[str, str, list[str]]]:
@@ -263,14 +265,7 @@ class RoundProgramTest(parameterized.TestCase):
 
   def test_whole_round_blocks_compile_once(self):
     config = harness.synthetic_config('dasgd,local_steps=3,delay=1', steps_per_call=6)
-    run = train.build(config)
-    state = train.init_state(run)
-    _, nbytes = train.param_count_and_bytes(state.params)
-    clock = train.make_clock(run, nbytes)
-    block_step = train.make_block_step(run, rounds=True)
-    positions = np.zeros(config.workers, np.int64)
-    for step in range(0, 24, 6):
-      state, _, _, positions = train.advance(run, block_step, state, clock, positions, step, 6)
+    block_step = harness.run_iterations(config, 24, block=6, rounds=True).block_step
     self.assertEqual(block_step.rounds._cache_size(), 1)  # pylint: disable=protected-access
     self.assertEqual(block_step.per_iteration._cache_size(), 0)  # pylint: disable=protected-access
 

@@ -8,7 +8,7 @@ import numpy as np
 from waitless import config_errors as errors
 from waitless.algorithms import diloco
 from waitless.algorithms import local_sgd
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 

@@ -13,9 +13,10 @@ import numpy as np
 from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory
-from waitless.experiments import metrics_io
-from waitless.experiments import train
 from waitless.experiments.configs import digits
+from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import train
 
 _ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',
          'kbatch_async': 'kbatch_async,k=4', 'adasync': 'adasync,k0=4'}
@@ -56,7 +57,7 @@ class PermanentFailureTest(parameterized.TestCase):
 
   def test_training_stops_after_logging_what_it_trained(self):
     workdir = self.create_tempdir().full_path
-    with self.assertRaisesRegex(train.ClusterStalled, r'^worker\(s\) \[3\] failed for good .* Stopped after step '
+    with self.assertRaisesRegex(loop_lib.ClusterStalled, r'^worker\(s\) \[3\] failed for good .* Stopped after step '
                                 r'\d+; its metrics are in '):
       train.train_and_evaluate(_failing('sync', num_steps=50, log_every=5, eval_every=50), workdir)
     rows = metrics_io.read_rows(workdir)
@@ -73,7 +74,7 @@ class PermanentFailureTest(parameterized.TestCase):
   def test_wagma_stops_at_the_first_global_average_after_the_failure(self):
     """Worker 3 fails in iteration 5; WAGMA's groups go on without it until the global average of iteration 9."""
     workdir = self.create_tempdir().full_path
-    with self.assertRaisesRegex(train.ClusterStalled, r'^worker\(s\) \[3\] failed for good at 0.05 s of simulated '
+    with self.assertRaisesRegex(loop_lib.ClusterStalled, r'^worker\(s\) \[3\] failed for good at 0.05 s of simulated '
                                 r'time, and WaitAvoidingGroups waits for every worker at iteration 9 .* '
                                 r'Stopped after step 9;'):
       train.train_and_evaluate(_failing('wagma', num_steps=50, log_every=3, eval_every=50), workdir)

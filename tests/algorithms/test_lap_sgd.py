@@ -21,8 +21,10 @@ from waitless.cluster.rules import local_sgd
 from waitless.algorithms import optimizers
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import network as network_lib
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import validation
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference
@@ -298,12 +300,12 @@ class ReferenceTest(parameterized.TestCase):
   def test_average_is_a_conditional_with_vmapped_workers(self):
     config = harness.synthetic_config('lpp_sgd,threads=2,local_steps=2,delay=1', workers=4, devices=2,
                                       steps_per_call=4)
-    run = train.build(config)
-    state = train.init_state(run)
-    _, nbytes = train.param_count_and_bytes(state.params)
-    block = train.make_clock(run, nbytes).next_block(4)
-    inputs, _ = train.block_inputs(run, block, np.zeros(4, np.int64), 0)
-    program = hlo.parse(train.make_block_step(run).lower(state, *inputs).compile().as_text())
+    run = setup.build(config)
+    state = setup.init_state(run)
+    _, nbytes = setup.param_count_and_bytes(state.params)
+    block = setup.clock_for(run, nbytes).next_block(4)
+    inputs, _ = inputs_lib.block_inputs(run, block, np.zeros(4, np.int64), 0)
+    program = hlo.parse(block_step_lib.BlockStep(run).lower(state, *inputs).compile().as_text())
     self.assertEqual(program.collectives_outside_conditionals(), [])
     self.assertGreater(program.conditionals, 0)
 

@@ -16,7 +16,7 @@ from waitless.algorithms import collectives
 from waitless.cluster.rules import dpsgd
 from waitless.algorithms import matcha
 from waitless.cluster.rules import matcha as matcha_rule
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_nonblocking

@@ -26,9 +26,10 @@ from waitless.algorithms import nonblocking
 from waitless.cluster.rules import nonblocking as nonblocking_rule
 from waitless.cluster.rules import wagma
 from waitless.cluster.rules import activation as activation_lib
-from waitless.experiments import metrics_io
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.cluster import helpers
@@ -196,8 +197,8 @@ class NonBlockingRuleTest(parameterized.TestCase):
     config = harness.synthetic_config('nonblocking', microbatches=4, **{
         'algorithm.trigger': trigger, 'algorithm.deadline_s': 0.02, 'stragglers.kind': 'exponential',
         'stragglers.fail_worker': fail_worker, 'stragglers.fail_at_s': 0.05})
-    run = train.build(config)
-    schedule = train.make_clock(run, 1e3).next_block(40).schedule
+    run = setup.build(config)
+    schedule = setup.clock_for(run, 1e3).next_block(40).schedule
     np.testing.assert_array_equal(schedule.microbatches_total, schedule.microbatches_done.sum(axis=1))
     np.testing.assert_array_equal(schedule.contributors, (schedule.microbatches_done > 0).sum(axis=1))
     self.assertTrue((schedule.microbatches_done < 4).any())  # partial rounds: the totals are not constant

@@ -8,7 +8,7 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.algorithms import optimizers
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import digits
 
 

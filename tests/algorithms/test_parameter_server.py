@@ -20,10 +20,11 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import parameter_server
-from waitless.experiments import metrics_io
-from waitless.experiments import train
-from waitless.experiments import validation
 from waitless.experiments.configs import common
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 
@@ -243,12 +244,12 @@ class FreshViewsTest(parameterized.TestCase):
       config = harness.synthetic_config(arg, **{'stragglers.kind': 'exponential',
                                                 'stragglers.fail_worker': fail_worker,
                                                 'stragglers.fail_at_s': 0.05})
-      run = train.build(config)
+      run = setup.build(config)
       self.assertEqual(run.rule.fresh_views, fresh)
-      schedule = train.make_clock(run, 1e3).next_block(60).schedule
+      schedule = setup.clock_for(run, 1e3).next_block(60).schedule
       every_fetch = bool(schedule.refresh_view.all()) and not schedule.fetch_current.any()
       self.assertEqual(every_fetch, fresh, f'{arg} fail_worker={fail_worker}')
-      self.assertEqual(train.init_state(run).opt_state.server is None, fresh)
+      self.assertEqual(setup.init_state(run).opt_state.server is None, fresh)
 
   @parameterized.parameters('ksync,k=3', 'kbatch_sync,k=3', 'kasync,k=2', 'kbatch_async,k=3', 'async',
                             'async,max_delay=2', 'adasync,base=kbatch_async,k0=2')
@@ -258,8 +259,8 @@ class FreshViewsTest(parameterized.TestCase):
       config = harness.synthetic_config(arg, microbatches=2, **{'stragglers.kind': 'exponential',
                                                                  'stragglers.fail_worker': fail_worker,
                                                                  'stragglers.fail_at_s': 0.05})
-      run = train.build(config)
-      schedule = train.make_clock(run, 1e3).next_block(60).schedule
+      run = setup.build(config)
+      schedule = setup.clock_for(run, 1e3).next_block(60).schedule
       np.testing.assert_array_equal(schedule.microbatches_total, schedule.microbatches_done.sum(axis=1))
       np.testing.assert_array_equal(schedule.microbatches_total, 2 * schedule.k)
 

@@ -11,8 +11,8 @@ import numpy as np
 from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.cluster import rules
-from waitless.experiments import checkpointing
-from waitless.experiments import validation
+from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import validation
 from tests import harness
 
 

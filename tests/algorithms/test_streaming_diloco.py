@@ -19,7 +19,7 @@ from waitless.cluster.rules import local_sgd as local_sgd_rule
 from waitless.algorithms import streaming_diloco as sd
 from waitless.cluster.rules import streaming_diloco as sd_rule
 from waitless.cluster import network as network_lib
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from tests import harness
 from tests.algorithms import reference
 from tests.algorithms import test_diloco

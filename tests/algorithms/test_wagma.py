@@ -18,8 +18,10 @@ from waitless.algorithms import wagma
 from waitless.cluster.rules import wagma as wagma_rule
 from waitless.cluster import clock as clock_lib
 from waitless.cluster.rules import activation
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import validation
 from tests import harness
 from tests import hlo
 from tests.algorithms import reference
@@ -564,12 +566,12 @@ class ConditionalTest(parameterized.TestCase):
                                   ('four_workers_per_device', 16, 4))
   def test_each_iteration_runs_one_patterns_exchanges(self, workers, devices):
     config = harness.synthetic_config('wagma,group_size=4', workers=workers, devices=devices, steps_per_call=4)
-    run = train.build(config)
-    state = train.init_state(run)
-    _, nbytes = train.param_count_and_bytes(state.params)
-    block = train.make_clock(run, nbytes).next_block(4)
-    inputs, _ = train.block_inputs(run, block, np.zeros(workers, np.int64), 0)
-    text = train.make_block_step(run).lower(state, *inputs).compile().as_text()
+    run = setup.build(config)
+    state = setup.init_state(run)
+    _, nbytes = setup.param_count_and_bytes(state.params)
+    block = setup.clock_for(run, nbytes).next_block(4)
+    inputs, _ = inputs_lib.block_inputs(run, block, np.zeros(workers, np.int64), 0)
+    text = block_step_lib.BlockStep(run).lower(state, *inputs).compile().as_text()
     program, masks = hlo.parse(text), _permute_masks(text)
     self.assertEqual(program.collectives_outside_conditionals(), [])
     n = wagma.num_patterns(workers, 4)

@@ -14,7 +14,7 @@ import pytest
 
 from waitless.cluster import registry
 from benchmarks import gpu
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

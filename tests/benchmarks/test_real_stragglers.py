@@ -1,5 +1,6 @@
 """`benchmarks/real_stragglers.py` without starting processes: its flags refused before any process starts (the
-parsers of `--debug_slow_process` and `--debug_delay` are `experiments.slowdown`'s, tested there), the sleep table
+parsers of `--debug_slow_process` and `--debug_delay` are
+`experiments.harness.slowdown`'s, tested there), the sleep table
 every process and the prediction read, and the flags the launcher hands its processes."""
 
 import types

@@ -16,7 +16,7 @@ from waitless.data import registry
 from waitless.data import tfds_pipeline
 from waitless.data import tokenizer
 from waitless.data import wmt
-from waitless.experiments import translation
+from waitless.experiments.harness import translation
 from waitless.models import registry as models_registry
 
 EXAMPLES = 40

@@ -18,12 +18,12 @@ from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
-from waitless.experiments import compare_plan
-from waitless.experiments import compare_runs
-from waitless.experiments import metrics_io
-from waitless.experiments import report as report_lib
-from waitless.experiments import statistics
-from waitless.experiments import sim_budget
+from waitless.experiments.comparison import plan as compare_plan
+from waitless.experiments.comparison import runs as compare_runs
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.comparison import report as report_lib
+from waitless.experiments.comparison import statistics
+from waitless.experiments.comparison import sim_budget
 from waitless.experiments.configs import cifar10
 from waitless.experiments.configs import common as config_common
 from waitless.experiments.configs import digits

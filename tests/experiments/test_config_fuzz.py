@@ -2,7 +2,7 @@
 
 For each leaf of each workload config (and of the `algorithm` section of every registered algorithm), the test
 writes values no field may take (NaN, infinities, a huge negative number, an unknown choice, a malformed
-tuple) and checks that `experiments.validation.validate` raises `config_errors.ConfigError` naming that field:
+tuple) and checks that `experiments.harness.validation.validate` raises `config_errors.ConfigError` naming that field:
 never accepts the value, never fails with another exception (a traceback for the user). Through the config
 argument (`ALGORITHM,key=value`), a value of the wrong type is a ConfigError too.
 
@@ -23,7 +23,7 @@ import ml_collections
 
 from waitless import config_errors as errors
 from waitless.cluster import registry
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import digits
 
 # Free-form fields: their values are names that only the dataset or the file system can judge, when the

@@ -5,7 +5,7 @@ from absl.testing import parameterized
 
 from waitless import config_errors as errors
 from waitless.cluster import registry
-from waitless.experiments import validation
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import common
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import synthetic

@@ -9,8 +9,8 @@ import pytest
 
 from waitless import config_errors as errors
 from waitless.cluster import registry
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import mnist1d
 
 

@@ -8,7 +8,7 @@ import sys
 from absl.testing import absltest
 import pytest
 
-from waitless.experiments import metrics_io
+from waitless.experiments.harness import metrics_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What JAX_LOG_COMPILES logs for each program it compiles or loads, and for each one it loads from the cache.

@@ -13,11 +13,13 @@ from absl.testing import parameterized
 import pytest
 
 from waitless import config_errors as errors
-from waitless.experiments import metrics_io
-from waitless.experiments import train
-from waitless.experiments import validation
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import wmt
+from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
+from waitless.experiments.harness import workdir as workdir_lib
 from tests import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -169,13 +171,13 @@ class TrainTest(parameterized.TestCase):
     workdir = self.create_tempdir().full_path
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write('{"algorithm": {"na')
-    with self.assertRaisesRegex(train.WorkdirConflict, 'unreadable config.json .*use a new --workdir'):
-      train.check_workdir(workdir, harness.synthetic_config('sync', num_steps=5, eval_every=5))
+    with self.assertRaisesRegex(workdir_lib.WorkdirConflict, 'unreadable config.json .*use a new --workdir'):
+      workdir_lib.check_workdir(workdir, harness.synthetic_config('sync', num_steps=5, eval_every=5))
 
   def test_a_workdir_with_another_config_is_refused(self):
     workdir = self.create_tempdir().full_path
     train.train_and_evaluate(harness.synthetic_config('sync', num_steps=5, eval_every=5), workdir)
-    with self.assertRaisesRegex(train.WorkdirConflict, 'num_steps'):
+    with self.assertRaisesRegex(workdir_lib.WorkdirConflict, 'num_steps'):
       train.train_and_evaluate(harness.synthetic_config('sync', num_steps=6, eval_every=5), workdir)
     # Fields that do not change the trajectory (evaluation batching, BLEU settings) may change on resume.
     config = harness.synthetic_config('sync', num_steps=5, eval_every=5, eval_batch_size=7)
@@ -186,7 +188,7 @@ class TrainTest(parameterized.TestCase):
     config = harness.synthetic_config('sync', num_steps=40, checkpoint_every=5, eval_every=5, log_every=5,
                                       steps_per_call=5, **{'optimizer.learning_rate': 50.0})
     workdir = self.create_tempdir().full_path
-    with self.assertRaisesRegex(train.TrainingDiverged, r'at step \d+; stopped, the last good checkpoint'):
+    with self.assertRaisesRegex(loop_lib.TrainingDiverged, r'at step \d+; stopped, the last good checkpoint'):
       train.train_and_evaluate(config, workdir)
 
 

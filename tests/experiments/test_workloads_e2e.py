@@ -10,8 +10,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from waitless.cluster import registry
-from waitless.experiments import train
-from waitless.experiments import validation
+from waitless.experiments.harness import train
+from waitless.experiments.harness import validation
 from waitless.experiments.configs import cifar10
 from waitless.experiments.configs import cifar100
 from waitless.experiments.configs import imagenet

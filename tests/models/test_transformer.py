@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from waitless.experiments import tasks
-from waitless.experiments import translation
+from waitless.experiments.harness import tasks
+from waitless.experiments.harness import translation
 from waitless.models import transformer
 
 VOCAB = 20

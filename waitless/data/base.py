@@ -57,7 +57,7 @@ class Dataset:
     example: one un-batched training example (dict of arrays) to initialise models.
     num_classes: output classes (or vocabulary size for sequence tasks).
     train_size: examples in the training split.
-    task: which loss `experiments/tasks.py` applies: `classification`, `regression` (or `seq2seq`).
+    task: which loss `experiments/harness/tasks.py` applies: `classification`, `regression` (or `seq2seq`).
   """
   train: WorkerStreams
   eval_batches: Any

@@ -4,7 +4,7 @@ Findings of the 2014 / 2017 Conference on Machine Translation (WMT14: Bojar et a
 2017). As in flax `examples/wmt`: a SentencePiece model (`data/tokenizer.py`) trained on the training pairs,
 both sides tokenized with an end-of-sentence token, training pairs longer than `max_len` tokens on either side
 dropped. Batches: `inputs` (source) and `targets` (int32, 0 = padding); the `seq2seq` task in
-`experiments/translation.py` reads them.
+`experiments/harness/translation.py` reads them.
 
 Packing (`dataset.packing=True`, the WMT config's default): WMT sentences are ~30 tokens, so padding each to
 `max_len` = 256 would leave ~85% of every batch empty. Instead the training pairs, in one seeded order, are

@@ -22,8 +22,8 @@ apply to every run; an entry's own pairs, then the sweep's, win over them.
 
 Each run has its own workdir, `WORKDIR/<entry>[/<sweep value>]/seed<N>`, and every file of a run (metrics.jsonl,
 summary.json, checkpoints) is the one `experiments.main` writes. Runs that differ only in their seed, budget and
-scalar hyper-parameters train as the replicas of one compiled program (`experiments/replicas.py`,
-`train.plan_groups`: at most `--max_replicas`, or as many as fit in memory); the programs run one after another
+scalar hyper-parameters train as the replicas of one compiled program (`experiments/harness/replicas.py`,
+`setup.plan_groups`: at most `--max_replicas`, or as many as fit in memory); the programs run one after another
 in this process, sharing the imports, the JAX backend, the datasets' in-memory caches and a persistent
 compilation cache (`--compilation_cache_dir`, default WORKDIR/jax_cache, '' for none). Rerunning the same
 command skips finished runs (summary.json present, or a recorded divergence or stall), resumes interrupted ones
@@ -39,7 +39,7 @@ not the same draws; use `trace` to replay one measured table for all.
 Writes in WORKDIR: `comparison.md` (the table), `comparison.json` (the same figures, per run and per
 algorithm) and `comparison.png` (eval loss and accuracy against simulated time and against steps, one line per
 algorithm at its best value, the median over the reporting seeds, shaded by the pointwise bootstrap interval of
-that median). Figures over seeds (`experiments.statistics`): medians with `--confidence` (0.95) bootstrap
+that median). Figures over seeds (`experiments.comparison.statistics`): medians with `--confidence` (0.95) bootstrap
 intervals, a seed that misses a target censored at its budget (never dropped), the probability of beating
 `--baseline` on paired seeds with its interval, and a verdict (faster / slower / tied). Times to target are
 interpolated linearly between the two evaluations around the crossing (never quantised by `eval_every`);
@@ -50,7 +50,6 @@ interpolated linearly between the two evaluations around the crossing (never qua
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import sys
@@ -60,14 +59,14 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from waitless.experiments import compare_plan
-from waitless.experiments import compare_runs
-from waitless.experiments import compilation_cache
-from waitless.experiments import report as report_lib
-from waitless.experiments import statistics
-from waitless.experiments import main as main_lib  # the --config and --workdir flags, the flag parser, device forcing
+from waitless.experiments.comparison import plan as compare_plan
+from waitless.experiments.comparison import report as report_lib
+from waitless.experiments.comparison import runs as compare_runs
+from waitless.experiments import shared_flags  # --config, --workdir, --seeds, ..., the flag parser, device forcing
+from waitless.experiments.comparison import statistics
+from waitless.experiments.harness import compilation_cache
 
-flags.adopt_module_key_flags(main_lib)  # --config, --workdir, --seeds, ... in `--help` too
+flags.adopt_module_key_flags(shared_flags)  # --config, --workdir, --seeds, ... in `--help` too
 
 _ALGORITHMS = flags.DEFINE_string('algorithms', None, "Entries 'ALGORITHM[,key=value...]' separated by ',' "
                                   "(a name starts an entry) or ';'; 'all': every registered algorithm.")
@@ -96,12 +95,11 @@ log = logging.getLogger('waitless')
 def _compare(argv_config: str, root: str) -> dict[str, Any]:
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
-  statistics.check_options(main_lib._SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
+  statistics.check_options(shared_flags.SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
   if _TARGET_LOSS.value is not None:
-    errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0',
-                          lambda v: math.isfinite(v) and v > 0)
-  devices = main_lib._CONFIG.value.devices  # pylint: disable=protected-access
-  main_lib.force_host_devices(devices)  # before anything starts a JAX backend
+    errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0', lambda v: v > 0)
+  devices = shared_flags.CONFIG.value.devices
+  shared_flags.force_host_devices(devices)  # before anything starts a JAX backend
   path, _, arg = argv_config.partition(':')
   module = compare_plan.load_config_module(path)
   common_pairs = [p for p in common.split_arg(arg) if '=' in p]
@@ -110,7 +108,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   everything = any(part.strip() == 'all' for part in re.split('[;,]', text))
   overrides = dict(config_flags.get_override_values(flags.FLAGS['config']))
   runs, skipped = compare_plan.plan(
-      module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), main_lib._SEEDS.value, root, common_pairs,
+      module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), shared_flags.SEEDS.value, root, common_pairs,
       overrides, skip_invalid=everything, sim_time=_SIM_TIME.value, max_steps=_MAX_STEPS.value, evals=_EVALS.value)
   compare_plan.check_sweep_axes(_SWEEP.value, runs)
   for entry, why in skipped.items():
@@ -122,20 +120,21 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   for r in runs:
     errors.require(r.config.devices == devices, 'devices', r.config.devices,
                    f'must be the same for every run of a comparison ({devices}: set it with --config.devices)')
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   for r in runs:  # a rerun with other settings must not skip runs of the old ones and report them as the new
     try:
-      train.check_workdir(r.workdir, r.config)
-    except train.WorkdirConflict as e:
-      raise train.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
+      workdir_lib.check_workdir(r.workdir, r.config)
+    except workdir_lib.WorkdirConflict as e:
+      raise workdir_lib.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
                                   'same flags, or give the new one its own --workdir)') from e
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
-        f'{len(set(r.sweep for r in runs))} sweep points x {main_lib._SEEDS.value} seeds) in {root}', file=sys.stderr)
-  cache = flags.FLAGS.compilation_cache_dir  # experiments.main's flag; here on by default
+        f'{len(set(r.sweep for r in runs))} sweep points x {shared_flags.SEEDS.value} seeds) in {root}',
+        file=sys.stderr)
+  cache = shared_flags.COMPILATION_CACHE.value  # here on by default
   cache = os.path.join(root, 'jax_cache') if cache is None else cache
   if cache:
     compilation_cache.enable(cache)
-  compare_runs.run_all(runs, max_replicas=main_lib._MAX_REPLICAS.value)  # pylint: disable=protected-access
+  compare_runs.run_all(runs, max_replicas=shared_flags.MAX_REPLICAS.value)
   budget = (f'{_SIM_TIME.value:g} simulated seconds per run' if _SIM_TIME.value is not None
             else f'{runs[0].config.num_steps} steps per run')
   title = f'{os.path.basename(path)}: {runs[0].config.workers} workers, {budget}'
@@ -154,15 +153,15 @@ def main(argv):
   log.setLevel(logging.INFO)
   log.propagate = False
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import checkpointing  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import metrics_io  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
-  root = main_lib._WORKDIR.value  # pylint: disable=protected-access
+  from waitless.experiments.harness import checkpointing  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  root = shared_flags.WORKDIR.value
   preemption.exit_before_training()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
-  except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
           metrics_io.CutLog) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -180,8 +179,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
   preemption.exit_before_training()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
-  app.run(main, flags_parser=main_lib.parse_flags)
+  app.run(main, flags_parser=shared_flags.parse_flags)

@@ -2,7 +2,7 @@
 
 Only parses flags and calls `train.train_and_evaluate(config, workdir)`. Rerunning with the same workdir
 resumes from its latest checkpoint. `--seeds=N` (N > 1) trains seeds config.seed + 0 .. N-1 as the replicas of
-one compiled program (`experiments/replicas.py`), each in `WORKDIR/seed<S>` with the files of a run alone.
+one compiled program (`experiments/harness/replicas.py`), each in `WORKDIR/seed<S>` with the files of a run alone.
 
 User errors (bad config, missing data, a workdir holding another run) print one line and exit with status 2; a
 diverged run exits with status 3, a simulated cluster that cannot go on (the algorithm waits for a worker that
@@ -11,16 +11,17 @@ stalled). SIGTERM or Ctrl-C (SIGINT) finish the current block, checkpoint, and e
 (`preemption.EXIT_PREEMPTED`) and one line: rerunning the same command resumes; a second signal stops at once
 (status 75 after a SIGTERM, 130 after Ctrl-C), and a SIGTERM before training starts exits 75 too.
 
-Real time (`--config=...:nonblocking,stragglers.kind=measured`, experiments/measured_time.py): nothing is
+Real time (`--config=...:nonblocking,stragglers.kind=measured`, experiments/harness/measured_time.py): nothing is
 simulated; TEST-ONLY `--debug_slow_process=I:S` makes process I sleep S seconds in every micro-batch it computes
-(experiments/slowdown.py), a bad value is one line and status 2.
+(experiments/harness/slowdown.py), a bad value is one line and status 2.
 
 `--compilation_cache_dir=DIR` (or $WAITLESS_COMPILATION_CACHE_DIR) keeps the compiled programs for later runs:
-a 10-step digits run then spends about half the CPU time (no compilation), with identical results.
+they then skip compilation, with identical results. The flags shared with `experiments.compare` are in
+`experiments/shared_flags.py`.
 
 Multi-process (multi-host) runs: every process runs the same command plus `--coordinator_address`,
 `--num_processes` and `--process_id` (or `--distributed` where JAX detects them: SLURM, Cloud TPU pods); see
-experiments/distributed.py and launch/multiprocess_cpu.sh, launch/slurm.sh, launch/tpu_pod.sh.
+experiments/harness/distributed.py and launch/multiprocess_cpu.sh, launch/slurm.sh, launch/tpu_pod.sh.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import json
 import logging as std_logging
 import os
-import re
 import sys
 
 from absl import app
@@ -36,26 +36,14 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from waitless.experiments import compilation_cache  # no JAX import at module level
-from waitless.experiments import config_paths
-from waitless.experiments import distributed  # no JAX backend use at import
-from waitless.experiments import slowdown  # no JAX import at module level
+from waitless.experiments import shared_flags
+from waitless.experiments.harness import compilation_cache  # no JAX import at module level
+from waitless.experiments.harness import distributed  # no JAX backend use at import
+from waitless.experiments.harness import slowdown  # no JAX import at module level
 
-if 'config' in flags.FLAGS:  # experiments.simulate imported first in the same process, as in the tests
-  _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
-else:
-  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. experiments/configs/digits.py:sync',
-                                            lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the summary.')
-_SEEDS = flags.DEFINE_integer(
-    'seeds', 1, 'Runs of each config with seeds config.seed + 0 .. N-1, trained as the replicas of one compiled '
-    'program (experiments.main: with N > 1 each in WORKDIR/seed<S>; experiments.compare: every entry and sweep point).')
-_MAX_REPLICAS = flags.DEFINE_integer(
-    'max_replicas', None, 'At most this many runs in one compiled program (default: as many as fit in memory; '
-    'more runs are split into several programs).')
 _MOCK_DATA = flags.DEFINE_bool('mock_data', False, 'Run under tfds.testing.mock_data (dry run, no dataset files).')
 _MOCK_EXAMPLES = flags.DEFINE_integer('mock_examples', 64, 'Examples per split under --mock_data.')
-# Multi-process runs (experiments/distributed.py); none of these set: one process, as before.
+# Multi-process runs (experiments/harness/distributed.py); none of these set: one process, as before.
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0 in a multi-process run '
                                    '(default $JAX_COORDINATOR_ADDRESS).')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in the run (default $JAX_NUM_PROCESSES).')
@@ -65,39 +53,28 @@ _DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Join a multi-process run
 _HEARTBEAT = flags.DEFINE_integer('heartbeat_timeout_s', distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
                                   'Multi-process: seconds without a heartbeat after which a process counts as '
                                   'dead and the run stops.')
-_COMPILATION_CACHE = flags.DEFINE_string(
-    'compilation_cache_dir', os.environ.get('WAITLESS_COMPILATION_CACHE_DIR') or None,
-    'Keep every compiled program in this directory and reuse it in later runs (same results, no compilation); '
-    'default $WAITLESS_COMPILATION_CACHE_DIR, unset: off.')
 _DEBUG_SLOW = flags.DEFINE_string(
     'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
-    'slower device, experiments/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
-flags.mark_flags_as_required(['config', 'workdir'])
-
-
-def force_host_devices(count: int) -> None:
-  """Makes the CPU platform expose `count` devices; must run before JAX initialises its backends."""
-  flag = f'--xla_force_host_platform_device_count={count}'
-  existing = [f for f in os.environ.get('XLA_FLAGS', '').split() if 'xla_force_host_platform_device_count' not in f]
-  os.environ['XLA_FLAGS'] = ' '.join(existing + [flag])
+    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
 
 
 def _train(config, workdir, stop_requests, loss_hook=None):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
-  replicas (`train.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
-  from waitless.experiments import train  # imported after XLA_FLAGS is set
+  replicas (`setup.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
+  from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
+  from waitless.experiments.harness import train
   from waitless import config_errors as errors
-  errors.require_int(_SEEDS.value, '--seeds', 1)
-  if _SEEDS.value == 1:
+  errors.require_int(shared_flags.SEEDS.value, '--seeds', 1)
+  if shared_flags.SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests, loss_hook)
   configs = []
-  for i in range(_SEEDS.value):
+  for i in range(shared_flags.SEEDS.value):
     seeded = config.copy_and_resolve_references()
     seeded.seed = config.seed + i
     configs.append(seeded)
   workdirs = [os.path.join(workdir, f'seed{c.seed}') for c in configs]
   outcomes = {}
-  for group in train.plan_groups(configs, workdirs, _MAX_REPLICAS.value):
+  for group in setup.plan_groups(configs, workdirs, shared_flags.MAX_REPLICAS.value):
     results = train.train_group([configs[i] for i in group], [workdirs[i] for i in group], stop_requests,
                                 loss_hook)
     outcomes.update({workdirs[i]: result for i, result in zip(group, results)})
@@ -121,16 +98,16 @@ def _run(config, workdir, stop_requests, loss_hook=None):
 
 def _report_seeds(outcomes) -> None:
   """Each seed's summary or failure, one line each; exits 3 if one diverged, else 4 if one stalled."""
-  from waitless.experiments import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
   progress = std_logging.getLogger('waitless')
   for workdir, outcome in outcomes.items():
     if isinstance(outcome, Exception):
       print(f'error: {workdir}: {outcome}', file=sys.stderr)
     else:
       progress.info('summary %s: %s', workdir, json.dumps(outcome))
-  if any(isinstance(o, train.TrainingDiverged) for o in outcomes.values()):
+  if any(isinstance(o, loop_lib.TrainingDiverged) for o in outcomes.values()):
     sys.exit(3)
-  if any(isinstance(o, train.ClusterStalled) for o in outcomes.values()):
+  if any(isinstance(o, loop_lib.ClusterStalled) for o in outcomes.values()):
     sys.exit(4)
 
 
@@ -142,7 +119,7 @@ def _is_jax_runtime_error(e: BaseException) -> bool:
 def _watch_peers(stop_requests, workdir):
   """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import peer_watchdog
+  from waitless.experiments.harness import peer_watchdog
   watchdog = peer_watchdog.PeerWatchdog(
       jax_distributed.global_state.client, distributed.process_index(), distributed.process_count(),
       timeout_s=_HEARTBEAT.value / 2, completed_step=lambda: stop_requests.completed_step, workdir=workdir)
@@ -162,7 +139,7 @@ def _join_processes(config) -> int:
     if settings and settings.num_processes:  # a bad split fails before connecting to anyone
       distributed.host_devices_per_process(config.devices, settings.num_processes)
     processes = distributed.initialize(settings)  # before anything starts a JAX backend
-    force_host_devices(distributed.host_devices_per_process(config.devices, processes))
+    shared_flags.force_host_devices(distributed.host_devices_per_process(config.devices, processes))
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -174,7 +151,7 @@ def _join_processes(config) -> int:
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config = shared_flags.CONFIG.value
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
@@ -185,13 +162,14 @@ def main(argv):
   progress.setLevel(std_logging.INFO)
   progress.propagate = False
   from waitless import config_errors as errors
-  from waitless.experiments import checkpointing
-  from waitless.experiments import preemption
-  from waitless.experiments import train
+  from waitless.experiments.harness import checkpointing
+  from waitless.experiments.harness import loop as loop_lib
+  from waitless.experiments.harness import preemption
+  from waitless.experiments.harness import workdir as workdir_lib
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
-  if _COMPILATION_CACHE.value:
-    compilation_cache.enable(_COMPILATION_CACHE.value)
+  if shared_flags.COMPILATION_CACHE.value:
+    compilation_cache.enable(shared_flags.COMPILATION_CACHE.value)
   processes = _join_processes(config)
   try:
     loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
@@ -201,23 +179,23 @@ def main(argv):
   if processes > 1:
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
-    watchdog = _watch_peers(stop_requests, _WORKDIR.value)
+    watchdog = _watch_peers(stop_requests, shared_flags.WORKDIR.value)
   try:
-    summary = _run(config, _WORKDIR.value, stop_requests, loss_hook)
-  except (errors.ConfigError, train.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
+    summary = _run(config, shared_flags.WORKDIR.value, stop_requests, loss_hook)
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  except train.TrainingDiverged as e:
+  except loop_lib.TrainingDiverged as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(3)
-  except train.ClusterStalled as e:
+  except loop_lib.ClusterStalled as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(4)
   except preemption.Preempted as e:
     print(str(e), file=sys.stderr)
     sys.exit(preemption.EXIT_PREEMPTED)
   except KeyboardInterrupt as e:
-    print(f'interrupted: rerun the same command to resume from the last checkpoint in {_WORKDIR.value}',
+    print(f'interrupted: rerun the same command to resume from the last checkpoint in {shared_flags.WORKDIR.value}',
           file=sys.stderr)
     sys.exit(preemption.exit_code(e))
   except RuntimeError as e:  # jax.errors.JaxRuntimeError: in a multi-process run, a collective lost its peer
@@ -228,40 +206,18 @@ def main(argv):
   finally:
     if watchdog is not None:
       watchdog.finish()
-  if _SEEDS.value > 1:
+  if shared_flags.SEEDS.value > 1:
     _report_seeds(summary)
   else:
     progress.info('summary: %s', json.dumps(summary))
 
 
-def _one_line(message: str) -> str:
-  """The last line of a (possibly traceback-laden) message, without its exception class prefix."""
-  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-  match = re.match(r'^[\w.]*(?:Error|Exception): (.*)$', lines[-1]) if lines else None
-  return match.group(1) if match else (lines[-1] if lines else message)
-
-
-def parse_flags(argv):
-  """absl's parser; a bad --config (unknown algorithm, unknown key, missing file) is one line, exit 2."""
-  try:
-    argv = flags.FLAGS(config_paths.resolve_argv(argv))
-    _CONFIG.value.get('workers')  # config_flags defers load errors to the first access
-  except Exception as e:  # pylint: disable=broad-except
-    print(f'error: {_one_line(str(e))}', file=sys.stderr)
-    sys.exit(2)
-  if len(argv) > 1:  # e.g. the rest of a config argument cut by a line break: never run without it
-    print(f'error: unexpected argument(s) {" ".join(argv[1:])!r}: only flags are accepted (a line break inside '
-          '--config=FILE:ARG?)', file=sys.stderr)
-    sys.exit(2)
-  return argv
-
-
 def run():
-  from waitless.experiments import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
+  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
   preemption.exit_before_training()  # from here, not after the seconds of imports that main() starts with
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # TensorFlow only feeds data here; silences its notice
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=shared_flags.parse_flags)
 
 
 if __name__ == '__main__':

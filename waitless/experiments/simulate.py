@@ -31,7 +31,7 @@ from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
 from waitless.experiments import config_paths
 
-if 'config' in flags.FLAGS:  # experiments.main imported first in the same process, as in the tests
+if 'config' in flags.FLAGS:  # experiments.shared_flags imported first in the same process, as in the tests
   _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
 else:
   _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (path:ARG).',
@@ -44,7 +44,7 @@ _BLOCK = flags.DEFINE_integer('block', 1000, 'Iterations drawn per clock call.')
 
 def model_bytes(config: ml_collections.ConfigDict) -> float:
   """Bytes of the config's model parameters, from shapes only (`tasks.model_bytes`: nothing is compiled)."""
-  from waitless.experiments import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
+  from waitless.experiments.harness import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
   try:
     return tasks.model_bytes(config)
   except errors.ConfigError as e:
@@ -69,10 +69,10 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
     config = common.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
-  errors.require(isinstance(iterations, int) and iterations >= 1, 'iterations', iterations, 'must be >= 1')
-  errors.require(block >= 1, 'block', block, 'must be >= 1')
+  errors.require_int(iterations, 'iterations', 1)
+  errors.require_int(block, 'block', 1)
   nbytes = model_bytes(config) if nbytes is None else float(nbytes)
-  errors.require(nbytes >= 0, 'model_bytes', nbytes, 'must be >= 0')
+  errors.require_number(nbytes, 'model_bytes', 'must be a number >= 0', lambda v: v >= 0)
   clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
 
   p = config.workers

@@ -11,7 +11,7 @@ are ordered (position, channel) instead of (channel, position): a fixed permutat
 
 Each convolution is computed as its patches times the kernel (`StridedConv1D`): the same function as
 `nn.Conv`, with its parameters (names, shapes, initialisation), but a matrix product. XLA:CPU runs these small
-1-D convolutions slowly, and with a replica axis (`experiments/replicas.py`) a convolution with per-replica
+1-D convolutions slowly, and with a replica axis (`experiments/harness/replicas.py`) a convolution with per-replica
 kernels becomes a grouped convolution; as a matrix product the step of MNIST-1D's 8 workers took 0.039 s per
 10 iterations against 0.127 s, and 10 replicas 0.22 s against 1.10 s.
 """

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -36,7 +35,3 @@ def override(kwargs: dict[str, Any], config, fields) -> dict[str, Any]:
     if value is not None:
       kwargs[field] = tuple(value) if isinstance(value, list) else value
   return kwargs
-
-
-def field_names(cls) -> tuple[str, ...]:
-  return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ('parent', 'name'))

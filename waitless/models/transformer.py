@@ -15,7 +15,7 @@ pair). Attention is then restricted to tokens of the same pair, positions restar
 decoder input starts with 0, so a packed row gives every pair the logits it would get alone. `encode` and `decode` are
 exposed for
 autoregressive decoding: a model built with `decode=True` feeds one target token per call and keeps keys and
-values in the `cache` collection (see `experiments/translation.py:greedy_decode`).
+values in the `cache` collection (see `experiments/harness/translation.py:greedy_decode`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 a dotted key (`optimizer.learning_rate=0.05`) is a path. Values are parsed as Python literals where possible.
 
 Duration: a config sets exactly one of `num_steps` (iterations) and `num_epochs` (passes over the training
-split); the other is None. `num_epochs` is resolved once, by `experiments/train.py:build` when the training
+split); the other is None. `num_epochs` is resolved once, by `experiments/harness/setup.py:build` when the training
 split's size is known, to `steps_for_epochs(num_epochs, train_size, workers, batch_size)`. In the config
 argument, giving one of the two unsets the other (`cifar10.py:sync,num_steps=20` runs 20 iterations).
 """

@@ -81,7 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.schedule = 'rsqrt'
   config.optimizer.warmup_steps = 4_000
 
-  config.bleu = ml_collections.ConfigDict()  # eval_bleu at every evaluation (experiments/translation.py)
+  config.bleu = ml_collections.ConfigDict()  # eval_bleu at every evaluation (experiments/harness/translation.py)
   config.bleu.examples = -1               # evaluation sentences translated: -1 all, 0 no BLEU
   config.bleu.beam_size = 4               # 1: greedy decoding
   config.bleu.alpha = 0.6                 # length penalty ((5 + |y|) / 6)^alpha (Wu et al. 2016)

@@ -1,0 +1,96 @@
+"""Corrupted checkpoints and unusable workdirs: detected, reported in one line, nothing else lost."""
+
+import os
+import shutil
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import train
+from tests import harness
+from tests.experiments.harness import test_preemption
+from tests.experiments import test_train
+
+
+def _config():
+  return harness.synthetic_config('kasync,k=2', num_steps=30, checkpoint_every=10, log_every=5,
+                                  eval_every=10, steps_per_call=5)
+
+
+def _truncate_state(step_dir):
+  """Cuts every data file of the state item in half (a crash or disk error while the file was written)."""
+  for root, _, files in os.walk(os.path.join(step_dir, 'state')):
+    for name in files:
+      path = os.path.join(root, name)
+      size = os.path.getsize(path)
+      if size > 8 and 'commit_success' not in name:
+        with open(path, 'r+b') as f:
+          f.truncate(size // 2)
+
+
+def _garble_meta(step_dir):
+  with open(os.path.join(step_dir, 'meta', 'metadata'), 'w') as f:
+    f.write('{"step": 3')
+
+
+class CheckpointIntegrityTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(('truncated_state', _truncate_state), ('garbled_meta', _garble_meta))
+  def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumes(self, corrupt):
+    config = _config()
+    full = self.create_tempdir().full_path
+    train.train_and_evaluate(config, full)
+    crashed = self.create_tempdir().full_path
+    with self.assertRaises(preemption.Preempted):  # stops after the block [15, 20): checkpoints 10 and 20
+      train.train_and_evaluate(config, crashed, stop_requests=test_preemption.StopAt(15))
+    corrupt(os.path.join(crashed, 'checkpoints', '20'))
+    with self.assertLogs('waitless', level='WARNING') as logs:
+      train.train_and_evaluate(config, crashed)
+    warnings = [r.getMessage() for r in logs.records if r.levelname == 'WARNING']
+    self.assertLen(warnings, 1)
+    self.assertRegex(warnings[0], r'^checkpoint at step 20 is unreadable \(.*\); trying the previous one$')
+    self.assertNotIn('\n', warnings[0])
+    self.assertTrue(os.path.isdir(os.path.join(crashed, 'corrupt_checkpoints', '20')))
+    self.assertEqual(test_train._summary_without_wall(crashed), test_train._summary_without_wall(full))
+    self.assertEqual(test_train._strip_wall(metrics_io.read_rows(crashed)),
+                     test_train._strip_wall(metrics_io.read_rows(full)))
+
+  def test_the_saved_meta_is_the_loops_state_at_the_save_not_later(self):
+    # The save serialises meta in the background: the loop's metrics window, mutated by the next block, once
+    # leaked into a checkpoint (a resumed run then logged that block's losses twice).
+    checkpointer = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    window = {'train_loss': 1.0, 'iterations': 5.0}
+    passed = []
+    with mock.patch.object(checkpointing.ocp.args, 'JsonSave', side_effect=lambda m: passed.append(m)):
+      with mock.patch.object(checkpointing.ocp.args, 'Composite', side_effect=lambda **kw: kw):
+        with mock.patch.object(checkpointer, '_manager'):
+          checkpointer.save(10, {'w': np.zeros(2)}, {'step': 10, 'window': window})
+    window['train_loss'] += 2.0  # the next block's sums
+    self.assertEqual(passed, [{'step': 10, 'window': {'train_loss': 1.0, 'iterations': 5.0}}])
+
+  def test_a_read_only_workdir_fails_before_training_in_one_line(self):
+    with self.assertRaisesRegex(checkpointing.UnusableWorkdir, r'^workdir /proc/waitless_run is not writable'):
+      train.train_and_evaluate(_config(), '/proc/waitless_run')  # read-only even for root
+
+  def test_a_full_disk_fails_before_training_in_one_line(self):
+    workdir = self.create_tempdir().full_path
+    full_disk = shutil._ntuple_diskusage(total=10**9, used=10**9 - 1000, free=1000)
+    with mock.patch.object(checkpointing.shutil, 'disk_usage', return_value=full_disk):
+      with self.assertRaisesRegex(checkpointing.UnusableWorkdir, r'has 0\.0 MB free but two checkpoints'):
+        train.train_and_evaluate(_config(), workdir)
+    self.assertFalse(os.path.exists(os.path.join(workdir, 'checkpoints', '5')))
+
+  def test_the_main_prints_one_line_and_exits_2(self):
+    result = test_train._main(['--config=experiments/configs/synthetic.py:sync', '--workdir=/proc/waitless_run'],
+                              timeout=300)
+    self.assertEqual(result.returncode, 2)
+    self.assertRegex(result.stderr.strip().splitlines()[-1], r'^error: workdir /proc/waitless_run is not writable')
+
+
+if __name__ == '__main__':
+  absltest.main()

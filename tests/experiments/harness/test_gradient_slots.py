@@ -1,0 +1,74 @@
+"""Gradients computed once: the step takes a gradient only for the workers that finished work in an iteration."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import numpy as np
+
+from benchmarks import timing
+from waitless.experiments.configs import digits
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import step as step_lib
+from tests import harness
+
+
+class GradientSlotsTest(parameterized.TestCase):
+
+  def test_no_slots_when_every_worker_works(self):
+    self.assertIsNone(step_lib.gradient_slots(np.ones((3, 8), np.int32), devices=8))
+
+  @parameterized.named_parameters(
+      # (n, P) of microbatches_done, devices, slots: the most busy workers of one device in one iteration,
+      # rounded up to a power of two (at most the device's workers).
+      ('one_pusher_per_iteration', [[0, 0, 1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]], 8, 1),
+      ('nobody', [[0] * 8], 8, 1),
+      ('three_on_one_device', [[1, 1, 0, 1, 0, 0, 0, 0]], 1, 4),
+      ('two_devices', [[1, 1, 1, 0, 0, 0, 0, 1]], 2, 4),
+      ('capped_by_the_device', [[1, 1, 1, 0, 1, 1, 1, 1]], 1, 8))
+  def test_the_most_busy_slots_of_a_device(self, done, devices, slots):
+    self.assertEqual(step_lib.gradient_slots(np.asarray(done), devices), slots)
+
+  def test_replicas_count_together_on_a_device(self):
+    done = np.zeros((3, 1, 8), np.int32)  # (R, n, P): one busy worker per replica, all on device 0 of 2
+    done[:, 0, 1] = 1
+    self.assertEqual(step_lib.gradient_slots(done, devices=2), 4)  # 3 busy slots of 12 on device 0
+
+  @parameterized.named_parameters(('async', 'async', 8), ('async_one_device', 'async', 1),
+                                  ('kasync', 'kasync,k=4', 8), ('kbatch_async', 'kbatch_async,k=4', 8))
+  def test_the_emulator_computes_the_gradients_the_cluster_pushes(self, arg, devices):
+    config = digits.get_config(arg)
+    config.devices = devices
+    self.assertAlmostEqual(timing.gradient_ratio(config, iterations=200), 1.0)
+
+  def test_a_device_without_work_computes_none(self):
+    done = np.zeros((2, 8), np.int32)
+    done[0, 3] = 1  # iteration 0: one worker on device 3; iteration 1: nobody
+    self.assertEqual(step_lib.gradients_computed(done, devices=8, microbatches=1, finished_only=False), 1)
+    self.assertEqual(step_lib.gradients_computed(np.ones((2, 8), np.int32), 8, 1, False), 16)
+
+
+class GatheredEqualsDenseTest(parameterized.TestCase):
+  """The program with gathered slots gives the same state as the one computing every worker (float64)."""
+
+  @parameterized.named_parameters(('async_vmapped_workers', 'async', 2), ('kbatch_async', 'kbatch_async,k=2', 1),
+                                  ('kasync_one_per_device', 'kasync,k=2', 4))
+  def test_same_state(self, arg, devices):
+    with jax.enable_x64(True):
+      config = harness.synthetic_config(arg, workers=4, devices=devices, microbatches=2, **{
+          'model.param_dtype': 'float64', 'model.dtype': 'float64'})
+      run = setup.build(config)
+      clock = setup.clock_for(run, 1e4)
+      block_step = block_step_lib.BlockStep(run)
+      inputs, _ = inputs_lib.block_inputs(run, clock.next_block(6), np.zeros(config.workers, np.int64), 0)
+      *args, slots = inputs
+      self.assertIsNotNone(slots)  # some worker of the block finished nothing: the gathered program runs
+      gathered, _ = block_step(setup.init_state(run), *args, slots=slots)
+      dense, _ = block_step(setup.init_state(run), *args, slots=None)
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15), gathered, dense)
+      self.assertEqual(block_step.per_iteration._cache_size(), 2)  # two programs did run
+
+
+if __name__ == '__main__':
+  absltest.main()

@@ -1,0 +1,1 @@
+"""The comparison of algorithms: the plan of runs, running them, their statistics and the report."""

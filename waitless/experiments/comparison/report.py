@@ -1,0 +1,294 @@
+"""A comparison's report: comparison.md (the table), comparison.json (the figures), comparison.png (the curves).
+
+The figures and their definitions (medians with bootstrap intervals, censoring, probability of improvement,
+verdicts, tuning seeds) are `experiments.comparison.statistics`'; the table states them in its notes, the plot shows
+each entry's median curve over the reporting seeds shaded by the pointwise bootstrap interval of that median.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any, Optional, Sequence
+
+from waitless.experiments.harness import atomic_files
+from waitless.experiments.comparison import statistics
+from waitless.experiments.comparison.plan import PlannedRun
+from waitless.experiments.comparison.plan import sweep_label
+
+log = logging.getLogger('waitless')
+
+
+def _number(figure: dict[str, Any], name: str, fmt: str, scale: float = 1.0) -> str:
+  """One statistic of a figure: a number, '> x' where it depends on censored seeds, '-' where there is none."""
+  if figure.get(name) is not None:
+    return fmt.format(figure[name] * scale)
+  if figure.get(f'{name}_above') is not None:
+    return '> ' + fmt.format(figure[f'{name}_above'] * scale)
+  return '-'
+
+
+def _cell(figure: dict[str, Any], fmt: str = '{:.3g}', scale: float = 1.0, interval: bool = True) -> str:
+  """'median [low, high]', with '(k/N missed)' for censored seeds and '(n/N)' for seeds left out."""
+  if not figure['of']:
+    return '-'
+  if figure['censored'] == figure['n']:
+    return 'not reached'
+  if figure['median'] is None and figure.get('median_above') is None:
+    return '-'
+  text = _number(figure, 'median', fmt, scale)
+  if interval and figure['n'] > 1:
+    text += f' [{_number(figure, "low", fmt, scale)}, {_number(figure, "high", fmt, scale)}]'
+  if figure['censored']:
+    text += f' ({figure["censored"]}/{figure["n"]} missed)'
+  if figure['n'] < figure['of']:
+    text += f' ({figure["n"]}/{figure["of"]})'
+  return text
+
+
+def _bytes(figure: dict[str, Any]) -> str:
+  median = figure['median']
+  if median is None:
+    return '-'
+  unit, scale = next(((u, s) for u, s in (('GB', 1e9), ('MB', 1e6), ('kB', 1e3)) if median >= s), ('B', 1.0))
+  return _cell(figure, '{:.3g}', 1 / scale, interval=False) + f' {unit}'
+
+
+def _probability(p: Optional[dict[str, Any]]) -> str:
+  """'0.80 [0.40, 1.00]'."""
+  if not p or p['p'] is None:
+    return '-'
+  return f'{p["p"]:.2f}' + (f' [{p["low"]:.2f}, {p["high"]:.2f}]' if p['low'] is not None else '')
+
+
+def _label(group: dict[str, Any], label: str) -> str:
+  failed = [s for s in group['statuses'] if s in ('diverged', 'stalled', 'unfinished')]
+  return label + (f' ({", ".join(failed)})' if failed else '')
+
+
+def _figures(group: dict[str, Any]) -> list[str]:
+  """The cells every table has, after the times to target."""
+  f = group['figures']
+  speedup = f'{group["speedup"]:.2f}x' if group['speedup'] is not None else '-'
+  return [_cell(f['final_eval_accuracy'], '{:.4f}'), _cell(f['final_eval_loss'], '{:.4f}'),
+          _cell(f['sim_time'], interval=False), _cell(f['idle_fraction'], '{:.2f}', interval=False),
+          _cell(f['staleness'], '{:.2f}', interval=False), _bytes(f['bytes_communicated']), speedup]
+
+
+def _row(algorithm: dict[str, Any], label: str, baseline: Optional[str]) -> list[str]:
+  """A row of the main table: an entry at its chosen point over the reporting seeds."""
+  f = algorithm['figures']
+  beats = (algorithm['beats_baseline'] or {}).get('time_to_target_accuracy')
+  versus = 'baseline' if algorithm['entry'] == baseline else (algorithm['verdict'] or '-')
+  return [_label(algorithm, label), _cell(f['time_to_target_accuracy']),
+          _probability(beats) if algorithm['entry'] != baseline else '-', versus, algorithm['against_best'],
+          _cell(f['time_to_target_loss']), *_figures(algorithm)]
+
+
+def _sweep_row(group: dict[str, Any], label: str) -> list[str]:
+  f = group['figures']
+  return [_label(group, label), _cell(f['time_to_target_accuracy']), _cell(f['time_to_target_loss']),
+          *_figures(group)]
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+  """'seeds 0-4' or 'seeds 0, 2' or 'seed 3'."""
+  if len(seeds) == 1:
+    return f'seed {seeds[0]}'
+  if list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+    return f'seeds {seeds[0]}-{seeds[-1]}'
+  return 'seeds ' + ', '.join(str(s) for s in seeds)
+
+
+def seeds_note(report: dict[str, Any]) -> str:
+  """Which seeds chose each entry's sweep point and which are reported."""
+  s = report['seeds']
+  reporting = f'{len(s["reporting"])} reporting seed(s) ({_seeds(s["reporting"])})'
+  if s['tuning']:
+    return (f'Tuning: {_seeds(s["tuning"])} chose each entry\'s sweep point; every figure of this table is over '
+            f'the other {reporting}.')
+  if s['sweeping']:
+    return (f'Figures over {reporting}. Each entry\'s sweep point was chosen on these same seeds (no '
+            '--tuning_seeds): that selection is optimistic, the chosen point\'s figures favour it.')
+  return f'Figures over {reporting} (no sweep: nothing was chosen).'
+
+
+def _notes(report: dict[str, Any], loss_target: str) -> list[str]:
+  t = report['targets']
+  level = f'{report["confidence"]:.0%}'
+  base = report['baseline'] or '(no baseline)'
+  loss_note = (' (derived: the highest of the lowest eval losses of the runs that reached the target accuracy, '
+               'a level each of them reached)') if t['loss_derived'] else ''
+  return [
+      seeds_note(report), '',
+      f'Times: median over seeds [{level} interval: {report["interval"]}]. A seed that misses a target is '
+      f'censored at its budget (its simulated time), not dropped: it counts as slower than every seed that '
+      f'reached it; (k/N missed): k of the N seeds missed. "> x": the median or interval end depends on censored '
+      f'seeds, and exceeds x (its value with each censored seed at its budget); not reached: no seed reached it. '
+      f'Simulated seconds, to target by {report["time_to_target"]}. Target loss {loss_target}{loss_note}.', '',
+      f'P(beats {base}): probability of improvement (Agarwal et al. 2021) on paired seeds (a seed is the same '
+      f'straggler trace, data order and initial parameters for every entry): the share of seeds on which this '
+      f'entry reached the target accuracy before {base} did on the same seed, a tie (both missed) counting '
+      f'half [{level} interval, seeds resampled in pairs]. vs {base}: faster if that interval lies above 0.5, '
+      f'slower if below, else tied. vs best: the same probability against the first row (the lowest median time '
+      f'to target accuracy): tied if its interval contains 0.5 (the seeds cannot order the two), behind if it '
+      f'lies below 0.5, ahead if above (ahead on paired seeds despite a higher median). With one seed there is '
+      f'no interval: tied. A percentile bootstrap is no wider than the seeds\' own spread: with few seeds, an '
+      f'entry that wins on every seed gets [1.00, 1.00].', '',
+      f'Final acc and loss: median [{level} interval]; sim time, idle, staleness, bytes: medians. idle: mean over '
+      f'iterations of the share of worker time spent waiting in the iteration (not weighted by its length: a '
+      f'waiting iteration is longer); staleness: mean staleness of applied contributions (iterations); bytes: all '
+      f'workers together; speed-up: median time to target accuracy of {base} / this one\'s. Rows from the fastest '
+      f'to target accuracy (then the lowest final loss).', '']
+
+
+def markdown(report: dict[str, Any], title: str) -> str:
+  """The table of `summarize`'s report."""
+  t = report['targets']
+  loss_target = f'{t["loss"]:.4g}' if t['loss'] is not None else '-'
+  base = report['baseline'] or '(no baseline)'
+  times = [f'time to acc >= {t["accuracy"]:g} (s)']
+  rest = [f'time to loss <= {loss_target} (s)', 'final acc', 'final loss', 'sim time (s)', 'idle', 'staleness',
+          'bytes', 'speed-up']
+  header = ['algorithm', *times, f'P(beats {base})', f'vs {base}', 'vs best', *rest]
+  lines = [f'# {title}', '', *_notes(report, loss_target)]
+  rows = []
+  for a in report['algorithms']:
+    label = a['entry'] + (f' @ {sweep_label(a["best_sweep"].items())}' if a['best_sweep'] else '')
+    rows.append(_row(a, label, report['baseline']))
+  lines += _table(header, rows)
+  if report['seeds']['sweeping']:
+    chosen_on = report['seeds']['tuning'] or report['seeds']['reporting']
+    which = 'tuning' if report['seeds']['tuning'] else 'reporting'
+    lines += ['', '## Every sweep point', '',
+              f'Over the {which} {_seeds(chosen_on)}: the figures each entry\'s point was chosen on (the lowest '
+              'median time to target accuracy, censored seeds included, then the lowest median final loss); '
+              f'speed-up against {base} at its chosen point on the same seeds.', '']
+    lines += _table(['algorithm', *times, *rest], [_sweep_row(g, f'{g["entry"]} @ {sweep_label(g["sweep"].items())}')
+                                                    for g in report['sweep']])
+  lines += ['', '## Runs', '', '| run | status | time to acc (s) | at eval (summary.json) | final acc | final loss '
+            '| sim time (s) | workdir |', '| --- | --- | --- | --- | --- | --- | --- | --- |']
+  fmt = lambda v, f='{:.4g}': '-' if v is None else f.format(v)  # pylint: disable=unnecessary-lambda-assignment
+  for r in report['runs']:
+    point = f' @ {sweep_label(r["sweep"].items())}' if r['sweep'] else ''
+    role = ' (tuning)' if r['role'] == 'tuning' else ''
+    lines.append(f'| {r["entry"]}{point} seed {r["seed"]}{role} | {r["status"]} '
+                 f'| {fmt(r["time_to_target_accuracy"])} | {fmt(r["time_to_target_at_eval"])} '
+                 f'| {fmt(r["final_eval_accuracy"], "{:.4f}")} | {fmt(r["final_eval_loss"], "{:.4f}")} '
+                 f'| {fmt(r["sim_time"])} | `{r["workdir"]}` |')
+  return '\n'.join(lines) + '\n'
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+  return ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
+
+
+def _curves(group: dict[str, Any], x: str, key: str, confidence: float):
+  """(grid, median, low, high) of `key` against `x` over the group's seeds, low and high the pointwise bootstrap
+  interval of the median (None with one seed); None when no run has `key`."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
+  series = []
+  for record in group['runs']:
+    rows = [r for r in metrics_io.read_rows(record['workdir']) if r.get(key) is not None and math.isfinite(r[key])]
+    if rows:
+      series.append((np.array([r[x] for r in rows], float), np.array([r[key] for r in rows], float)))
+  if not series:
+    return None
+  end = min(s[0][-1] for s in series)  # where every seed has data
+  grid = np.unique(np.concatenate([s[0][s[0] <= end] for s in series]))
+  values = np.stack([np.interp(grid, xs, ys) for xs, ys in series])
+  if len(series) < 2:
+    return grid, values[0], None, None
+  low, high = statistics.median_interval(values, confidence, axis=0, n_resamples=statistics.PLOT_RESAMPLES)
+  return grid, np.median(values, axis=0), low, high
+
+
+def plot(report: dict[str, Any], path: str, title: str) -> Optional[str]:
+  """comparison.png: eval loss and accuracy against simulated time (top) and steps (bottom)."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    log.info('matplotlib is not installed: no comparison.png')
+    return None
+  groups = {(g['entry'], tuple(sorted(g['sweep'].items()))): g for g in _with_runs(report)}
+  fig, axes = plt.subplots(2, 2, figsize=(15, 9.5))
+  colors = plt.get_cmap('tab10')  # ten colours, then the same ten dashed: no two lines alike up to 20
+  seeds = len(report['seeds']['reporting'])
+  for i, a in enumerate(report['algorithms']):
+    group = groups[(a['entry'], tuple(sorted(a['sweep'].items())))]
+    short = ','.join(f'{k.rsplit(".", 1)[-1]}={v}' for k, v in (a['best_sweep'] or {}).items())
+    label = a['entry'] + (f' ({short})' if short else '')
+    style = dict(color=colors(i % 10), ls=('-', '--', ':')[i // 10 % 3], lw=1.8)
+    for row, x in enumerate(('sim_time', 'step')):
+      for col, key in enumerate(('eval_loss', 'eval_accuracy')):
+        curve = _curves(group, x, key, report['confidence'])
+        if curve is None:
+          continue
+        grid, median, low, high = curve
+        ax = axes[row][col]
+        ax.plot(grid, median, **style, label=label if (row, col) == (0, 0) else None)
+        if low is not None:
+          ax.fill_between(grid, low, high, color=style['color'], alpha=0.15, lw=0)
+  t = report['targets']
+  steps = [r['steps'] for r in report['runs'] if r.get('steps')]
+  if steps and max(steps) > 5 * min(steps):  # a --sim_time budget: from tens to thousands of iterations
+    axes[1][0].set_xscale('log')
+    axes[1][1].set_xscale('log')
+  for row, x_label in enumerate(('simulated time (s)', 'steps (iterations)' + (
+      ', log scale' if axes[1][0].get_xscale() == 'log' else ''))):
+    loss_ax, acc_ax = axes[row]
+    loss_ax.set_yscale('log')
+    loss_ax.set_ylabel('eval loss (log scale)')
+    acc_ax.set_ylabel('eval accuracy')
+    if t['loss'] is not None:
+      loss_ax.axhline(t['loss'], color='grey', ls=':', lw=1)
+    acc_ax.axhline(t['accuracy'], color='grey', ls=':', lw=1)
+    acc_ax.set_ylim(top=1.0)
+    for ax in (loss_ax, acc_ax):
+      ax.set_xlabel(x_label)
+      ax.grid(alpha=0.3)
+  which = _seeds(report['seeds']['reporting'])
+  spread_note = (f'median of {seeds} reporting seeds ({which}), shaded: the pointwise {report["confidence"]:.0%} '
+                 f'bootstrap interval of the median ({statistics.PLOT_RESAMPLES} resamples)' if seeds > 1
+                 else f'one reporting seed ({which})')
+  fig.suptitle(f'{title}\n{spread_note}; dotted: targets', fontsize=12)
+  fig.tight_layout()
+  fig.legend(loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=10, frameon=False,
+             title='fastest to target first')
+  atomic_files.save_figure(fig, path, dpi=110, bbox_inches='tight')
+  plt.close(fig)
+  return path
+
+
+def _with_runs(report):
+  """The report's sweep groups with their runs on the reporting seeds (grouped again from `runs`)."""
+  out = []
+  reporting = set(report['seeds']['reporting'])
+  for g in report['sweep']:
+    runs = [r for r in report['runs'] if r['entry'] == g['entry'] and r['sweep'] == g['sweep']
+            and r['seed'] in reporting]
+    out.append(dict(g, runs=runs))
+  return out
+
+
+def write_report(runs: Sequence[PlannedRun], root: str, title: str, target_accuracy: float,
+                 target_loss: Optional[float] = None, baseline: str = 'sync',
+                 skipped: Optional[dict[str, str]] = None, tuning_seeds: int = 0,
+                 confidence: float = statistics.CONFIDENCE) -> dict[str, Any]:
+  """Writes comparison.md / .json / .png in `root`; returns the report (what comparison.json holds)."""
+  report = statistics.summarize(runs, target_accuracy, target_loss, baseline, tuning_seeds, confidence)
+  report['title'] = title
+  report['skipped'] = dict(skipped or {})
+  text = markdown(report, title)
+  if skipped:
+    text += '\n## Not run\n\n' + ''.join(f'- {e}: {why}\n' for e, why in skipped.items())
+  os.makedirs(root, exist_ok=True)
+  atomic_files.write_text(os.path.join(root, 'comparison.md'), text)
+  atomic_files.write_json(os.path.join(root, 'comparison.json'), report, indent=1)
+  report['png'] = plot(report, os.path.join(root, 'comparison.png'), title)
+  return report
+

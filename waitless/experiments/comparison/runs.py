@@ -1,0 +1,134 @@
+"""Running a comparison's runs: one process, one run after another, finished ones skipped.
+
+A run that diverges or stalls is recorded in its workdir (`FAILED_FILE`) so that a rerun does not repeat it;
+an interrupted run resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Optional, Sequence
+
+from waitless.experiments.comparison.plan import PlannedRun
+from waitless.experiments.harness import atomic_files
+
+FAILED_FILE = 'compare_failed.json'  # a diverged or stalled run: rerunning would fail the same way
+SUMMARY_FILE = 'summary.json'
+
+log = logging.getLogger('waitless')
+
+
+def read_json(path: str) -> Optional[dict]:
+  """The JSON object in `path`, or None if it is missing or does not read back (a file torn by a crash of a
+  version that wrote it in place: the run is then not finished, and runs again from its checkpoint)."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return value if isinstance(value, dict) else None
+
+
+def run_status(workdir: str) -> Optional[str]:
+  """'finished', 'diverged' or 'stalled' when the run needs no more work; None otherwise."""
+  if read_json(os.path.join(workdir, SUMMARY_FILE)) is not None:
+    return 'finished'
+  failed = read_json(os.path.join(workdir, FAILED_FILE))
+  if failed is not None and failed.get('status') in ('diverged', 'stalled'):
+    return failed['status']
+  return None
+
+
+class _Progress(logging.Filter):
+  """Prefixes the training loop's lines with the program (i/G) and its runs, and adds the comparison's ETA."""
+
+  def __init__(self, groups: Sequence[Sequence[PlannedRun]]):
+    super().__init__()
+    self.groups, self.index, self.done_steps, self.done_seconds = groups, 0, 0, 0.0
+
+  def label(self) -> str:
+    group = self.groups[self.index]
+    if len(group) == 1:
+      return group[0].name
+    return f'{group[0].entry}, {len(group)} runs'
+
+  def remaining_steps(self) -> int:
+    """The iterations the loop still has to run after this program: each program runs as many as its longest run."""
+    return sum(max(r.config.num_steps for r in group) for group in self.groups[self.index + 1:])
+
+  def overall_eta(self, run_eta: float = 0.0) -> str:
+    """This program's ETA plus the remaining programs' iterations at the seconds per iteration of the finished
+    ones (their start-up and compilation included)."""
+    if not self.done_steps:
+      return 'after the first program'
+    return format_duration(run_eta + self.remaining_steps() * self.done_seconds / self.done_steps)
+
+  def filter(self, record):
+    prefix = f'[{self.index + 1}/{len(self.groups)} {self.label()}] '
+    if isinstance(record.msg, str) and record.msg.startswith('step %d/%d') and len(record.args) == 6:
+      record.msg = prefix + record.msg + '  (comparison ETA %s)'
+      record.args = tuple(record.args) + (self.overall_eta(record.args[5]),)
+    elif isinstance(record.msg, str):
+      record.msg = prefix + record.msg
+    return True
+
+
+def format_duration(seconds: float) -> str:
+  seconds = max(0, int(round(seconds)))
+  return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
+
+
+def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas: Optional[int] = None) -> None:
+  """Trains every unfinished run in this process; finished ones are skipped.
+
+  The runs are grouped into programs (`setup.plan_groups`: seeds and sweep values that change no shape and no
+  time rule train as the replicas of one compiled program, at most `max_replicas` or as many as fit in memory),
+  one program after another. A run that diverges or stalls is recorded (`compare_failed.json` in its workdir)
+  and the others go on. `preemption.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
+  it stopped.
+  """
+  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import loop as loop_lib
+  from waitless.experiments.harness import preemption
+  from waitless.experiments.harness import setup
+  from waitless.experiments.harness import train
+  # pylint: enable=g-import-not-at-top
+  pending = [run for run in runs if run_status(run.workdir) is None]
+  if len(pending) < len(runs):
+    log.info('%d of %d runs finished already (summary.json or %s in their workdirs): skipped',
+             len(runs) - len(pending), len(runs), FAILED_FILE)
+  if not pending:
+    return
+  groups = [[pending[i] for i in group] for group in
+            setup.plan_groups([r.config for r in pending], [r.workdir for r in pending], max_replicas)]
+  log.info('%d runs to train in %d programs', len(pending), len(groups))
+  progress = _Progress(groups)
+  log.addFilter(progress)
+  try:
+    for i, group in enumerate(groups):
+      progress.index = i
+      steps = max(r.config.num_steps for r in group)
+      log.info('-> %s, %d steps  (comparison ETA %s)', ', '.join(r.workdir for r in group), steps,
+               progress.overall_eta())
+      start = time.time()
+      stop_requests = (stop_requests_factory or preemption.StopRequests)()
+      outcomes = train.train_group([r.config.copy_and_resolve_references() for r in group],
+                                   [r.workdir for r in group], stop_requests)
+      for run, outcome in zip(group, outcomes):
+        if isinstance(outcome, (loop_lib.TrainingDiverged, loop_lib.ClusterStalled)):
+          failed = 'diverged' if isinstance(outcome, loop_lib.TrainingDiverged) else 'stalled'
+          atomic_files.write_json(os.path.join(run.workdir, FAILED_FILE), {'status': failed, 'error': str(outcome)})
+          log.info('%s %s: %s', run.name, failed, outcome)
+        else:
+          log.info('%s done in %s: eval accuracy %.4f, loss %.4f, sim time %.3g s', run.name,
+                   format_duration(time.time() - start), outcome['final_eval_accuracy'],
+                   outcome['final_eval_loss'], outcome['sim_time'])
+      progress.done_steps += steps
+      progress.done_seconds += time.time() - start
+  finally:
+    log.removeFilter(progress)
+
+

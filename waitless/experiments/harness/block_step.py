@@ -1,0 +1,106 @@
+"""The jitted block step of a run or a group (`BlockStep`), and its measurements brought to the host."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import numpy as np
+
+from waitless.experiments.harness import replicas as replicas_lib
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import workers as workers_lib
+
+
+def to_host(tree):
+  """Fetches (possibly multi-host sharded) arrays as numpy on every process."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def measurements_to_host(packed, timed: bool = False) -> dict[str, np.ndarray]:
+  """The block step's packed measurements as the host dict of `step.unpack_measurements` (`timed`: a step with
+  a `Stopwatch`)."""
+  return step_lib.unpack_measurements(to_host(packed), timed)
+
+
+def rounds_pay_off(layout: workers_lib.WorkerLayout) -> bool:
+  """Whether whole-round blocks run the round-structured program on this mesh: on accelerators (GPU, TPU), where
+  a collective issued at a static position can run under the compute that follows it; not on XLA:CPU, where
+  collectives are rendezvous of the device threads and nothing overlaps, and the unrolled round runs slower per
+  iteration than the per-iteration program (`benchmarks/` measures it). Block lengths are whole rounds either way,
+  so the blocks, logs and checkpoints are the same."""
+  return layout.mesh.devices.flat[0].platform != 'cpu'
+
+
+class BlockStep:
+  """The jitted block step (`step.make_block_step`) of a run or a group, with the algorithm's hooks.
+
+  `(state, packed, spec, steps, slots) -> (state, measurements)`: the block's inputs packed
+  (`experiments.harness.transfer`) with their static spec, `steps` a host int32 array and `slots` the block's static
+  number of gradient slots (`step.gradient_slots`; None: every worker computes). A data set held in memory
+  lives on the devices (placed once, here), and the step reads its micro-batches there by index. A block of whole
+  rounds of the algorithm's `round_length` runs the round-structured program where `rounds` is true (default:
+  `rounds_pay_off`, i.e. on accelerators), any other block the per-iteration one. The two programs compute the
+  same update (the tests check it in float64); in float32 they round differently. Each program compiles once
+  per block length (and, for `run.finished_only`, once per power-of-two batch size). For a group of R > 1 the
+  programs carry a replica axis and take the group's differing values as inputs (`step.ReplicaAxis`).
+  """
+
+  def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True,
+               loss_hook=None):
+    """`rounds`: whole-round blocks run the round-structured program (None: `rounds_pay_off`, on accelerators);
+    `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`);
+    `loss_hook`: TEST-ONLY, on every micro-batch's loss (`experiments.harness.slowdown`)."""
+    group = setup.as_group(run_or_group)
+    run = group.lead
+    # A measured run times every device's gradient phase (`step.Stopwatch`); `compiled`: the last call compiled.
+    self.stopwatch = step_lib.Stopwatch() if run.measured else None
+    self.compiled = False
+    replica_axis, self.values = None, None
+    streams = run.dataset.train
+    self.data = None if streams.resident is None else jax.device_put(
+        {k: jnp.asarray(v) for k, v in streams.resident.items()}, run.layout.replicated())  # once, every device
+    if group.batched:
+      def build_replica(values):
+        config = replicas_lib.traced_config(run.config, values)
+        return setup.make_tx(config, run.spec, run.layout.axis_name), values.get('seed', run.config.seed)
+      replica_axis = step_lib.ReplicaAxis(group.size, build_replica, vectorized)
+      self.values = jax.device_put({k: jnp.asarray(v) for k, v in group.values.items()}, run.layout.replicated())
+    make = functools.partial(
+        step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
+        schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params,
+        finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis,
+        loss_hook=loss_hook, stopwatch=self.stopwatch)
+    if rounds is None:
+      rounds = rounds_pay_off(run.layout)
+    self.round_length = run.round_length if rounds else None
+    self.per_iteration = make()
+    self.rounds = None if self.round_length is None else make(round_length=self.round_length)
+
+  def whole_rounds(self, steps: np.ndarray) -> bool:
+    r = self.round_length
+    return r is not None and int(steps[0]) % r == 0 and len(steps) % r == 0
+
+  def program(self, steps: np.ndarray):
+    """The jitted program that runs the block of `steps`."""
+    return self.rounds if self.whole_rounds(steps) else self.per_iteration
+
+  def __call__(self, state, packed, spec, steps, slots=None):
+    program = self.program(steps)
+    if self.stopwatch is None:
+      return program(state, packed, self.data, self.values, spec=spec, slots=slots)
+    programs = program._cache_size()  # pylint: disable=protected-access
+    self.stopwatch.start()
+    out = program(state, packed, self.data, self.values, spec=spec, slots=slots)
+    self.compiled = program._cache_size() > programs  # pylint: disable=protected-access
+    return out
+
+  def lower(self, state, packed, spec, steps, slots=None):
+    return self.program(steps).lower(state, packed, self.data, self.values, spec=spec, slots=slots)
+
+

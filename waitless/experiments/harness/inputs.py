@@ -1,0 +1,141 @@
+"""A block's inputs: its length, every worker's micro-batches read at its own data positions (or their indices),
+the schedule and the steps packed (`experiments.harness.transfer`) and placed on the devices, for a run or
+stacked on a replica axis for a group."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from waitless.cluster import rules as rules_lib
+from waitless.experiments.harness import measured_time
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import transfer
+
+
+def _next_boundary(step: int, config) -> int:
+  candidates = [config.num_steps]
+  for every in (config.log_every, config.eval_every, config.checkpoint_every):
+    candidates.append((step // every + 1) * every)
+  return min(candidates)
+
+
+def block_length(step: int, config, round_length: int | None = None) -> int:
+  """Iterations in the block starting at `step`: never crosses a log, eval or checkpoint boundary.
+
+  With a round length R the block is whole rounds where it can be (max(1, steps_per_call // R) of them); after
+  a boundary that falls inside a round, a shorter block reaches the next round boundary. Lengths depend only on
+  absolute step numbers, so a resumed run runs the same blocks.
+  """
+  limit = _next_boundary(step, config) - step
+  if round_length is None:
+    return min(config.steps_per_call, limit)
+  if step % round_length:
+    return min(round_length - step % round_length, limit)
+  return min(round_length * max(1, config.steps_per_call // round_length), limit)
+
+
+def _to_devices(layout, packed: transfer.Packed, leading: int = 1) -> transfer.Packed:
+  """`packed` on the devices, one transfer per array: the per-worker pack and the examples sharded on the worker
+  dimension (after `leading` others) from this process's workers' rows, the uniform packs replicated."""
+  sharding = layout.sharding(*([None] * leading))
+  per_worker = (packed.per_worker, packed.batches)
+  uniform = (packed.shared, packed.own)
+  if jax.process_count() == 1:
+    shardings = (jax.tree.map(lambda _: sharding, per_worker), jax.tree.map(lambda _: layout.replicated(), uniform))
+    (per_worker, batches), (shared, own) = jax.device_put((per_worker, uniform), shardings)
+    return transfer.Packed(per_worker, shared, own, batches)
+  shape = lambda v: v.shape[:leading] + (layout.workers,) + v.shape[leading + 1:]
+  per_worker, batches = jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)),
+                                     per_worker)
+  shared, own = jax.tree.map(jnp.asarray, uniform)
+  return transfer.Packed(per_worker, shared, own, batches)
+
+
+def batch_slots(run: setup.Run, blocks) -> int:
+  """Micro-batch slots in each worker's batch of these blocks: all of them, or for `run.finished_only` the most
+  any worker finished in one iteration rounded up to a power of two (the same on every process). Measured
+  nonblocking keeps all m: its counts change with every fit, and a new batch shape is a new program whose first
+  execution is slow (it landed in the probe at n = 1 and made the fast device look slow for a block)."""
+  if not run.finished_only or measured_time.counts_measured(run.config):
+    return run.microbatches
+  done = max(int(block.schedule.microbatches_done.max()) for block in blocks)
+  return min(run.microbatches, 1 << max(done - 1, 0).bit_length())
+
+
+def host_inputs(run: setup.Run, block, positions: np.ndarray, slots: int):
+  """This process's host arrays for `block`: (the examples of every worker's micro-batches read at its own
+  positions, or their indices when the data set lives on the devices; per-worker schedule fields; uniform ones),
+  and the data positions after the block."""
+  done = block.schedule.microbatches_done.astype(np.int64)
+  starts = positions[None] + np.cumsum(done, axis=0) - done
+  local_ids = run.layout.local_worker_ids()
+  streams = run.dataset.train
+  if streams.resident is not None:
+    examples = streams.read_indices(local_ids, starts[:, local_ids], slots)
+  else:
+    examples = streams.read(local_ids, starts[:, local_ids], slots)
+  per_worker, same = rules_lib.base.split(block.schedule)
+  per_worker = {name: v[:, local_ids] for name, v in per_worker.items()}
+  return (examples, per_worker, same), positions + done.sum(axis=0)
+
+
+def _pack(run: setup.Run, examples, per_worker, shared, own, steps):
+  if run.dataset.train.resident is not None:
+    return transfer.pack(per_worker, shared, own, steps, indices=examples)
+  return transfer.pack(per_worker, shared, own, steps, batches=examples)
+
+
+def block_inputs(run: setup.Run, block, positions: np.ndarray, step: int):
+  """The step's (packed inputs, their spec, steps, slots) for `block`: every worker's micro-batches at its own
+  positions (or their indices), the schedule and the steps packed (`experiments.harness.transfer`), the steps on the
+  host (`block_step.BlockStep` picks the program by them) and the block's gradient slots (`step.gradient_slots`).
+
+  Returns the four arguments after the state, and the data positions after the block.
+  """
+  (examples, per_worker, same), positions = host_inputs(run, block, positions, batch_slots(run, [block]))
+  steps = np.arange(step, step + len(block.duration), dtype=np.int32)
+  packed, spec = _pack(run, examples, per_worker, same, {}, steps)
+  slots = step_lib.gradient_slots(block.schedule.microbatches_done, run.layout.devices)
+  return (_to_devices(run.layout, packed), spec, steps, slots), positions
+
+
+def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequence[np.ndarray], step: int):
+  """The step's (packed inputs, spec, steps, slots) for replica r's `blocks[r]` at `positions[r]`, stacked on a
+  leading replica axis, and each replica's data positions after its block.
+
+  A replica with no block (`None`: frozen, its budget spent or its run failed) gets a copy of the first
+  replica's inputs with no finished micro-batch: it takes no gradient, its update is never read, and the uniform
+  fields stay shared. A uniform field that every replica shares goes in once, (n,), so the program's
+  conditionals over it stay conditionals; one that differs goes in as (R, n).
+  """
+  run = group.lead
+  live = [b for b in blocks if b is not None]
+  slots = batch_slots(run, live)
+  made = [None if b is None else host_inputs(group.runs[r], b, positions[r], slots) for r, b in enumerate(blocks)]
+  first = next(m for m in made if m is not None)
+  host = [first[0] if m is None else m[0] for m in made]
+  after = [positions[r] if m is None else m[1] for r, m in enumerate(made)]
+  stack = lambda *xs: np.stack(xs)  # pylint: disable=unnecessary-lambda-assignment
+  examples = jax.tree.map(stack, *[h[0] for h in host])
+  per_worker = jax.tree.map(stack, *[h[1] for h in host])
+  frozen = np.array([m is None for m in made])
+  per_worker['microbatches_done'] = np.where(frozen[:, None, None], 0, per_worker['microbatches_done'])
+  done = np.stack([np.zeros_like(live[0].schedule.microbatches_done) if b is None
+                   else b.schedule.microbatches_done for b in blocks])
+  shared, own = {}, {}
+  for k in host[0][2]:
+    if all(np.array_equal(h[2][k], host[0][2][k]) for h in host[1:]):
+      shared[k] = host[0][2][k]
+    else:
+      own[k] = np.stack([h[2][k] for h in host])
+  steps = np.arange(step, step + len(live[0].duration), dtype=np.int32)
+  packed, spec = _pack(run, examples, per_worker, shared, own, steps)
+  return (_to_devices(run.layout, packed, leading=2), spec, steps,
+          step_lib.gradient_slots(done, run.layout.devices)), after
+
+

@@ -1,0 +1,336 @@
+"""The training loop: a group of runs (a run alone is a group of one) trained block by block.
+
+Each block: the replicas' clocks sample the schedules (who finished what, how long it took), the data streams
+serve every worker the micro-batches at its own positions (`Loop.prepare`), one jitted call runs the block
+(`Loop.dispatch`), and the host takes each replica's share of its measurements (`Loop.accept`), then logs,
+evaluates the consensus model and checkpoints at fixed step boundaries (`Loop.record`). Block lengths depend
+only on absolute step numbers (`inputs.block_length`), so a resumed run executes the same programs on the same
+inputs as an uninterrupted one. `Loop.run` is the loop itself; the tests drive the same `prepare`, `dispatch`,
+`measurements` and `accept` (tests/harness.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from waitless.cluster import clock as clock_lib
+from waitless.experiments.harness import atomic_files
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import evaluation
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import measured_time
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import window as window_lib
+
+log = logging.getLogger('waitless')
+
+
+class TrainingDiverged(RuntimeError):
+  """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class ClusterStalled(RuntimeError):
+  """The simulated cluster cannot go on: the algorithm waits for a worker that failed for good."""
+
+
+def reports(run: setup.Run) -> dict[str, str]:
+  """The window's reductions beyond the step's: the rule's reports, and a measured run's counts and times."""
+  return {**run.rule.reports, **(measured_time.reports(run.config) if run.measured else {})}
+
+
+@dataclasses.dataclass
+class Replica:
+  """The host side of one replica of a group: its run's clock, data positions, metrics, checkpoints, outcome."""
+  run: setup.Run
+  workdir: Optional[str]
+  clock: Any
+  checkpointer: Optional[checkpointing.Checkpointer]
+  positions: np.ndarray
+  window: window_lib.Window
+  writer: Any = None
+  wall_offset: float = 0.0
+  time_to_target: Optional[float] = None
+  last_eval: dict = dataclasses.field(default_factory=dict)
+  last_train_loss: float = float('nan')
+  sim_time: float = 0.0
+  summary: Optional[dict] = None       # set when the run finished
+  failure: Optional[Exception] = None  # TrainingDiverged or ClusterStalled: the run stopped there
+
+  @classmethod
+  def start(cls, run: setup.Run, clock, workdir: Optional[str] = None) -> 'Replica':
+    """A replica at step 0; with a `workdir`, its checkpointer there (without one, it only trains: the tests)."""
+    checkpointer = None if workdir is None else checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
+    return cls(run=run, workdir=workdir, clock=clock, checkpointer=checkpointer,
+               positions=np.zeros(run.config.workers, np.int64), window=window_lib.Window(reports(run)))
+
+  @property
+  def config(self):
+    return self.run.config
+
+  @property
+  def done(self) -> bool:
+    return self.summary is not None or self.failure is not None
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A block ready to dispatch: each replica's clock Block (None: frozen) and the step's inputs."""
+  step: int
+  blocks: list
+  inputs: tuple
+  stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
+  seconds: float = 0.0  # host seconds spent preparing it (a measured run's clock counts them)
+
+  @property
+  def live(self) -> list[int]:
+    """The replicas that run this block."""
+    return [i for i, b in enumerate(self.blocks) if b is not None]
+
+  @property
+  def length(self) -> int:
+    return len(self.blocks[self.live[0]].duration)
+
+
+class Loop:
+  """The block loop of a group: fills each replica's metrics, checkpoints and outcome.
+
+  Attributes:
+    group: the runs (`setup.Group`); `lead` its first run (what every run shares: layout, rule, cadence).
+    replicas: one `Replica` per run.
+    block_step: the group's `block_step.BlockStep`.
+    num_params: parameters per worker (for the summaries).
+    lookahead: whether the next block is sampled and dispatched while this one runs (see `run`).
+  """
+
+  def __init__(self, group: setup.Group, replicas: list[Replica], block_step: block_step_lib.BlockStep,
+               num_params: int = 0):
+    self.group, self.lead = group, group.lead
+    self.replicas, self.block_step, self.num_params = replicas, block_step, num_params
+    # Keep the device busy: while it runs a block, the host samples the next block's schedules and reads its
+    # data, and dispatches it before this one's results are read (an evaluation first takes its consensus model
+    # of this block's state, which the next block donates). Not across a checkpoint (the saved clocks and data
+    # positions must be those after the saved step), and not at all for a rule that adapts to this block's loss
+    # (AdaSync): the schedules, and so the trajectory, stay exactly the same.
+    # A measured run never looks ahead: its next block's counts need this block's times, and its clock times one
+    # block at a time (`measured_time`).
+    self.lookahead = not self.lead.rule.uses_feedback and not self.lead.measured
+    self.evaluator: Optional[evaluation.Evaluator] = None
+    self.start_wall = time.time()
+
+  def running(self, at: int) -> list[int]:
+    """The replicas that go on after step `at`."""
+    return [i for i, r in enumerate(self.replicas) if not r.done and r.config.num_steps > at]
+
+  def wall(self, r: Replica) -> float:
+    return r.wall_offset + time.time() - self.start_wall
+
+  def prepare(self, at: int, length: Optional[int] = None) -> Optional[Prepared]:
+    """Samples every running replica's next block and reads its data, moving its clock and data positions past
+    the block; None when no replica goes on. `length`: the block's iterations (default: `inputs.block_length`,
+    never across a log, eval or checkpoint boundary)."""
+    live = self.running(at)
+    if not live:
+      return None
+    begin = time.perf_counter()
+    run = self.lead
+    n = length or min(inputs_lib.block_length(at, self.replicas[i].config, run.round_length) for i in live)
+    blocks, stalled = [None] * len(self.replicas), {}
+    for i in live:
+      try:
+        blocks[i] = self.replicas[i].clock.next_block(n)
+      except clock_lib.StalledError as e:
+        stalled[i] = e
+    if all(b is None for b in blocks):
+      return Prepared(at, blocks, (), stalled)
+    if self.group.batched:
+      inputs, after = inputs_lib.stacked_inputs(self.group, blocks, [r.positions for r in self.replicas], at)
+    else:
+      inputs, position = inputs_lib.block_inputs(run, blocks[0], self.replicas[0].positions, at)
+      after = [position]
+    for r, position in zip(self.replicas, after):
+      r.positions = position
+    return Prepared(at, blocks, inputs, stalled, time.perf_counter() - begin)
+
+  def dispatch(self, state, prepared: Prepared):
+    """Runs the block on the devices (asynchronously): (new state, packed measurements)."""
+    return self.block_step(state, *prepared.inputs)
+
+  def measurements(self, prepared: Prepared, measured) -> dict[str, np.ndarray]:
+    """The block's measurements on the host (`step.unpack_measurements`); a measured run's clock records the
+    block's measured times here (`prepared.blocks[0]` becomes the recorded block)."""
+    run = self.lead
+    if run.measured:  # wait with the Python lock released: the program's clock reads need it
+      jax.block_until_ready(measured)
+      ready = time.perf_counter()  # before the all-gather below, which compiles once per block length
+    host = block_step_lib.measurements_to_host(measured, timed=run.measured)
+    if run.measured:  # group of one (a measured run never shares its program)
+      seconds = measured_time.block_seconds(prepared.seconds, self.block_step.stopwatch.origin, ready,
+                                            self.block_step.compiled,
+                                            host['started_s'][0, run.layout.local_worker_ids()])
+      prepared.blocks[0] = self.replicas[0].clock.record(prepared.blocks[0], host['compute_s'], seconds)
+    return host
+
+  def accept(self, i: int, block, host: dict[str, np.ndarray], at: int) -> bool:
+    """Replica i's share of the measurements of its `block` from step `at`: into its metrics window, and its
+    training loss to its clock (`clock.feedback`). False, its failure set, when the loss is not finite."""
+    r = self.replicas[i]
+    mine = host if not self.group.batched else {k: v[i] for k, v in host.items()}
+    contributed = block.schedule.microbatches_done > 0
+    losses = np.where(contributed, mine['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
+    if not np.all(np.isfinite(losses)):
+      bad = at + int(np.argmin(np.isfinite(losses)))
+      kept = None if r.checkpointer is None else r.checkpointer.latest_step()
+      r.failure = TrainingDiverged(
+          f'training loss is {losses[bad - at]} at step {bad + 1}; stopped, ' +
+          (f'the last good checkpoint (step {kept}) is kept in {r.workdir}' if kept is not None else
+           f'before its first checkpoint; its metrics are in {r.workdir}'))
+      log.info('%s', r.failure)
+      return False
+    r.window.add(block, train_loss=losses, l2_grads=mine['l2_grads'].mean(1), l2_params=mine['l2_params'].mean())
+    r.clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
+    r.sim_time, r.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
+    return True
+
+  def record(self, prepared: Prepared, host: dict[str, np.ndarray], state, snapshot, evaluates: dict[int, bool],
+             checkpoints: dict[int, bool]) -> None:
+    """Each live replica's metrics row, evaluation (of `snapshot`, the consensus model), checkpoint and summary
+    at the end of the block."""
+    at, end = prepared.step, prepared.step + prepared.length
+    evaluated = None
+    for i in prepared.live:
+      r = self.replicas[i]
+      if r.failure is not None:  # diverged in the previous block, whose successor was already dispatched
+        continue
+      if not self.accept(i, prepared.blocks[i], host, at):
+        continue
+      if evaluates[i] or end % r.config.log_every == 0:
+        row = {'step': end, 'sim_time': r.sim_time, 'wall_time': self.wall(r), **r.window.row()}
+        if r.run.measured:
+          row = measured_time.finish_row(row, r.config.workers)
+        if evaluates[i]:
+          if evaluated is None:
+            evaluated = self.evaluator.measure(snapshot)
+          r.last_eval = evaluated[i] if self.group.batched else evaluated
+          row.update({k: v for k, v in r.last_eval.items() if k != 'param_norm'})
+          if r.time_to_target is None and r.last_eval['eval_accuracy'] >= r.config.target_accuracy:
+            r.time_to_target = row['sim_time']
+        r.writer.write(row)
+      if checkpoints[i]:
+        self.checkpoint(i, state, end)
+      if end == r.config.num_steps:
+        self.finish(r, end)
+
+  def checkpoint(self, i: int, state, end: int) -> None:
+    r = self.replicas[i]
+    meta = {'step': end, 'wall_time': self.wall(r), 'positions': r.positions.tolist(),
+            'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
+            'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
+    r.checkpointer.save(end, setup.replica_state(self.group, state, i), meta, copy=not self.group.batched)
+    if r.run.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
+      r.checkpointer.wait()
+
+  def finish(self, r: Replica, at: int) -> None:
+    """The replica's summary, written to its workdir."""
+    last_eval = r.last_eval
+    measured = r.clock.summary() if r.run.measured else {}
+    r.summary = {
+        **measured,
+        'steps': at, 'sim_time': r.sim_time, 'wall_time': self.wall(r),
+        'final_train_loss': r.last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
+        'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
+        'time_to_target': r.time_to_target, 'num_params': self.num_params, 'replicas': self.group.size,
+        **{f'final_{k}': v for k, v in last_eval.items() if k not in ('eval_loss', 'eval_accuracy', 'param_norm')},
+    }
+    if jax.process_index() == 0:
+      atomic_files.write_json(os.path.join(r.workdir, 'summary.json'), r.summary, indent=2)
+
+  def stall(self, i: int, error: Exception, at: int, first: bool) -> None:
+    """Replica i stops: its clock raised `error` sampling the block after step `at` (`first`: before any block
+    of this call, else while the block before ran)."""
+    r = self.replicas[i]
+    where = f'Stopped at step {at}.' if first else f'Stopped after step {at}; its metrics are in {r.workdir}.'
+    r.failure = ClusterStalled(f'{error} {where}')
+    log.info('%s: %s', r.workdir, r.failure)
+
+  def run(self, state, step: int, stop_requests: preemption.StopRequests | None = None) -> None:
+    """Trains from `step` until every replica finished, failed, or a stop was requested.
+
+    Raises:
+      preemption.Preempted: a stop was requested; every unfinished replica finished its block and checkpointed.
+    """
+    run, replicas = self.lead, self.replicas
+    num_steps = max(r.config.num_steps for r in replicas)
+    names = ', '.join(os.path.basename(os.path.normpath(r.workdir)) for r in replicas)
+    log.info('%s: %d workers on %d %s device(s), %d parameters per worker, %d steps%s',
+             run.config.algorithm.name, run.config.workers, run.layout.devices, jax.devices()[0].platform,
+             self.num_params, num_steps,
+             f'; {self.group.size} runs in one program ({names})' if self.group.batched else '')
+    self.evaluator = evaluation.make_evaluator(self.group)
+    log.info('compiling the block step (or loading it from the compilation cache); the first block waits for it')
+    self.start_wall, start_step, last_progress = time.time(), step, time.time()
+    for r in replicas:  # a run resumed at its end (killed before its summary was written)
+      if r.config.num_steps <= step:
+        self.finish(r, step)
+    stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
+    try:
+      stop_requests.install()
+      current, measured = self.prepare(step), None
+      while current is not None:
+        for i, e in current.stalled.items():
+          self.stall(i, e, step, first=True)
+        if not current.live:
+          break
+        if measured is None:
+          state, measured = self.dispatch(state, current)
+        live, end = current.live, step + current.length
+        evaluates = {i: end % replicas[i].config.eval_every == 0 or end == replicas[i].config.num_steps
+                     for i in live}
+        stop = stop_requests.agreed(step)  # then this block is the last: checkpoint after it, no lookahead
+        checkpoints = {i: end % replicas[i].config.checkpoint_every == 0 or end == replicas[i].config.num_steps
+                       or stop for i in live}
+        following = next_measured = None
+        # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
+        # A measured run takes it after its block's results (`measured_time`): compiling it on this thread while
+        # the block runs would hold the Python lock that the block's clock reads wait for.
+        snapshot = self.evaluator.consensus(state) if any(evaluates.values()) and not run.measured else None
+        if self.lookahead and not any(checkpoints.values()):
+          following = self.prepare(end)
+          if following is not None and following.live:
+            state, next_measured = self.dispatch(state, following)
+        host = self.measurements(current, measured)
+        if run.measured and any(evaluates.values()):
+          snapshot = self.evaluator.consensus(state)
+        self.record(current, host, state, snapshot, evaluates, checkpoints)
+        step = end
+        if time.time() - last_progress >= run.config.progress_every_s or not self.running(step):
+          last_progress = time.time()
+          self.log_progress(step, live, num_steps, (step - start_step) / max(time.time() - self.start_wall, 1e-9))
+        if stop and self.running(step):
+          raise preemption.Preempted(step, ', '.join(replicas[i].workdir for i in self.running(step)),
+                                     stop_requests.signal_name)
+        if following is None:
+          current = self.prepare(step) if self.running(step) else None
+          measured = None
+        else:
+          for i, e in following.stalled.items():  # found while this block ran: it stops after this block
+            self.stall(i, e, step, first=False)
+          following.stalled = {}
+          current, measured = following, next_measured
+    finally:
+      stop_requests.uninstall()
+
+  def log_progress(self, step: int, live: list[int], num_steps: int, rate: float) -> None:
+    replicas = self.replicas
+    losses = [replicas[i].last_train_loss for i in live if not replicas[i].failure]
+    log.info('step %d/%d  loss %.4f  %s %.2fs  %.1f steps/s  ETA %.0fs', step, num_steps,
+             float(np.mean(losses)) if losses else float('nan'), 'measured' if self.lead.measured else 'sim',
+             max(replicas[i].sim_time for i in live), rate, (num_steps - step) / max(rate, 1e-9))

@@ -1,0 +1,167 @@
+"""Where measurements go: `metrics.jsonl` (one JSON object per logged step) and TensorBoard event files.
+
+Only process 0 writes. On resume the log is cut back to the restored step, so the file of a resumed run has
+exactly the rows of an uninterrupted one.
+
+The event files are written here, without TensorFlow: tensorboard's own `EventFileWriter` imports TensorFlow on
+first use (4-12 s of a short run), and tensorboardX imports torch, comet_ml and PIL whenever they are
+installed. An event file is a sequence of TFRecords, each
+`uint64 length | uint32 masked_crc32c(length) | Event proto | uint32 masked_crc32c(proto)` (little-endian),
+the first Event declaring `file_version='brain.Event:2'`; the Event and Summary messages are tensorboard's
+(`tensorboard.compat.proto`, plain protobuf). Rows are written and flushed as they come, twice: in
+`tensorboard/` with the iteration as the step, and in `tensorboard/sim_time/` (a second TensorBoard run) with the
+simulated millisecond as the step, so that a loss can be plotted against simulated time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import struct
+import time
+from typing import Any, Iterator
+
+import google_crc32c
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+
+from waitless.experiments.harness import atomic_files
+
+METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_DIR = 'tensorboard'
+SIM_TIME_RUN = 'sim_time'  # tensorboard/sim_time: the scalars with the simulated millisecond as their step
+
+
+def sim_milliseconds(row: dict[str, Any]) -> int:
+  """A metrics row's simulated time in whole milliseconds: its step in the `SIM_TIME_RUN` TensorBoard run."""
+  return int(round(float(row['sim_time']) * 1000.0))
+
+
+def crc32c(data: bytes) -> int:
+  """CRC-32C (Castagnoli) of `data`, from Google's C library (a pure-Python loop cost 57 us per 300-byte record)."""
+  return google_crc32c.value(data)
+
+
+def masked_crc32c(data: bytes) -> int:
+  """TFRecord's checksum: crc32c rotated right by 15 bits plus a constant."""
+  crc = crc32c(data)
+  return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _record(data: bytes) -> bytes:
+  header = struct.pack('<Q', len(data))
+  return header + struct.pack('<I', masked_crc32c(header)) + data + struct.pack('<I', masked_crc32c(data))
+
+
+def read_records(path: str) -> Iterator[bytes]:
+  """The payloads of a TFRecord file, checksums verified; stops at a record cut short by a kill."""
+  with open(path, 'rb') as f:
+    while True:
+      header = f.read(12)
+      if len(header) < 12:
+        return
+      (length,), (header_crc,) = struct.unpack('<Q', header[:8]), struct.unpack('<I', header[8:])
+      if header_crc != masked_crc32c(header[:8]):
+        raise ValueError(f'{path}: corrupt record header')
+      data, footer = f.read(length), f.read(4)
+      if len(data) < length or len(footer) < 4:
+        return
+      if struct.unpack('<I', footer)[0] != masked_crc32c(data):
+        raise ValueError(f'{path}: corrupt record')
+      yield data
+
+
+class EventFileWriter:
+  """Appends TensorBoard `Event`s to a new `events.out.tfevents.*` file in `logdir` (what TensorBoard reads)."""
+
+  def __init__(self, logdir: str):
+    os.makedirs(logdir, exist_ok=True)
+    seconds, nanoseconds = divmod(time.time_ns(), 10**9)  # names sort by creation time: TensorBoard's read order
+    self.path = os.path.join(logdir, f'events.out.tfevents.{seconds:010d}.{socket.gethostname()}.'
+                                     f'{nanoseconds:09d}.{os.getpid()}')
+    self._file = open(self.path, 'wb')
+    self.add_event(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+
+  def add_event(self, event: event_pb2.Event) -> None:
+    self._file.write(_record(event.SerializeToString()))
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+class CutLog(ValueError):
+  """metrics.jsonl has a line that is not JSON where the caller needs every row (a finished run's log)."""
+
+
+def read_rows(workdir: str, complete: bool = False) -> list[dict[str, Any]]:
+  """The rows of `workdir`'s metrics.jsonl. A line cut by a kill ends the log (everything after it is newer than
+  any checkpoint, and a resume cuts it away); `complete=True` (a finished run, whose log must be whole) raises
+  CutLog there instead."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      line = line.strip()
+      if line:
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+          if complete:
+            raise CutLog(f'{path} is cut at line {number} although its run finished: its figures would be '
+                         'incomplete; remove that run\'s workdir and rerun the comparison to train it again') from e
+          break
+  return rows
+
+
+def _json_safe(value):
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+class MetricsWriter:
+  """Appends rows to metrics.jsonl and scalars to TensorBoard."""
+
+  def __init__(self, workdir: str, keep_through_step: int | None, enabled: bool = True):
+    """Starts a fresh log, or keeps the rows with step <= `keep_through_step` of an earlier one."""
+    self._enabled = enabled
+    if not enabled:
+      return
+    path = os.path.join(workdir, METRICS_FILE)
+    kept = [] if keep_through_step is None else [r for r in read_rows(workdir) if r['step'] <= keep_through_step]
+    atomic_files.write_text(path, ''.join(json.dumps(row) + '\n' for row in kept))
+    self._file = open(path, 'a')
+    self._events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR))
+    # The same scalars against simulated time: a second TensorBoard run whose step is the simulated millisecond.
+    self._sim_events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR, SIM_TIME_RUN))
+    if keep_through_step is not None:  # TensorBoard drops the earlier files' events from this step on
+      restart = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+      self._events.add_event(event_pb2.Event(wall_time=time.time(), step=keep_through_step + 1, session_log=restart))
+      if kept:
+        self._sim_events.add_event(event_pb2.Event(wall_time=time.time(), step=sim_milliseconds(kept[-1]) + 1,
+                                                   session_log=restart))
+
+  def write(self, row: dict[str, Any]) -> None:
+    if not self._enabled:
+      return
+    row = {k: _json_safe(v) for k, v in row.items()}
+    self._file.write(json.dumps(row) + '\n')
+    self._file.flush()
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
+              if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    self._events.add_event(event_pb2.Event(wall_time=time.time(), step=int(row['step']),
+                                           summary=summary_pb2.Summary(value=values)))
+    if row.get('sim_time') is not None:
+      self._sim_events.add_event(event_pb2.Event(wall_time=time.time(), step=sim_milliseconds(row),
+                                                 summary=summary_pb2.Summary(value=values)))
+
+  def close(self) -> None:
+    if self._enabled:
+      self._file.close()
+      self._events.close()
+      self._sim_events.close()

@@ -1,0 +1,279 @@
+"""A run's set-up, before anything compiles: the config validated and built into a `Run`, runs that share one
+program as a `Group`, the initial state, the clock, and the memory checks that split runs into groups that fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from waitless import config_errors as errors
+from waitless.algorithms import optimizers
+from waitless.cluster import registry
+from waitless.cluster import factory as cluster_factory
+from waitless.cluster import rules as rules_lib
+from waitless.data import registry as data_registry
+from waitless.experiments.configs import common as config_common
+from waitless.experiments.harness import measured_time
+from waitless.experiments.harness import replicas as replicas_lib
+from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import tasks
+from waitless.experiments.harness import validation
+from waitless.experiments.harness import workers as workers_lib
+from waitless.models import registry as model_registry
+
+log = logging.getLogger('waitless')
+
+
+def param_count_and_bytes(params) -> tuple[int, int]:
+  leaves = jax.tree.leaves(params)
+  return sum(x.size for x in leaves), sum(x.size * x.dtype.itemsize for x in leaves)
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything built from a config before training starts (no compilation yet)."""
+  config: ml_collections.ConfigDict
+  spec: Any
+  layout: workers_lib.WorkerLayout
+  dataset: Any
+  task: tasks.Task
+  model: Any
+  tx: Any
+  rule: rules_lib.TimeRule
+
+  @property
+  def round_length(self) -> int | None:
+    """The algorithm's fixed period (whole-round blocks), or None."""
+    return self.spec.round_length(self.config)
+
+  @property
+  def microbatches(self) -> int:
+    """Micro-batches in each worker's batch per iteration (the step masks those not finished)."""
+    return self.spec.microbatches_per_iteration(self.config)
+
+  @property
+  def measured(self) -> bool:
+    """Real time, nothing simulated (`stragglers.kind='measured'`, experiments/harness/measured_time.py)."""
+    return measured_time.is_measured(self.config)
+
+  @property
+  def finished_only(self) -> bool:
+    """The batch can hold more than m micro-batches per worker (K-batch rules: up to K mini-batches, about K / P
+    of them finished): each block's batch then holds only as many as its busiest worker finished (rounded up
+    to a power of two, so that few programs compile), and the step loops over the finished ones. Measured
+    nonblocking too: a slow device must really run fewer micro-batches (a while loop of its own count)."""
+    return self.microbatches > self.config.microbatches or measured_time.counts_measured(self.config)
+
+
+def make_tx(config: ml_collections.ConfigDict, spec, axis_name) -> Any:
+  """The algorithm's per-worker transformation around the config's inner optimizer."""
+  inner = optimizers.make_optimizer(config.optimizer, config.num_steps)
+  return spec.build(config, inner, axis_name)
+
+
+def build(config: ml_collections.ConfigDict) -> Run:
+  """Validates the config and builds the pieces of a run.
+
+  A config with `num_epochs` is resolved here, once: `run.config` is a copy with
+  num_steps = ceil(num_epochs x train_size / (workers x batch_size)) (`common.steps_for_epochs`; the global
+  batch is workers x per-worker batch) and num_epochs None. Otherwise `run.config` is `config` itself.
+  """
+  validation.validate(config)
+  layout = workers_lib.WorkerLayout.create(config.workers, config.devices)
+  dataset = data_registry.make_dataset(config)
+  if config.get('num_epochs') is not None:
+    epochs = config.num_epochs
+    config = config_common.resolve_num_steps(config, dataset.train_size)
+    validation.validate(config)  # checks that depend on the number of steps
+    log.info('num_epochs=%g: %d steps (%d training examples, global batch %d x %d)', epochs, config.num_steps,
+             dataset.train_size, config.workers, config.batch_size)
+  spec = registry.get(config.algorithm.name)
+  model = model_registry.make_model(config.model, dataset.num_classes)
+  return Run(config=config, spec=spec, layout=layout, dataset=dataset, task=tasks.get(dataset.task),
+             model=model, tx=make_tx(config, spec, layout.axis_name), rule=registry.time_rule(config))
+
+
+@dataclasses.dataclass
+class Group:
+  """R runs trained by one program (`experiments/harness/replicas.py`).
+
+  Attributes:
+    runs: one `Run` per replica: its config, its dataset (its seed's data order), its transformation.
+    values: the replica fields that differ between the runs (dotted path -> (R,)): the program's inputs. Empty
+      for a group of one, which is a plain run: its state has no replica axis and its program is a single run's.
+  """
+  runs: list[Run]
+  values: dict[str, np.ndarray]
+
+  @property
+  def lead(self) -> Run:
+    return self.runs[0]
+
+  @property
+  def size(self) -> int:
+    return len(self.runs)
+
+  @property
+  def batched(self) -> bool:
+    """Whether the state has a replica axis: every leaf (R, P, ...)."""
+    return len(self.runs) > 1
+
+
+def build_group(configs: Sequence[ml_collections.ConfigDict]) -> Group:
+  """Validates and builds the runs of `configs`, which must be able to share one program (`replicas.partition`)."""
+  runs = [build(config) for config in configs]
+  if len(runs) == 1:
+    return Group(runs, {})
+  keys = {replicas_lib.program_key(run.config) for run in runs}
+  if None in keys or len(keys) > 1:
+    raise ValueError('these runs cannot share one program: their configs differ beyond the replica fields '
+                     '(experiments.harness.replicas.partition groups runs that can)')
+  return Group(runs, replicas_lib.varying_values([run.config for run in runs]))
+
+
+def as_group(run_or_group) -> Group:
+  return run_or_group if isinstance(run_or_group, Group) else Group([run_or_group], {})
+
+def clock_for(run: Run, model_bytes: float):
+  """The run's clock: a fresh seeded simulated clock driving its time rule (`cluster.factory.make_clock`), or for a
+  measured run its `measured_time.MeasuredClock`."""
+  if run.measured:
+    return measured_time.MeasuredClock(run.config, run.rule, model_bytes, run.layout.devices)
+  return cluster_factory.make_clock(run.config, run.rule, model_bytes)
+
+
+def init_state(run_or_group) -> step_lib.TrainState:
+  """Identical initial parameters on every worker (from the seed), each worker's algorithm state.
+
+  For a group of R > 1 every leaf gets a leading replica axis (R, P, ...), replica r initialised from its own
+  seed exactly as that run alone. The model's initialisation is one program for every seed (the key is its
+  argument), run once per replica.
+  """
+  group = as_group(run_or_group)
+  run = group.lead
+  example = jax.tree.map(lambda x: np.asarray(x)[None], run.dataset.example)
+  inputs = run.task.model_inputs(example)
+  model_init = _model_init(run.model)
+  variables = [model_init(jax.random.key(r.config.seed), inputs) for r in group.runs]
+
+  def place(variables, tx):
+    params = variables['params']
+    model_state = {k: v for k, v in variables.items() if k != 'params'}
+    stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (run.config.workers,) + x.shape), tree)
+    params, model_state = stack(params), stack(model_state)
+    return step_lib.TrainState(params=params, opt_state=jax.vmap(tx.init)(params), model_state=model_state)
+
+  if not group.batched:
+    return jax.jit(lambda v: place(v, run.tx), out_shardings=run.layout.sharding())(variables[0])
+
+  def place_replica(variables, values):
+    config = replicas_lib.traced_config(run.config, values)
+    return place(variables, make_tx(config, run.spec, run.layout.axis_name))
+
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *variables)
+  return jax.jit(jax.vmap(place_replica), out_shardings=run.layout.sharding(None))(stacked, group.values)
+
+
+@functools.lru_cache(maxsize=16)
+def _model_init(model):
+  """The jitted `model.init(key, inputs, train=False)`, one per model (Flax modules compare by their fields), so
+  that every run of the process with this model reuses its compiled program: runs differ in their seed."""
+  return jax.jit(lambda key, inputs: model.init(key, inputs, train=False))
+
+
+def state_bytes_of(run: Run) -> int:
+  """Bytes of one run's whole training state (every worker), from shapes only (`jax.eval_shape`)."""
+  return param_count_and_bytes(jax.eval_shape(lambda: init_state(run)))[1]
+
+
+def replica_memory_bytes(run: Run, state_bytes: Optional[int] = None) -> tuple[float, float]:
+  """(training state, block inputs) bytes of one replica of `run` on one device's memory, from shapes only
+  (`jax.eval_shape`: nothing is allocated; `state_bytes`, `state_bytes_of(run)`, when the caller has it). CPU
+  devices share the host's memory: there, all of them."""
+  state_bytes = state_bytes_of(run) if state_bytes is None else state_bytes
+  example = jax.tree.map(np.asarray, run.dataset.example)
+  _, example_bytes = param_count_and_bytes(example)
+  input_bytes = example_bytes * run.config.batch_size * run.config.workers * run.config.steps_per_call
+  share = 1 if run.layout.mesh.devices.flat[0].platform == 'cpu' else run.layout.devices
+  return state_bytes / share, input_bytes / share
+
+
+def check_memory(group: Group, state_bytes: Optional[int] = None) -> None:
+  """Raises errors.ConfigError (naming `workers`) when the group's state and inputs cannot fit in the memory
+  of a device, from shapes only: before anything is allocated (`state_bytes`: `state_bytes_of(group.lead)`)."""
+  run = group.lead
+  state_bytes, input_bytes = replica_memory_bytes(run, state_bytes)
+  need = group.size * replicas_lib.bytes_per_replica(state_bytes, input_bytes)
+  available = replicas_lib.available_memory_bytes(run.layout.mesh.devices.flat[0])
+  errors.require(available is None or need <= available, 'workers', run.config.workers,
+                 f'this run needs about {need / 1e9:.3g} GB per device for its training state and inputs '
+                 f'({group.size} run(s) of {run.config.algorithm.name}: workers, threads, model and batch), more '
+                 f'than the {(available or 0) / 1e9:.3g} GB available: make it smaller')
+
+
+def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
+                max_replicas: Optional[int] = None) -> list[list[int]]:
+  """The runs split into the groups that `train.train_group` trains as one program each (indices into `configs`).
+
+  `replicas.partition`, with at most `max_replicas` runs per program, or, unset, as many as fit in memory
+  (`replicas.replicas_that_fit`, said in one line when a set of runs is split for it). Checked before
+  anything compiles.
+
+  Raises:
+    config_errors.ConfigError: `max_replicas` is not a positive integer, or more replicas than fit.
+  """
+  if max_replicas is not None:
+    errors.require_int(max_replicas, '--max_replicas', 1)
+  counts: dict[Optional[str], int] = {}
+  for config in configs:
+    key = replicas_lib.program_key(config)
+    counts[key] = counts.get(key, 0) + 1
+  limits: dict[str, Optional[int]] = {}
+  for config in configs:
+    key = replicas_lib.program_key(config)
+    if key is None or key in limits or (counts[key] == 1 and max_replicas is None):
+      continue
+    run = build(config)
+    state_bytes, input_bytes = replica_memory_bytes(run)
+    available = replicas_lib.available_memory_bytes(run.layout.mesh.devices.flat[0])
+    fit = replicas_lib.replicas_that_fit(state_bytes, input_bytes, available)
+    name = f'{config.algorithm.name} (seed {config.seed})'
+    if max_replicas is not None:
+      errors.require(fit is None or max_replicas <= fit, '--max_replicas', max_replicas,
+                     f'only {fit} replicas of {name} fit in memory ({available / 1e9:.1f} GB available, about '
+                     f'{(state_bytes + input_bytes) / 1e6:.1f} MB of state and inputs each): lower it, or leave it '
+                     'unset to split the runs into programs that fit')
+      limits[key] = max_replicas
+    else:
+      limits[key] = fit
+      if fit is not None and counts[key] > fit:
+        log.info('%d runs of %s share a program, but only %d fit in memory (%.1f GB available): %d programs',
+                 counts[key], name, fit, available / 1e9, -(-counts[key] // fit))
+  return replicas_lib.partition(configs, workdirs, lambda config: limits.get(replicas_lib.program_key(config)))
+
+
+_replica_of = jax.jit(lambda state, r: jax.tree.map(lambda x: x[r], state))
+
+
+def replica_state(group: Group, state, r: int):
+  """Replica r's state (P, ...), a new array (the group's state itself for a group of one)."""
+  if not group.batched:
+    return state
+  return jax.jit(_replica_of, out_shardings=group.lead.layout.sharding())(state, r)
+
+
+def stack_replicas(group: Group, states: Sequence[Any]):
+  """The group's state from each replica's (P, ...) state."""
+  if not group.batched:
+    return states[0]
+  stack = lambda *trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+  return jax.jit(stack, out_shardings=group.lead.layout.sharding(None))(*states)
+
+

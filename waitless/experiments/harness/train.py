@@ -1,0 +1,173 @@
+"""Training entry points: `train_and_evaluate(config, workdir)` trains one run, `train_group` several runs as the
+replicas of one program (`experiments/harness/replicas.py`), each resuming from its checkpoints.
+
+`train_group` sets the runs up (`setup`), checks and writes their workdirs, restores them, and hands them to the
+one training loop (`loop.Loop`). Several runs share the loop and its program when their configs differ only in
+their seed, budget and scalar hyper-parameters: R replicas of one compiled block step, each with its own clock,
+data positions, budget and workdir (metrics, summary, TensorBoard, checkpoints: the files a run alone writes).
+`train_and_evaluate` is a group of one.
+
+With `stragglers.kind='measured'` nothing is simulated (`experiments/harness/measured_time.py`): the clock is a
+`MeasuredClock`, `sim_time` and `time_to_target` hold measured training seconds (every row and the summary say
+`"clock": "measured"`), and nonblocking's counts come from the devices' measured speeds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Sequence
+
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from waitless.cluster import calibration
+from waitless.experiments.harness import atomic_files
+from waitless.experiments.harness import block_step as block_step_lib
+from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import inputs as inputs_lib
+from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import window as window_lib
+from waitless.experiments.harness import workdir as workdir_lib
+
+log = logging.getLogger('waitless')
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       stop_requests: preemption.StopRequests | None = None, loss_hook=None) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
+
+  Writes metrics.jsonl, summary.json, config.json, TensorBoard events and orbax checkpoints in `workdir`.
+
+  Raises:
+    loop.TrainingDiverged, loop.ClusterStalled: the run stopped there (its metrics up to then and its last good
+      checkpoint are kept).
+    preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; the run finished its
+      block and checkpointed, and the same call resumes it.
+  """
+  outcome, = train_group([config], [workdir], stop_requests, loss_hook)
+  if isinstance(outcome, Exception):
+    raise outcome
+  return outcome
+
+
+def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
+                stop_requests: preemption.StopRequests | None = None, loss_hook=None) -> list[Any]:
+  """Trains the runs of `configs` in `workdirs` as the replicas of one program, resuming from their checkpoints.
+
+  The configs must be able to share a program (`replicas.partition`): the same workload, algorithm and cadence,
+  differing only in seed, budget (`num_steps`) and scalar hyper-parameters. Each replica writes in its workdir
+  what a run alone writes (metrics.jsonl, summary.json, config.json, TensorBoard events, orbax checkpoints of its
+  own state, at the same steps as the others); its trajectory is the one it has alone (float64: to rounding;
+  float32: XLA may round the batched program differently). A replica that has spent its budget, or that
+  diverged or stalled, is frozen (it computes what is never read) while the others go on.
+
+  `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.harness.slowdown.loss_hook`).
+
+  Returns:
+    Per run, its summary dict, or the `loop.TrainingDiverged` / `loop.ClusterStalled` it stopped with.
+
+  Raises:
+    preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; every unfinished replica
+      finished its block and checkpointed, and the same call resumes them.
+  """
+  group = setup.build_group(configs)
+  lead = jax.process_index() == 0
+  state_bytes = setup.state_bytes_of(group.lead)  # shapes only (one trace of the init): nothing allocated yet
+  for config, workdir in zip(configs, workdirs):
+    workdir_lib.check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
+    checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / jax.process_count())
+  setup.check_memory(group, state_bytes)
+  if lead:
+    for config, workdir in zip(configs, workdirs):
+      os.makedirs(workdir, exist_ok=True)
+      # Atomic: other processes may be reading it in check_workdir.
+      atomic_files.write_text(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  run = group.lead  # num_steps resolved (config.json keeps the duration as given)
+
+  state = setup.init_state(group)
+  num_params, model_bytes = setup.param_count_and_bytes(state.params)
+  num_params, model_bytes = (num_params // (run.config.workers * group.size),
+                             model_bytes // (run.config.workers * group.size))
+  block_step = block_step_lib.BlockStep(group, loss_hook=loss_hook)
+  if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
+    run.config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
+  replicas = [loop_lib.Replica.start(r, setup.clock_for(r, model_bytes), workdir)
+              for r, workdir in zip(group.runs, workdirs)]
+  try:
+    state, step = _restore(group, replicas, state)
+    for r in replicas:
+      r.writer = metrics_io.MetricsWriter(r.workdir, keep_through_step=step or None, enabled=lead)
+    loop_lib.Loop(group, replicas, block_step, num_params).run(state, step, stop_requests)
+  finally:
+    for r in replicas:
+      r.checkpointer.close()
+      if r.writer is not None:
+        r.writer.close()
+  return [r.summary if r.failure is None else r.failure for r in replicas]
+
+
+def _restore(group: setup.Group, replicas: list[loop_lib.Replica], state):
+  """Restores every replica from the newest checkpoint step they all have (a kill between the replicas' saves
+  leaves some a checkpoint ahead: they go back one); the group's state and that step, or (state, 0) if none.
+
+  A checkpoint that does not read back is moved aside (`checkpointing.quarantine_step`) and the choice made again.
+  """
+  like = setup.replica_state(group, state, 0) if group.batched else state
+  while True:
+    steps = [set(r.checkpointer.all_steps()) for r in replicas]
+    if not any(steps):
+      return state, 0
+    common = set.intersection(*steps)
+    if not common:
+      raise ValueError('the runs of this group have no checkpoint step in common (latest: '
+                       + ', '.join(f'{r.workdir}: {max(s) if s else None}' for r, s in zip(replicas, steps))
+                       + '): train them in separate groups (experiments.harness.replicas.partition does)')
+    step = max(common)
+    restored = [r.checkpointer.restore_step(step, like, checkpointing.quarantine_step(r.workdir)) for r in replicas]
+    if all(x is not None for x in restored):
+      break
+  for r, (_, meta) in zip(replicas, restored):
+    r.wall_offset = float(meta['wall_time'])
+    r.positions = np.asarray(meta['positions'], np.int64)
+    r.clock.load_state_dict(meta['clock'])
+    r.time_to_target, r.last_eval = meta['time_to_target'], meta['last_eval']
+    r.window = window_lib.Window(loop_lib.reports(r.run), meta['window'])
+    r.last_train_loss = float(meta['train_loss'])
+    r.sim_time = r.clock.sim_time
+    log.info('Resumed from the checkpoint at step %d in %s', step, r.workdir)
+  return setup.stack_replicas(group, [s for s, _ in restored]), step
+
+
+def calibrated_stragglers(run: setup.Run, block_step, state, model_bytes: float, workdir: str):
+  """`config.stragglers` rescaled to the measured seconds per micro-batch of this machine's jitted step.
+
+  Measured once per workdir on a copy of the state (the run's trajectory is untouched), broadcast from process
+  0 and kept in `calibration.json`, so a resumed run simulates the same clock.
+  """
+  config = run.config
+  path = os.path.join(workdir, 'calibration.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      seconds = json.load(f)['seconds_per_microbatch']
+  else:
+    scratch_clock = setup.clock_for(run, model_bytes)
+    inputs, _ = inputs_lib.block_inputs(run, scratch_clock.next_block(config.steps_per_call),
+                                        np.zeros(config.workers, np.int64), 0)
+    seconds = calibration.seconds_per_microbatch(
+        block_step, jax.tree.map(jnp.copy, state), *inputs, carry=True,
+        microbatches_per_call=calibration.microbatches_per_call(config, config.steps_per_call))
+    seconds = float(multihost_utils.broadcast_one_to_all(np.float64(seconds)))
+    if jax.process_index() == 0:
+      atomic_files.write_json(path, {'seconds_per_microbatch': seconds, 'device': str(jax.devices()[0].device_kind)})
+  log.info('calibrated: %.3g s per micro-batch on this machine', seconds)
+  return calibration.calibrated(config.stragglers, seconds)
+
+

@@ -1,0 +1,40 @@
+"""The metrics window: what a run measured since its last metrics row, reduced into the next row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Window:
+  """Per-iteration measurements since the last metrics row, each reduced as declared.
+
+  The step's per-iteration measurements, idle fraction and staleness are means over the window's iterations,
+  bytes a sum; `l2_params`, measured once per block, is the value after the window's last block ('last'); the
+  time rule's own measurements are reduced as its `reports` declare ('mean', 'sum' or 'max').
+  """
+
+  def __init__(self, reports: dict[str, str], saved: dict[str, float] | None = None):
+    self.reductions = {'train_loss': 'mean', 'l2_grads': 'mean', 'l2_params': 'last', 'idle_fraction': 'mean',
+                       'staleness': 'mean', 'bytes_communicated': 'sum', **reports}
+    self.sums = dict(saved or {})
+
+  def add(self, block, **measured: np.ndarray) -> None:
+    """Adds one block: the step's `measured` values ((n,), or a scalar for 'last') plus what the clock's
+    `block` reports."""
+    values = dict(measured, idle_fraction=block.idle_fraction, staleness=block.mean_staleness,
+                  bytes_communicated=block.bytes_communicated, **block.measurements)
+    for key, v in values.items():
+      reduction = self.reductions[key]
+      if reduction == 'last':
+        self.sums[key] = float(v)
+      elif reduction == 'max':
+        self.sums[key] = max(self.sums.get(key, -np.inf), float(np.max(v)))
+      else:
+        self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(v))
+    self.sums['iterations'] = self.sums.get('iterations', 0.0) + len(block.duration)
+
+  def row(self) -> dict[str, float]:
+    n = max(self.sums.pop('iterations', 0.0), 1.0)
+    out = {k: v / n if self.reductions[k] == 'mean' else v for k, v in self.sums.items()}
+    self.sums = {}
+    return out
