@@ -105,7 +105,8 @@ class DocsCommandsTest(parameterized.TestCase):
     self.assertGreater(len(COMMANDS), 40)
 
   def test_quoted_overrides_are_read(self):
-    line = "python -m waitless.experiments.compare --config=experiments/configs/digits.py --config.stragglers.slow_workers='(0,1)'"
+    line = ("python -m waitless.experiments.compare --config=experiments/configs/digits.py "
+            "--config.stragglers.slow_workers='(0,1)'")
     self.assertEqual(tuple((k, v) for k, _, v in _OVERRIDE_RE.findall(line)), (('stragglers.slow_workers', '(0,1)'),))
 
   @parameterized.named_parameters(
