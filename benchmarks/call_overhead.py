@@ -9,8 +9,8 @@ the micro-batch itself: the sizes that splitting it four ways compares; on a CPU
 with larger sizes, past the caches, and a line through far larger sizes hides the overhead), fits
 t(s) = overhead + s x per_sample (`cluster.calibration.fit_overhead`), and prints the fit, each size's
 measured and fitted time, the overhead as a share of one configured micro-batch call (the ratio that the
-simulated runs of REPRODUCING.md sections 1-2 carry over to their 10 ms steps), and the `--config.stragglers.*`
-flags that put the calibration into a run.
+simulated runs of docs/results/nonblocking.md and lap_sgd.md carry over to their 10 ms steps), and the
+`--config.stragglers.*` flags that put the calibration into a run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The benchmark suite: ratios measured side by side in one process, written to benchmarks/RESULTS.md.
+"""The benchmark suite: ratios measured side by side in one process, written to runs/benchmarks.md.
 
   python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling,gpu,replicas]
 
@@ -58,8 +58,9 @@ _QUICK = flags.DEFINE_bool('quick', False, 'Smaller sections (a smoke test, not 
 _SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling', 'gpu',
                                            'replicas'],
                               'Sections to run.')
-_OUT = flags.DEFINE_string('out', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'RESULTS.md'),
-                           'Where to write the results ('' to skip).')
+_OUT = flags.DEFINE_string('out', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'runs',
+                                             'benchmarks.md'),
+                           'Where to write the results ('' to skip); docs/results/benchmarks.md quotes them.')
 
 # Work an algorithm does beyond sync's by design (section 1 names it next to its ratio).
 _SERVER_COPY = 'a server copy beside each stale view: the server update, then the view kept, refreshed or set to W_t'
@@ -219,6 +220,7 @@ def main(argv):
     replicas.section_replicas(out, quick)
   print(f'(whole suite: {time.time() - begin:.0f} s)', file=out)
   if _OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, 'w') as f:
       f.write(out.getvalue())
 

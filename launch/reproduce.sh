@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every comparison of REPRODUCING.md, one `experiments.compare` command per table, each seed a replica of one
-# compiled program per entry (so 5 seeds cost about 2x one, not 5x). Each writes comparison.md / .json / .png
-# under WORKDIR/<table>; REPRODUCING.md quotes those files. Rerunning skips finished runs and resumes the rest.
+# Every comparison of the results pages (docs/results/), one `experiments.compare` command per table, each seed a
+# replica of one compiled program per entry (so 5 seeds cost about 2x one, not 5x). Each writes comparison.md /
+# .json / .png under WORKDIR/<table>; the pages quote those files and show those figures. Rerunning skips
+# finished runs and resumes the rest.
 #
 # Usage: bash launch/reproduce.sh [WORKDIR] [TABLE ...]
 #   WORKDIR default runs/reproduce; TABLE one or more of the names below (default: all, about 45 minutes on

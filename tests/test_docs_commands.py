@@ -1,4 +1,4 @@
-"""Every command the docs give resolves to a valid config (README, REPRODUCING.md, the config docstrings).
+"""Every command the docs give resolves to a valid config (README.md, every docs/**/*.md, the config docstrings).
 
 Each `experiments/configs/NAME.py[:ARG]` is loaded the way `experiments.main` loads it (ml_collections'
 config_flags, with the `--config.KEY=VALUE` overrides on the same command line) and passed to
@@ -28,19 +28,18 @@ from waitless.experiments.harness import validation
 from waitless.experiments.configs import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True))
 _CONFIG_RE = re.compile(r'(?:--config=)?((?:waitless/)?experiments/configs/\w+\.py)(?::([^\s`\'"]*))?')
-_OVERRIDE_RE = re.compile(r'--config\.([\w.]+)=([^\s`\'"]+)')
+_OVERRIDE_RE = re.compile(r'--config\.([\w.]+)=([\'"]?)([^\s`\'"]+)\2')
 _ALGORITHMS_RE = re.compile(r'--algorithms=([\'"]?)([^\s`\'"]+)\1')
 _MODULE_RE = re.compile(r'python -m (waitless\.experiments\.\w+)')
 
 
 def _doc_texts():
   """(name, text, its first line's number) of each document; config docstrings as written (backslashes kept)."""
-  for name in ('README.md', 'REPRODUCING.md'):
-    path = os.path.join(ROOT, name)
-    if os.path.exists(path):
-      with open(path) as f:
-        yield name, f.read(), 1
+  for path in DOCS:
+    with open(path) as f:
+      yield os.path.relpath(path, ROOT), f.read(), 1
   for path in sorted(glob.glob(os.path.join(ROOT, 'waitless', 'experiments', 'configs', '*.py'))):
     with open(path) as f:
       source = f.read()
@@ -69,7 +68,7 @@ def _commands():
       matches = list(_CONFIG_RE.finditer(line))
       for i, match in enumerate(matches):
         tail = line[match.end():matches[i + 1].start() if i + 1 < len(matches) else len(line)]
-        overrides = tuple(_OVERRIDE_RE.findall(tail))
+        overrides = tuple((key, value) for key, _, value in _OVERRIDE_RE.findall(tail))
         algorithms = _ALGORITHMS_RE.search(tail)
         stray = ()
         module = _MODULE_RE.search(line[:match.start()])
@@ -101,7 +100,14 @@ class DocsCommandsTest(parameterized.TestCase):
     docs = {where.split(':')[0] for where, *_ in COMMANDS}
     self.assertIn('README.md', docs)
     self.assertIn('waitless/experiments/configs/digits.py', docs)
-    self.assertGreater(len(COMMANDS), 20)
+    for page in ('compare', 'experiments', 'simulator', 'real_runs', 'results/nonblocking', 'results/wagma'):
+      self.assertIn(f'docs/{page}.md', docs)
+    self.assertGreater(len(COMMANDS), 40)
+
+  def test_quoted_overrides_are_read(self):
+    line = ("python -m waitless.experiments.compare --config=experiments/configs/digits.py "
+            "--config.stragglers.slow_workers='(0,1)'")
+    self.assertEqual(tuple((k, v) for k, _, v in _OVERRIDE_RE.findall(line)), (('stragglers.slow_workers', '(0,1)'),))
 
   @parameterized.named_parameters(
       (f'{i}_{re.sub(r"[^0-9A-Za-z]+", "_", c[0])[:90]}', *c) for i, c in enumerate(COMMANDS))
