@@ -1,4 +1,4 @@
-"""Transformer behaviour (causality, padding, cached decoding) and the seq2seq task of experiments/translation."""
+"""Transformer behaviour (causality, padding, cached decoding) and the seq2seq task (harness/translation.py)."""
 
 from absl.testing import absltest
 import jax

@@ -10,8 +10,8 @@ the optimizer state (momentum) stays local. The mechanism (snapshot, all-reduce,
 is `algorithms.delayed_averaging`, shared with LAP-SGD.
 
 Overlap: the period is fixed, so the spec declares `round_length = tau`. On accelerators a block of whole rounds
-runs each round unrolled with static positions (`experiments.train.rounds_pay_off`; on CPU nothing overlaps):
-the all-reduce of the snapshot carried from the previous round is issued at position 0 with no conditional
+runs each round unrolled with static positions (`experiments.harness.block_step.rounds_pay_off`; on CPU nothing
+overlaps): the all-reduce of the snapshot carried from the previous round is issued at position 0 with no conditional
 around it and consumed after the local step at position d - 1, so XLA can run it under d local steps. Other
 blocks (and library loops) take the per-iteration path, whose conditionals read the schedule's uniform fields;
 both give the same trajectory.

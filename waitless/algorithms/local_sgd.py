@@ -11,7 +11,7 @@ The harness passes the replicated step number (`step=`), so the average is a rea
 several workers are vmapped on one device; without it (a library user's loop) the step comes from the state's
 own counter. Without post-local warmup the period is fixed: on accelerators, blocks of whole rounds of H steps
 pass the static `round_position`, and the average is then no conditional at all, issued at position H - 1 of
-each round (`experiments.train.rounds_pay_off`).
+each round (`experiments.harness.block_step.rounds_pay_off`).
 
 Reference: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020.
 """

@@ -9,7 +9,7 @@ the inverse-square-root decay of the Transformer (Vaswani et al. 2017, arXiv:170
 `examples/wmt`): lr(t) = learning_rate * sqrt(warmup_steps / t) for t >= warmup_steps, i.e.
 d^-0.5 * min(t^-0.5, t * warmup^-1.5) rescaled to peak at `learning_rate`.
 
-Replicas of one program (`experiments/replicas.py`) may differ in `HYPERPARAMETERS` and, except under the `step`
+Replicas of one program (`experiments/harness/replicas.py`) may differ in `HYPERPARAMETERS` and, except under the `step`
 schedule, in `num_steps`: those then arrive as traced scalars, used only in arithmetic. A static zero momentum or
 weight decay leaves its term out; a traced one keeps it (`spec.is_static_zero`).
 """

@@ -9,7 +9,7 @@ the algorithm's state or schedule. Its time rule lives with the other rules (`cl
 per worker, with `schedule` the time rule's NamedTuple (its `UNIFORM` fields unbatched) and `step` the
 replicated int32 iteration number: conditionals over either stay real conditionals when workers are vmapped.
 
-Replicas (`experiments/replicas.py`): several runs that differ only in their seed and in scalar hyper-parameters
+Replicas (`experiments/harness/replicas.py`): several runs that differ only in their seed and in scalar hyper-parameters
 train in one compiled program, those values fed as inputs. `build` then receives a config whose varying fields
 are traced scalars: the optimizer's (`optimizers.HYPERPARAMETERS`) and the algorithm fields its spec lists in
 `hyperparameters`. A build uses such a field only in arithmetic, and decides structure with `is_static_zero`.
@@ -132,7 +132,7 @@ class AlgorithmSpec:
       build the transformation for sums.
     round_length: config -> R, the fixed period of an algorithm whose events repeat every R iterations from
       step 0, or None. With R, the step runs aligned blocks as whole rounds on accelerators (on CPU only when
-      asked: `experiments.train.BlockStep`) and calls
+      asked: `experiments.harness.block_step.BlockStep`) and calls
       `update(..., round_position=r)` with a static r in 0..R-1 (step = k R + r); other blocks, and library
       users, call it without `round_position`, and both must give the same result.
     hyperparameters: the `config.algorithm.*` fields that `build` uses only in arithmetic, so that the

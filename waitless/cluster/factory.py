@@ -22,7 +22,7 @@ DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lo
 # `slow_workers` and `random_delay` are `constant` with that modifier required; the modifiers
 # (slow_*, delayed_workers / delay_s, fail_*) compose with every kind.
 # `measured`: no compute model at all. The run's clock is the measured time of the real devices
-# (`experiments/measured_time.py`); the rule is driven by a clock on which every worker takes `base_s` per
+# (`experiments/harness/measured_time.py`); the rule is driven by a clock on which every worker takes `base_s` per
 # micro-batch, so it gives its synchronous schedule (every worker finishes its m micro-batches).
 MEASURED = 'measured'
 STRAGGLER_KINDS = DISTRIBUTIONS + ('slow_workers', 'random_delay', MEASURED)

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import os
 
+from absl import flags
+from ml_collections import config_flags
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../waitless
+
+
+def config_flag() -> flags.FlagHolder:
+  """The `--config` flag, defined by whichever program's module is imported first in the process (main, compare
+  and simulate share it; the tests import several of them)."""
+  if 'config' in flags.FLAGS:
+    return flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
+  return config_flags.DEFINE_config_file('config', None, 'Config file and argument, e.g. '
+                                         'experiments/configs/digits.py:sync', lock_config=True)
 
 
 def resolve(path: str) -> str:

@@ -10,15 +10,10 @@ import re
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
 from waitless.experiments import config_paths
 
-if 'config' in flags.FLAGS:  # experiments.simulate imported first in the same process, as in the tests
-  CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
-else:
-  CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. experiments/configs/digits.py:sync',
-                                           lock_config=True)
+CONFIG = config_paths.config_flag()
 WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the summary.')
 SEEDS = flags.DEFINE_integer(
     'seeds', 1, 'Runs of each config with seeds config.seed + 0 .. N-1, trained as the replicas of one compiled '

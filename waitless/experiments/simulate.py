@@ -22,7 +22,6 @@ from typing import Any, Optional
 from absl import app
 from absl import flags
 import ml_collections
-from ml_collections import config_flags
 import numpy as np
 
 from waitless import config_errors as errors
@@ -31,11 +30,7 @@ from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
 from waitless.experiments import config_paths
 
-if 'config' in flags.FLAGS:  # experiments.shared_flags imported first in the same process, as in the tests
-  _CONFIG = flags.FlagHolder(flags.FLAGS, flags.FLAGS['config'])
-else:
-  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (path:ARG).',
-                                            lock_config=True)
+_CONFIG = config_paths.config_flag()
 _ITERATIONS = flags.DEFINE_integer('iterations', None, 'Iterations to simulate (default: config.num_steps).')
 _MODEL_BYTES = flags.DEFINE_float('model_bytes', None,
                                   'Bytes of one model copy; default: counted from the config\'s model.')

@@ -26,29 +26,25 @@ workers 0 and 1 (a quarter) take twice as long for every micro-batch (20 ms inst
 iteration index, one random worker is delayed by another 30 ms. The same as the flags
   --config.stragglers.slow_fraction=0.25 --config.stragglers.slow_factor=2.0
   --config.stragglers.delayed_workers=1 --config.stragglers.delay_s=0.03
-`stragglers=homogeneous` is the default (no stragglers). Measured (300 steps, seed 0): sync 12.8 s simulated
-(42.5 ms per iteration), reaches 80% at 5.5 s; local_sgd 8.3 s (4.4 s); dpsgd 9.6 s (3.9 s); wagma 7.7 s (4.4 s).
+`stragglers=homogeneous` is the default (no stragglers). What it gives: docs/results/quickstart.md.
 
 Variant `stragglers=sqrt`: a fixed, arbitrary heterogeneity (Ringmaster ASGD's setting): worker i's compute
 times are scaled by sqrt(i + 1) (10 ms to 28 ms per micro-batch on 8 workers), no random delays; it sets
 `stragglers.worker_factors` to sqrt(1), ..., sqrt(P) for the `workers` of the config argument (a later
-`--config.workers` flag does not resize it: validation refuses the mismatch). Measured (REPRODUCING.md section
-6: momentum 0, 4 simulated seconds, 3 seeds, time to 60%): ringmaster,max_delay=4 2.38 s, async 2.98 s,
-kbatch_sync,k=2 (Rennala SGD) 3.03 s. One run (900 server updates, about 4 simulated seconds):
+`--config.workers` flag does not resize it: validation refuses the mismatch). Results:
+docs/results/later_work.md. One run (900 server updates, about 4 simulated seconds):
   python -m waitless.experiments.main --config=experiments/configs/mnist1d.py:ringmaster,max_delay=4,stragglers=sqrt \
       --config.optimizer.momentum=0.0 --config.optimizer.learning_rate=0.15 --config.num_steps=900 \
       --workdir=/tmp/m1d_ringmaster
 
 The parameter-server family (async, kasync, kbatch_*: an iteration is one server update of 1..K gradients)
-needs more iterations and no momentum here: with momentum 0.9 async and kasync,k=4 diverge (10% accuracy);
-`optimizer.momentum=0.0` and 600 (kasync,k=4, lr 0.2: 72.5%) to 2,400 (async, lr 0.1) iterations learn.
+needs more iterations and no momentum here: with momentum 0.9 async and kasync,k=4 diverge;
+`optimizer.momentum=0.0` and 600 (kasync,k=4, lr 0.2) to 2,400 (async, lr 0.1) iterations learn.
 
 Test accuracy (1,000 sequences), ours next to the paper's published baselines (the mnist1d README: one
 worker, Adam, batch 100, 6,000+ steps):
   paper:  logistic regression 32%, MLP 68%, CNN 94%, GRU 91% (human expert 96%)
-  ours (sync, 8 workers, the defaults above, 300 steps; seeds 0, 1, 2):
-          CNN 90.1%, 93.1%, 89.4% (reaches 80% after 1.3 s simulated, 130 steps, seed 0);
-          MLP (`model.name=mlp`) 61.9%, 64.5% (seeds 0, 1)
+  ours: docs/experiments.md, "Embedded workloads".
 """
 
 from __future__ import annotations
