@@ -41,6 +41,8 @@ from waitless.experiments.harness import compilation_cache  # no JAX import at m
 from waitless.experiments.harness import distributed  # no JAX backend use at import
 from waitless.experiments.harness import slowdown  # no JAX import at module level
 
+flags.adopt_module_key_flags(shared_flags)  # --config, --workdir, --seeds, ... in `--help` too
+
 _MOCK_DATA = flags.DEFINE_bool('mock_data', False, 'Run under tfds.testing.mock_data (dry run, no dataset files).')
 _MOCK_EXAMPLES = flags.DEFINE_integer('mock_examples', 64, 'Examples per split under --mock_data.')
 # Multi-process runs (experiments/harness/distributed.py); none of these set: one process, as before.

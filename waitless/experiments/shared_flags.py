@@ -14,6 +14,7 @@ from absl import flags
 from waitless.experiments import config_paths
 
 CONFIG = config_paths.config_flag()
+flags.declare_key_flag('config')  # in `--help` of the programs that adopt this module's flags
 WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the summary.')
 SEEDS = flags.DEFINE_integer(
     'seeds', 1, 'Runs of each config with seeds config.seed + 0 .. N-1, trained as the replicas of one compiled '

@@ -31,6 +31,7 @@ from waitless.cluster import factory as cluster_factory
 from waitless.experiments import config_paths
 
 _CONFIG = config_paths.config_flag()
+flags.declare_key_flag('config')  # in `--help`
 _ITERATIONS = flags.DEFINE_integer('iterations', None, 'Iterations to simulate (default: config.num_steps).')
 _MODEL_BYTES = flags.DEFINE_float('model_bytes', None,
                                   'Bytes of one model copy; default: counted from the config\'s model.')
