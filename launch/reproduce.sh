@@ -88,7 +88,7 @@ for table in "${TABLES[@]}"; do
         --config.network.kind=alpha_beta --config.network.latency_s=1e-4 --config.network.bandwidth_gbps=0.02 \
         --config.target_accuracy=0.96 --config.eval_every=10 --baseline='local_sgd,local_steps=4' ;;
     # Section 4, WAGMA-SGD: 16 workers on 8 devices, lognormal compute, 2 random workers delayed 30 ms. `wagma` is
-    # the authors' rule (the default); `wagma,rule=step_then_average` the rule this project built first.
+    # the authors' rule (the default); `wagma,rule=step_then_average` the step-then-average option.
     wagma)
       compare "$table" --config='experiments/configs/digits.py:sync,workers=16,devices=8,eval_every=10,target_accuracy=0.95,stragglers.kind=lognormal,stragglers.sigma=0.02,stragglers.delayed_workers=2,stragglers.delay_s=0.03' \
         --seeds="$SEEDS" \
