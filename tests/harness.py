@@ -12,6 +12,7 @@ from waitless.cluster import rules
 from waitless.experiments.configs import synthetic
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import replicas
 from waitless.experiments.harness import setup
 
 
@@ -19,11 +20,7 @@ def synthetic_config(arg: str = 'sync', **overrides):
   """The least-squares config with `overrides` (dotted keys allowed) applied."""
   config = synthetic.get_config(arg)
   for key, value in overrides.items():
-    node = config
-    *path, last = key.split('.')
-    for part in path:
-      node = node[part]
-    node[last] = value
+    replicas.set_path(config, key, value)
   return config
 
 
@@ -42,8 +39,8 @@ class Trajectory:
 
 def _loop(group: setup.Group, model_bytes: float, rounds: bool) -> loop_lib.Loop:
   """The production loop (`loop.Loop`) over `group`, its replicas without workdirs: it trains, writes nothing."""
-  replicas = [loop_lib.Replica.start(run, setup.clock_for(run, model_bytes)) for run in group.runs]
-  return loop_lib.Loop(group, replicas, block_step_lib.BlockStep(group, rounds=rounds))
+  members = [loop_lib.Replica.start(run, setup.clock_for(run, model_bytes)) for run in group.runs]
+  return loop_lib.Loop(group, members, block_step_lib.BlockStep(group, rounds=rounds))
 
 
 def _advance(loop: loop_lib.Loop, state, step: int, n: int):

@@ -191,11 +191,7 @@ class PartitionTest(parameterized.TestCase):
   def _config(self, arg='sync', **fields):
     config = digits.get_config(arg)
     for key, value in fields.items():
-      node = config
-      *path, last = key.split('.')
-      for part in path:
-        node = node[part]
-      node[last] = value
+      replicas.set_path(config, key, value)
     return config
 
   def test_seeds_and_scalar_hyperparameters_share_a_program_and_shapes_do_not(self):

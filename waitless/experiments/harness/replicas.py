@@ -45,10 +45,20 @@ def replica_fields(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def get_path(config: ml_collections.ConfigDict, path: str) -> Any:
+  """The field at dotted `path` ('optimizer.learning_rate')."""
   node = config
   for part in path.split('.'):
     node = node[part]
   return node
+
+
+def set_path(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  """Sets the field at dotted `path` to `value`."""
+  *parents, last = path.split('.')
+  node = config
+  for part in parents:
+    node = node[part]
+  node[last] = value
 
 
 def program_key(config: ml_collections.ConfigDict) -> Optional[str]:
@@ -90,11 +100,7 @@ def traced_config(config: ml_collections.ConfigDict, values: Mapping[str, Any]) 
   """
   copy = ml_collections.ConfigDict(config.to_dict(), type_safe=False)
   for path, value in values.items():
-    *parents, last = path.split('.')
-    node = copy
-    for part in parents:
-      node = node[part]
-    node[last] = value
+    set_path(copy, path, value)
   return copy
 
 
