@@ -24,14 +24,10 @@ if __package__ in (None, ''):  # run as a script: make the repository importable
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 from ml_collections import config_flags
 
 from waitless.cluster import calibration
-from waitless.data import registry as data_registry
-from waitless.models import registry as model_registry
+from waitless.experiments.harness import call_timing
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/configs/mnist1d.py', 'The workload.')
 _SIZES = flags.DEFINE_list('sizes', [], 'Micro-batch sizes to time (default: a quarter of the configured one, '
@@ -39,41 +35,12 @@ _SIZES = flags.DEFINE_list('sizes', [], 'Micro-batch sizes to time (default: a q
 _REPEATS = flags.DEFINE_integer('repeats', 30, 'Timed calls per size (the median is kept).')
 
 
-def make_call(config, size: int, seed: int = 0):
-  """(jitted step, its arguments) of one worker on a micro-batch of `size` random inputs of the dataset's shape.
-
-  The step is what one micro-batch costs a worker: the gradient of the cross-entropy at the parameters and the
-  inner SGD update (no collective: one device, one worker).
-  """
-  dataset = data_registry.make_dataset(config)
-  model = model_registry.make_model(config.model, dataset.num_classes)
-  example = np.asarray(dataset.example['image'])
-  rng = np.random.default_rng(seed)
-  images = jnp.asarray(rng.standard_normal((size,) + example.shape), jnp.float32)
-  labels = jnp.asarray(rng.integers(0, dataset.num_classes, size), jnp.int32)
-  params = model.init(jax.random.key(seed), images, train=False)['params']
-  tx = optax.sgd(config.optimizer.learning_rate, momentum=config.optimizer.momentum or None)
-
-  def loss(params, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(model.apply({'params': params}, x, train=False),
-                                                           y).mean()
-
-  @jax.jit
-  def step(state, x, y):
-    params, opt_state = state
-    value, grads = jax.value_and_grad(loss)(params, x, y)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), value
-
-  return step, ((params, tx.init(params)), images, labels)
-
-
 def main(argv):
   del argv
   config = _CONFIG.value
   unit = config.batch_size // config.microbatches
   sizes = [int(s) for s in _SIZES.value] or [max(1, unit // 4), unit]
-  seconds = calibration.time_sizes(lambda s: make_call(config, s), sizes, warmup=3, repeats=_REPEATS.value,
+  seconds = calibration.time_sizes(lambda s: call_timing.make_call(config, s), sizes, warmup=3, repeats=_REPEATS.value,
                                    carry=True)
   fit = calibration.fit_overhead(sizes, seconds)
   print(f'{config.model.name} on {jax.default_backend()} ({jax.devices()[0].device_kind}), one worker, '

@@ -11,7 +11,7 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.cluster.rules import sync
-from benchmarks import call_overhead
+from waitless.experiments.harness import call_timing
 from waitless.cluster import calibration
 from waitless.cluster import factory
 from waitless.experiments.configs import digits
@@ -114,7 +114,7 @@ class FitOverheadTest(parameterized.TestCase):
     # whose clock then charges a configured micro-batch the fitted time.
     config = digits.get_config('sync')
     sizes = [4, 256]
-    seconds = calibration.time_sizes(lambda s: call_overhead.make_call(config, s), sizes, warmup=2, repeats=5,
+    seconds = calibration.time_sizes(lambda s: call_timing.make_call(config, s), sizes, warmup=2, repeats=5,
                                      carry=True)
     self.assertLess(seconds[0], seconds[1])
     fit = calibration.fit_overhead(sizes, seconds)

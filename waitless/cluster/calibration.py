@@ -127,6 +127,37 @@ def fit_overhead(samples: Sequence[float], seconds: Sequence[float]) -> Fit:
   return Fit(overhead_s=intercept, per_sample_s=slope, clamped=clamped)
 
 
+def fit_allreduce(participants: Sequence[float], nbytes: Sequence[float],
+                  seconds: Sequence[float]) -> tuple[float, float]:
+  """Least squares of measured all-reduce times on the ring form t = 2(n-1) alpha + 2 (n-1)/n M x b.
+
+  Args:
+    participants: n of each measurement (>= 2).
+    nbytes: M, bytes of each.
+    seconds: the measured times.
+
+  Returns:
+    (alpha, b): latency in seconds (clamped at 0, b then refitted alone) and seconds per byte (1 / beta).
+
+  Raises:
+    ValueError: fewer than two distinct sizes, or times that do not grow with the size (b <= 0).
+  """
+  n = np.asarray(participants, np.float64)
+  m = np.asarray(nbytes, np.float64)
+  t = np.asarray(seconds, np.float64)
+  if len(np.unique(m)) < 2 or np.any(n < 2):
+    raise ValueError(f'need all-reduce times at two or more sizes among n >= 2, got n={n.tolist()}, '
+                     f'bytes={m.tolist()}')
+  latency, volume = 2 * (n - 1), 2 * (n - 1) / n * m
+  (alpha, per_byte), *_ = np.linalg.lstsq(np.stack([latency, volume], axis=1), t, rcond=None)
+  if alpha < 0:
+    alpha, per_byte = 0.0, float(volume @ t / (volume @ volume))
+  if not per_byte > 0:
+    raise ValueError(f'all-reduce times {t.tolist()} do not grow with the size {m.tolist()}: time sizes further '
+                     'apart')
+  return float(alpha), float(per_byte)
+
+
 def time_sizes(make_call: Callable[[int], tuple[Callable[..., Any], tuple]], sizes: Sequence[int],
                **timing) -> np.ndarray:
   """float64 seconds of one call at each size: `time_callable(*make_call(size))` (`timing`: its options).

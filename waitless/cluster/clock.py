@@ -27,6 +27,12 @@ What a rule may use (see `cluster/rules/`):
   clock.mean_unit_seconds nominal seconds of one micro-batch (a rule's fixed estimates)
   clock.rule_state        dict of numpy arrays / numbers / None kept between iterations (checkpointed)
   clock.lost_workers      how many workers fail and never come back
+
+The host's serial work per iteration (`host_s`, a cluster profile's figure or `cluster.host_s`) is charged here,
+in one place, not by the rules: after every iteration each worker's clock moves `host_s` on (the next
+iteration's work starts that much later), so a lock-step iteration takes compute + collectives + host_s. For
+rules whose workers are not in step (the parameter-server family) it is the server's work per update. With
+host_s > 0 every rule runs one iteration at a time (`iterate`; its vectorised block is the same by contract).
 """
 
 from __future__ import annotations
@@ -105,8 +111,10 @@ class Clock:
 
   def __init__(self, *, workers: int, rule: 'TimeRule', compute: compute_lib.ComputeModel,
                network: network_lib.Network, model_bytes: float, seed: int,
-               delay: Optional[faults.RandomDelay] = None, failure: Optional[faults.Failure] = None):
+               delay: Optional[faults.RandomDelay] = None, failure: Optional[faults.Failure] = None,
+               host_s: float = 0.0):
     self.workers = workers
+    self.host_s = float(host_s)  # seconds of host work added to every worker's clock after each iteration
     self.rule = rule
     self.compute = compute
     # For calls that merge several micro-batches (`per_call` > 1): the per-sample model and each worker's
@@ -249,7 +257,7 @@ class Clock:
     if n < 1:
       raise ValueError(f'next_block(n={n}): n must be >= 1')
     with np.errstate(invalid='ignore'):  # inf - inf of a worker that is gone: caught below as a stall
-      if self.rule.vectorized:
+      if self.rule.vectorized and not self.host_s:
         return self._fast_block(n)
       return self._block(n)
 
@@ -272,6 +280,8 @@ class Clock:
       before = self.times.sum()
       it = self.rule.iterate(self, self.iteration)
       self._check_measurements(it.measurements)
+      if self.host_s:
+        self.times += self.host_s
       latest = float(self.times.max())
       if not np.isfinite(latest):
         raise self._stalled()

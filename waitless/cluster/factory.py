@@ -1,21 +1,28 @@
-"""Builds the clock for a config: compute model from `config.stragglers`, network from `config.network`.
+"""Builds the clock for a config: compute model from `config.stragglers`, network from `config.network`, the
+host's time per iteration from `config.cluster`, all three through a cluster profile when `cluster.profile`
+names one (`effective`; `cluster/profiles.py` says how a profile and explicit fields combine).
 
-`validate(config)` checks every `stragglers.*` / `network.*` field before anything compiles and raises
-`config_errors.ConfigError` naming the field. Configs written before a field existed still work: a missing
-field takes its default from `default_stragglers_config()` / `default_network_config()`.
+`validate(config)` checks every `stragglers.*` / `network.*` / `cluster.*` field (and the profile's file) before
+anything compiles and raises `config_errors.ConfigError` naming the field. Configs written before a field existed
+still work: a missing field takes its default from `default_stragglers_config()` / `default_network_config()` /
+`default_cluster_config()`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
 
+from waitless.cluster import calibration
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import compute as compute_lib
 from waitless.cluster import faults
 from waitless.cluster import network as network_lib
+from waitless.cluster import profiles
 from waitless.cluster import rules
 
 DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lognormal', 'trace')
@@ -79,8 +86,26 @@ def default_network_config() -> ml_collections.ConfigDict:
   return c
 
 
+def default_cluster_config() -> ml_collections.ConfigDict:
+  """`config.cluster`: the named cluster the clock is tied to, and the host's time per iteration."""
+  c = ml_collections.ConfigDict()
+  # '': no profile, the configured stragglers.* and network.* (the ideal network by default: tests, closed
+  # forms); a shipped name (cluster.profiles.names()) or the path of a profile JSON (experiments.calibrate).
+  c.profile = ''
+  c.host_s = 0.0     # seconds of serial host work per iteration, added to every iteration by the clock
+  # The fields the user set (flags, the config argument's pairs) that win over the profile's values; the
+  # programs fill it (experiments.configs.common.mark_explicit), a config file may too.
+  c.explicit = ()
+  return c
+
+
 _STRAGGLER_DEFAULTS = default_stragglers_config()
 _NETWORK_DEFAULTS = default_network_config()
+_CLUSTER_DEFAULTS = default_cluster_config()
+# The config fields a profile gives values to: an explicit one of them wins over the profile.
+COMPUTE_FIELDS = ('stragglers.base_s', 'stragglers.rate', 'stragglers.shift_s', 'stragglers.scale')
+PROFILE_FIELDS = COMPUTE_FIELDS + ('stragglers.overhead_s', 'network.kind', 'network.latency_s',
+                                   'network.bandwidth_gbps', 'cluster.host_s')
 
 
 def _get(section: ml_collections.ConfigDict, name: str, defaults: ml_collections.ConfigDict):
@@ -201,6 +226,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         lambda v: v >= 0)
   errors.require_number(_get(n, 'bandwidth_gbps', _NETWORK_DEFAULTS), 'network.bandwidth_gbps',
                         'must be a number > 0', lambda v: v > 0)
+  _validate_cluster(config, kind)
+
+
+def _cluster(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  return config.get('cluster') or _CLUSTER_DEFAULTS
+
+
+def _validate_cluster(config: ml_collections.ConfigDict, kind: str) -> None:
+  c = _cluster(config)
+  get = lambda name: _get(c, name, _CLUSTER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  errors.require_number(get('host_s'), 'cluster.host_s', 'must be a number >= 0 (seconds per iteration)',
+                        lambda v: v >= 0)
+  explicit = get('explicit')
+  errors.require(isinstance(explicit, (list, tuple)) and all(f in PROFILE_FIELDS for f in explicit),
+                 'cluster.explicit', explicit, f'must be a tuple of fields among {", ".join(PROFILE_FIELDS)}')
+  profile = get('profile')
+  if profile in ('', None):
+    return
+  errors.require(kind != MEASURED, 'cluster.profile', profile,
+                 f'a run with stragglers.kind={MEASURED!r} is timed on its real devices; leave the profile empty')
+  errors.require(not _get(config.stragglers, 'calibrate', _STRAGGLER_DEFAULTS), 'stragglers.calibrate', True,
+                 'measures this machine\'s step; with cluster.profile the profile gives the compute: set one of them')
+  effective(config)  # the file, its fields, and a compute entry for this config's model
 
 
 def slow_factors(stragglers: ml_collections.ConfigDict, workers: int) -> np.ndarray:
@@ -275,6 +323,49 @@ def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
   return delay, failure
 
 
+@dataclasses.dataclass(frozen=True)
+class Effective:
+  """What the clock charges: the config's own fields, or the profile's where it names one and the user did not
+  set the field explicitly."""
+  stragglers: ml_collections.ConfigDict
+  network: network_lib.Network
+  host_s: float
+  profile: str  # the profile's name, '' for none
+
+
+def effective(config: ml_collections.ConfigDict) -> Effective:
+  """The compute model's fields, the network and the host time per iteration the clock charges for `config`.
+
+  With `cluster.profile` set (and the field not in `cluster.explicit`):
+    stragglers   `calibration.calibrated(stragglers, o + s x per_sample_s, overhead_s=o)`, s = batch_size /
+                 microbatches samples per micro-batch, o = the profile's overhead_s (or the explicit one); a
+                 `trace` keeps its measured table and takes only o; an explicit distribution field
+                 (COMPUTE_FIELDS) keeps the configured distribution, and takes only o
+    network      the profile's `network.Collectives`, unless a `network.*` field is explicit
+    host_s       the profile's, unless `cluster.host_s` is explicit
+  """
+  c = _cluster(config)
+  host_s = float(_get(c, 'host_s', _CLUSTER_DEFAULTS))
+  name = _get(c, 'profile', _CLUSTER_DEFAULTS)
+  if not name:
+    return Effective(config.stragglers, make_network(config.network), host_s, '')
+  profile = profiles.load(name)
+  explicit = set(_get(c, 'explicit', _CLUSTER_DEFAULTS))
+  compute = profile.compute_for(profiles.model_key(config))
+  stragglers = config.stragglers
+  overhead = (float(_get(stragglers, 'overhead_s', _STRAGGLER_DEFAULTS)) if 'stragglers.overhead_s' in explicit
+              else compute.overhead_s)
+  samples = config.batch_size / config.microbatches
+  if explicit.isdisjoint(COMPUTE_FIELDS) and _get(stragglers, 'kind', _STRAGGLER_DEFAULTS) != 'trace':
+    stragglers = calibration.calibrated(stragglers, overhead + samples * compute.per_sample_s, overhead_s=overhead)
+  else:
+    stragglers = ml_collections.ConfigDict(stragglers.to_dict())
+    stragglers.overhead_s = overhead
+  network = (make_network(config.network) if any(f.startswith('network.') for f in explicit)
+             else profile.network)
+  return Effective(stragglers, network, host_s if 'cluster.host_s' in explicit else profile.host_s, profile.name)
+
+
 def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_bytes: float) -> clock_lib.Clock:
   """The seeded clock for `config`, driving `rule` (`cluster.registry.time_rule(config)`).
 
@@ -285,7 +376,7 @@ def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_by
   rules.base.check_rule(rule)
   p = config.workers
   delay, failure = make_faults(config.stragglers, p, config.seed)
+  cost = effective(config)
   return clock_lib.Clock(
-      workers=p, rule=rule, compute=make_compute(config.stragglers, p),
-      network=make_network(config.network), model_bytes=model_bytes, seed=config.seed,
-      delay=delay, failure=failure)
+      workers=p, rule=rule, compute=make_compute(cost.stragglers, p), network=cost.network,
+      model_bytes=model_bytes, seed=config.seed, delay=delay, failure=failure, host_s=cost.host_s)

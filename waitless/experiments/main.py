@@ -156,6 +156,7 @@ def main(argv):
   config = shared_flags.CONFIG.value
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
+  common.mark_explicit(config, config_flags.get_override_values(flags.FLAGS['config']))
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
   handler = std_logging.StreamHandler(sys.stderr)
   handler.setFormatter(std_logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))

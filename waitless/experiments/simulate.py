@@ -6,7 +6,8 @@
 
 Prints one JSON object: `algorithm`, `workers`, `iterations`, `sim_time`, `mean_iteration_time`,
 `mean_staleness`, `idle_fraction` (idle worker-seconds / (P x sim_time)), `idle_fraction_per_worker`,
-`bytes_communicated`, `bytes_per_iteration`, `model_bytes`, `measurements` (what the time rule declares in
+`bytes_communicated`, `bytes_per_iteration`, `model_bytes`, `profile` and `host_s` (the cluster profile and the
+host time per iteration the clock charged), `measurements` (what the time rule declares in
 its `reports`, reduced over the run as declared: e.g. K-async's mean `k` and `max_staleness`, WAGMA's summed
 `behind`), and `simulator_us_per_iteration` (host cost of the simulation itself).
 The time rule is the algorithm's own (`cluster.registry.time_rule(config)`).
@@ -28,6 +29,7 @@ from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
+from waitless.cluster import network as network_lib
 from waitless.experiments import config_paths
 
 _CONFIG = config_paths.config_flag()
@@ -106,7 +108,9 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
       'model_bytes': nbytes,
       'measurements': {k: v / done if reductions[k] == 'mean' else v for k, v in measured.items()},
       'stragglers': config.stragglers.kind,
-      'network': config.network.kind,
+      'network': 'profile' if isinstance(clock.network, network_lib.Collectives) else config.network.kind,
+      'profile': config.get('cluster', {}).get('profile', ''),
+      'host_s': clock.host_s,
       'simulator_us_per_iteration': 1e6 * host_seconds / done,
   }
 
@@ -116,6 +120,9 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if _CONFIG.value is None:
     raise app.UsageError('--config is required, e.g. --config=experiments/configs/digits.py:sync')
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  common.mark_explicit(_CONFIG.value, config_flags.get_override_values(flags.FLAGS['config']))
   try:
     result = simulate(_CONFIG.value, _ITERATIONS.value, _MODEL_BYTES.value, _BLOCK.value)
   except (errors.ConfigError, clock_lib.StalledError) as e:

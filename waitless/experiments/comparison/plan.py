@@ -167,6 +167,7 @@ def _apply_overrides(config, overrides: dict[str, Any], named: set[str]) -> None
       node = node.get(part) if hasattr(node, 'get') else None
     if node is not None and hasattr(node, 'keys') and parts[-1] in node:
       node[parts[-1]] = value
+      common.mark_explicit(config, [path])
 
 
 def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Sequence[tuple[tuple[str, str], ...]],

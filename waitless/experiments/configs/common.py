@@ -59,7 +59,19 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.stragglers = cluster_factory.default_stragglers_config()  # compute-time model (cluster/)
   c.network = cluster_factory.default_network_config()        # network model (cluster/)
+  c.cluster = cluster_factory.default_cluster_config()        # a named cluster profile, host time (cluster/)
   return c
+
+
+def mark_explicit(config: ml_collections.ConfigDict, paths) -> None:
+  """Records in `cluster.explicit` which of `paths` (fields the user set: `--config.FIELD` flags, the config
+  argument's pairs) a cluster profile would otherwise set (`cluster.factory.PROFILE_FIELDS`): they win over it."""
+  cluster = config.get('cluster')
+  if cluster is None:
+    return
+  named = tuple(p for p in paths if p in cluster_factory.PROFILE_FIELDS and p not in cluster.explicit)
+  if named:
+    cluster.explicit = tuple(cluster.explicit) + named
 
 
 DURATION_FIELDS = ('num_steps', 'num_epochs')
@@ -191,6 +203,7 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
       raise errors.ConfigError('config argument', part, 'expected key=value')
     key, raw = part.split('=', 1)
     _set(config, key.strip(), raw.strip())
+    mark_explicit(config, [key.strip()])
     if key.strip() in DURATION_FIELDS and config.get(key.strip()) is not None:
       other, = set(DURATION_FIELDS) - {key.strip()}
       if other in config:  # the duration given here replaces the workload's (still overridable by a flag)

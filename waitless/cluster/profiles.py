@@ -1,0 +1,153 @@
+"""Cluster profiles: what one named cluster charges for compute, calls, collectives and the host, with sources.
+
+A profile is a versioned JSON file (`profiles/NAME.json` ships with the package; `experiments.calibrate` writes
+one for the machine at hand). A run names one with `cluster.profile` (a shipped name or a path); '' keeps the
+configured `stragglers.*` / `network.*` (the ideal network by default: tests and closed forms). Every figure is
+an object {"value": number, "source": "where it comes from", "estimate": true if it is one (optional),
+"spread": the fitted figure's spread (optional), ...}. Version 1:
+
+  version        1
+  name, description
+  compute        {"DATASET/MODEL": {"per_sample_s": F, "overhead_s": F}, ...}: one micro-batch call on s samples
+                 costs overhead_s + s x per_sample_s (`calibration.Fit`); keyed by `dataset.name/model.name`
+  network        {"allreduce": {"form": "ring" | "tree", "latency_s": F, "bandwidth_gbps": F},
+                  "p2p": {"latency_s": F, "bandwidth_gbps": F}}: `network.Collectives` (bandwidth_gbps of an
+                 all-reduce is the bus bandwidth of nccl-tests, in gigabits per second)
+  host_s         F: the host's serial work per iteration, charged by the clock after every iteration
+  stragglers     optional, informational (not applied: a config chooses its straggler model), e.g.
+                 {"call_cv": F}, the coefficient of variation of a call's time that calibrate measured
+
+How a profile meets a config (`factory.effective`): the profile's per-sample and per-call figures replace the
+scale of `stragglers.*` (`calibration.calibrated`: the distribution keeps its shape) and `stragglers.overhead_s`,
+its collectives replace `network.*` and its host time `cluster.host_s`, except for the fields the user set
+explicitly (`--config.FIELD=...` flags and `FIELD=value` pairs of the config argument, recorded in
+`cluster.explicit` by the programs): those win. A workload file's own values are the defaults a profile replaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+from waitless import config_errors as errors
+from waitless.cluster import network as network_lib
+
+VERSION = 1
+DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'profiles')
+FIELD = 'cluster.profile'
+
+
+@dataclasses.dataclass(frozen=True)
+class Compute:
+  """One micro-batch call on s samples costs overhead_s + s x per_sample_s."""
+  per_sample_s: float  # > 0
+  overhead_s: float    # >= 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """A loaded, validated profile (the figures' values; the sources stay in the file)."""
+  name: str
+  compute: Mapping[str, Compute]  # 'dataset/model' -> figures
+  network: network_lib.Collectives
+  host_s: float
+
+  def compute_for(self, model: str) -> Compute:
+    """The compute figures of `model` ('dataset/model'); a ConfigError naming the field if the profile has none."""
+    errors.require(model in self.compute, f'{FIELD}[{self.name}].compute', model,
+                   f'this profile is written for {", ".join(sorted(self.compute)) or "no model"}; measure this one '
+                   f'with experiments.calibrate, or add a "{model}" entry')
+    return self.compute[model]
+
+
+def names() -> list[str]:
+  """The shipped profiles' names (the JSON files in `profiles/`)."""
+  return sorted(f[:-len('.json')] for f in os.listdir(DIRECTORY) if f.endswith('.json'))
+
+
+def path_of(name_or_path: str) -> str:
+  """The file of a shipped name, or `name_or_path` itself when it names a file (a path or a .json name)."""
+  if name_or_path.endswith('.json') or os.sep in name_or_path:
+    errors.require(os.path.isfile(name_or_path), FIELD, name_or_path, 'file not found')
+    return name_or_path
+  errors.require(name_or_path in names(), FIELD, name_or_path,
+                 f'unknown profile; shipped: {", ".join(names())}; or the path of a profile JSON file')
+  return os.path.join(DIRECTORY, name_or_path + '.json')
+
+
+def read(name_or_path: str) -> dict[str, Any]:
+  """The profile's JSON document (not validated: `load` does that)."""
+  path = path_of(name_or_path)
+  try:
+    with open(path) as f:
+      doc = json.load(f)
+  except (OSError, ValueError) as e:
+    raise errors.ConfigError(FIELD, name_or_path, f'must be a readable JSON file ({e})') from e
+  errors.require(isinstance(doc, dict), FIELD, name_or_path, 'must hold a JSON object')
+  return doc
+
+
+def _node(doc: Mapping[str, Any], path: tuple[str, ...], where: str):
+  node = doc
+  for i, key in enumerate(path):
+    errors.require(isinstance(node, dict) and key in node, f'{where}.{".".join(path[:i + 1])}', 'missing',
+                   'required (see cluster/profiles.py for the fields)')
+    node = node[key]
+  return node
+
+
+def figure(doc: Mapping[str, Any], path: tuple[str, ...], where: str, positive: bool = False) -> float:
+  """The value of the figure at `path`: {"value": finite number >= 0 (> 0 if `positive`), "source": text}."""
+  node = _node(doc, path, where)
+  field = f'{where}.{".".join(path)}'
+  errors.require(isinstance(node, dict), field, node, 'must be an object {"value": number, "source": "..."}')
+  value = node.get('value', 'missing')
+  bound = '> 0' if positive else '>= 0'
+  errors.require_number(value, f'{field}.value', f'must be a number {bound}',
+                        (lambda v: v > 0) if positive else (lambda v: v >= 0))
+  source = node.get('source')
+  errors.require(isinstance(source, str) and bool(source.strip()), f'{field}.source', source,
+                 'every figure cites where it comes from (a measurement, a publication, or "estimate: ...")')
+  return float(value)
+
+
+def _link(doc, kind: str, where: str) -> network_lib.AlphaBeta:
+  return network_lib.AlphaBeta(latency_s=figure(doc, ('network', kind, 'latency_s'), where),
+                               bandwidth_gbps=figure(doc, ('network', kind, 'bandwidth_gbps'), where, positive=True))
+
+
+def parse(doc: Mapping[str, Any], label: str) -> Profile:
+  """Validates a profile document; `label` names it in errors (`cluster.profile[LABEL].FIELD`)."""
+  where = f'{FIELD}[{label}]'
+  version = doc.get('version', 'missing')
+  errors.require(version == VERSION, f'{where}.version', version, f'this version of waitless reads version {VERSION}')
+  compute = _node(doc, ('compute',), where)
+  errors.require(isinstance(compute, dict) and bool(compute), f'{where}.compute', compute,
+                 'must map "dataset/model" to {"per_sample_s": ..., "overhead_s": ...}')
+  models = {model: Compute(per_sample_s=figure(doc, ('compute', model, 'per_sample_s'), where, positive=True),
+                           overhead_s=figure(doc, ('compute', model, 'overhead_s'), where))
+            for model in compute}
+  form = _node(doc, ('network', 'allreduce'), where).get('form', 'ring')
+  errors.require(form in network_lib.ALLREDUCE_FORMS, f'{where}.network.allreduce.form', form,
+                 f'one of {", ".join(network_lib.ALLREDUCE_FORMS)}')
+  net = network_lib.Collectives(allreduce_link=_link(doc, 'allreduce', where), p2p_link=_link(doc, 'p2p', where),
+                                form=form)
+  return Profile(name=str(doc.get('name', label)), compute=models, network=net,
+                 host_s=figure(doc, ('host_s',), where))
+
+
+def load(name_or_path: str) -> Profile:
+  """The validated profile of a shipped name or a file (ConfigError naming the field: one line)."""
+  errors.require(isinstance(name_or_path, str) and bool(name_or_path), FIELD, name_or_path,
+                 f'must be a shipped name ({", ".join(names())}) or the path of a profile JSON file')
+  return parse(read(name_or_path), name_or_path)
+
+
+def model_key(config) -> str:
+  """'dataset/model' of a config: the key of its compute figures."""
+  dataset, model = config.get('dataset'), config.get('model')
+  errors.require(dataset is not None and model is not None, FIELD, config.get('cluster', {}).get('profile'),
+                 'a profile gives compute per model: the config needs dataset.name and model.name')
+  return f'{dataset.name}/{model.name}'

@@ -1,0 +1,219 @@
+r"""Measures the machine at hand and writes a cluster profile (`cluster/profiles.py`) for a config's model.
+
+  python -m waitless.experiments.calibrate --config=experiments/configs/digits.py:sync,microbatches=4 \
+      --processes=2 --out=this_machine.json
+  python -m waitless.experiments.simulate --config=experiments/configs/digits.py:sync \
+      --config.cluster.profile=this_machine.json
+
+Three measurements, each fitted several times (`--rounds`), the median written as the figure and the standard
+deviation over the rounds as its `spread`:
+  compute       one worker's micro-batch call of the config's model (`harness.call_timing.make_call`, what
+                `benchmarks.call_overhead` times) at several sizes s, fitted as t(s) = c + s x per_sample_s
+                (`calibration.fit_overhead`): per_sample_s; c, the cost of a separately dispatched call, is
+                kept as `dispatch_overhead_s`
+  harness       1-process `experiments.main` runs on measured time (`stragglers.kind=measured`, sync, one worker)
+                at m = 1 and m = M micro-batches of the config's batch B: an iteration takes
+                T(m) = host_s + m x overhead_s + B x per_sample_s, so overhead_s = (T(M) - T(1)) / (M - 1), the
+                per-micro-batch cost inside the harness's step, and host_s = T(1) - overhead_s - B x per_sample_s,
+                the host's work per iteration that the device does not hide (each clamped at 0)
+  collectives   `--processes` real processes joined by `jax.distributed` over loopback, one CPU device each
+                (`harness.collective_timing`, as `launch/multiprocess_cpu.sh` runs the harness): all-reduce at
+                several sizes and participant counts, fitted by least squares to the ring
+                t = 2(n-1) alpha + 2 (n-1)/n M / beta (`calibration.fit_allreduce`), and a ring shift,
+                t = alpha + M / beta (`calibration.fit_overhead`)
+An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
+hold several workloads. Bad input exits with status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from waitless import config_errors as errors
+from waitless.experiments import config_paths
+
+_CONFIG = config_paths.config_flag()
+flags.declare_key_flag('config')
+_PROCESSES = flags.DEFINE_integer('processes', 2, 'Processes of the collectives\' mesh (>= 2).')
+_OUT = flags.DEFINE_string('out', None, 'The profile JSON to write.')
+_NAME = flags.DEFINE_string('name', 'this_machine', 'The profile\'s name.')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of each measurement (the spread of its fitted figures).')
+_REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per size of the compute measurement (median kept).')
+_HARNESS_STEPS = flags.DEFINE_integer('harness_steps', 120, 'Iterations of each 1-process harness run.')
+_HARNESS_M = flags.DEFINE_integer('harness_microbatches', 4, 'M, the larger micro-batch count of the harness runs '
+                                  '(must divide batch_size).')
+_COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '1048576', '16777216', '67108864'],
+                                      'Bytes per collective.')
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _figure(values, source: str, **extra) -> dict:
+  """A profile figure: the median of the rounds' values, their standard deviation as `spread`."""
+  values = np.asarray(values, np.float64)
+  return {'value': float(np.median(values)), 'spread': float(values.std()), 'rounds': values.tolist(),
+          'source': source, **extra}
+
+
+def measure_compute(config, rounds: int, repeats: int) -> tuple[np.ndarray, list]:
+  """(per-round (per_sample_s, dispatch overhead), sizes) of the config's micro-batch call."""
+  from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import call_timing  # pylint: disable=g-import-not-at-top
+  unit = config.batch_size // config.microbatches
+  sizes = sorted({max(1, unit // 4), unit, 4 * unit})
+  if len(sizes) < 2:
+    sizes = [1, 2]
+  calls = {s: call_timing.make_call(config, s) for s in sizes}
+  fits = []
+  for _ in range(rounds):
+    seconds = calibration.time_sizes(lambda s: calls[s], sizes, warmup=3, repeats=repeats, carry=True)
+    fit = calibration.fit_overhead(sizes, seconds)
+    fits.append((fit.per_sample_s, fit.overhead_s))
+  return np.asarray(fits), sizes
+
+
+def harness_seconds_per_iteration(config_arg: str, flags_: list[str], microbatches: int, steps: int,
+                                  workdir: str) -> float:
+  """Median measured seconds per iteration of a 1-process sync run of the harness (rows after the first);
+  `flags_`: the `--config.FIELD=VALUE` flags calibrate was given."""
+  path, _, arg = config_arg.partition(':')
+  pairs = ','.join(['sync'] + [p for p in arg.split(',')[1:] if p] + [
+      'stragglers.kind=measured', 'workers=1', 'devices=1', f'microbatches={microbatches}', f'num_steps={steps}',
+      f'eval_every={steps}', 'log_every=10', f'checkpoint_every={steps}', 'cluster.profile=""'])
+  done = subprocess.run([sys.executable, '-m', 'waitless.experiments.main', f'--config={path}:{pairs}',
+                         f'--workdir={workdir}', *flags_], cwd=ROOT, capture_output=True, text=True, check=False)
+  if done.returncode:
+    raise SystemExit(f'the harness run failed (status {done.returncode}): {done.stderr[-2000:]}')
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  steps_ = np.array([r['step'] for r in rows], np.float64)
+  times = np.array([r['sim_time'] for r in rows], np.float64)
+  return float(np.median(np.diff(times) / np.diff(steps_)))
+
+
+def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str) -> dict:
+  """The rows of `harness.collective_timing`, run on `processes` local processes."""
+  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
+  out = os.path.join(tmp, 'collectives.json')
+  address = f'127.0.0.1:{distributed.free_port()}'
+  command = [sys.executable, '-m', 'waitless.experiments.harness.collective_timing', f'--coordinator_address={address}',
+             f'--num_processes={processes}', f'--out={out}', f'--sizes={",".join(map(str, sizes))}',
+             f'--rounds={rounds}']
+  procs = [subprocess.Popen(command + [f'--process_id={i}'], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True) for i in range(processes)]
+  failed = [(p.wait(), p.stderr.read()) for p in procs]
+  bad = [(rc, err) for rc, err in failed if rc]
+  if bad:
+    raise SystemExit(f'the collectives\' processes failed (status {bad[0][0]}): {bad[0][1][-2000:]}')
+  with open(out) as f:
+    return json.load(f)
+
+
+def network_figures(rows: dict, rounds: int, processes: int) -> dict:
+  """The profile's `network` section from the collectives' rows, fitted per round."""
+  from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
+  allreduce, p2p = [], []
+  for r in range(rounds):
+    ar = np.array([row[1:] for row in rows['allreduce'] if row[0] == r], np.float64)
+    alpha, seconds_per_byte = calibration.fit_allreduce(ar[:, 0], ar[:, 1], ar[:, 2])
+    allreduce.append((alpha, 8.0 / seconds_per_byte / 1e9))
+    pp = np.array([row[1:] for row in rows['p2p'] if row[0] == r], np.float64)
+    fit = calibration.fit_overhead(pp[:, 0], pp[:, 1])
+    p2p.append((fit.overhead_s, 8.0 / fit.per_sample_s / 1e9))
+  allreduce, p2p = np.asarray(allreduce), np.asarray(p2p)
+  where = (f'measured by experiments.calibrate: {processes} processes x 1 CPU device, jax.distributed over '
+           f'loopback (gloo), sizes {sorted({row[2] for row in rows["allreduce"]})} bytes')
+  return {
+      'allreduce': {'form': 'ring',
+                    'latency_s': _figure(allreduce[:, 0], where + '; least squares on the ring form'),
+                    'bandwidth_gbps': _figure(allreduce[:, 1], where + '; least squares on the ring form')},
+      'p2p': {'latency_s': _figure(p2p[:, 0], where + '; a ring shift (ppermute), t = alpha + M / beta'),
+              'bandwidth_gbps': _figure(p2p[:, 1], where + '; a ring shift (ppermute), t = alpha + M / beta')},
+      'measurements': rows,
+  }
+
+
+def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: str, name: str, rounds: int, repeats: int,
+              harness_steps: int, harness_m: int, collective_sizes: list[int]) -> dict:
+  """Measures and writes the profile; returns it."""
+  from waitless.cluster import profiles  # pylint: disable=g-import-not-at-top
+  errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
+                     '(one CPU device each, started here over loopback)')
+  errors.require(bool(out), '--out', out, 'the profile JSON to write')
+  errors.require_int(rounds, '--rounds', 1)
+  errors.require_int(repeats, '--repeats', 1)
+  errors.require_int(harness_steps, '--harness_steps', 20)
+  errors.require_int(harness_m, '--harness_microbatches', 2, why='the harness is timed at m = 1 and m = M')
+  errors.require(config.batch_size % harness_m == 0, '--harness_microbatches', harness_m,
+                 f'must divide batch_size={config.batch_size}')
+  key = profiles.model_key(config)
+  doc = profiles.read(out) if os.path.isfile(out) else {}
+  compute_fits, sizes = measure_compute(config, rounds, repeats)
+  per_sample = float(np.median(compute_fits[:, 0]))
+  batch = config.batch_size
+  overheads, hosts = [], []
+  with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
+    for r in range(rounds):
+      t1 = harness_seconds_per_iteration(config_arg, flags_, 1, harness_steps, os.path.join(tmp, f'm1_{r}'))
+      tm = harness_seconds_per_iteration(config_arg, flags_, harness_m, harness_steps, os.path.join(tmp, f'mM_{r}'))
+      overhead = max((tm - t1) / (harness_m - 1), 0.0)
+      overheads.append(overhead)
+      hosts.append(max(t1 - overhead - batch * per_sample, 0.0))
+    rows = measure_collectives(processes, collective_sizes, rounds, tmp)
+  harness_where = (f'measured by experiments.calibrate: 1-process sync runs of the harness on measured time, '
+                   f'm = 1 and m = {harness_m}, batch {batch}, {harness_steps} steps')
+  compute = dict(doc.get('compute', {}))
+  compute[key] = {
+      'per_sample_s': _figure(compute_fits[:, 0], f'measured by experiments.calibrate: one worker\'s micro-batch '
+                              f'call at {sizes} samples, least squares t(s) = c + s x per_sample_s'),
+      'overhead_s': _figure(overheads, harness_where + ': (T(M) - T(1)) / (M - 1)'),
+      'dispatch_overhead_s': _figure(compute_fits[:, 1], 'measured by experiments.calibrate: c of the call fit (a '
+                                     'separately dispatched call; informational)'),
+  }
+  profile = {
+      'version': profiles.VERSION, 'name': name,
+      'description': (f'{platform.node() or "this machine"}: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, '
+                      f'calibrated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with '
+                      f'{config_arg}'),
+      'compute': compute,
+      'network': network_figures(rows, rounds, processes),
+      'host_s': _figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s'),
+  }
+  profiles.parse(profile, out)  # what it writes, it can read
+  with open(out, 'w') as f:
+    json.dump(profile, f, indent=1)
+    f.write('\n')
+  return profile
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if _CONFIG.value is None:
+    raise app.UsageError('--config is required, e.g. --config=experiments/configs/digits.py:sync')
+  config_arg = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--config='))
+  overrides = [a for a in sys.argv if a.startswith('--config.') and not a.startswith('--config.cluster.')]
+  try:
+    profile = calibrate(_CONFIG.value, config_arg, overrides, _PROCESSES.value, _OUT.value, _NAME.value, _ROUNDS.value,
+                        _REPEATS.value, _HARNESS_STEPS.value, _HARNESS_M.value,
+                        [int(s) for s in _COLLECTIVE_SIZES.value])
+  except errors.ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  summary = {k: v for k, v in profile.items() if k != 'network'}
+  summary['network'] = {k: v for k, v in profile['network'].items() if k != 'measurements'}
+  print(json.dumps(summary, indent=1))
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=lambda argv: flags.FLAGS(config_paths.resolve_argv(argv)))

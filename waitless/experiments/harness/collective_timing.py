@@ -1,0 +1,96 @@
+"""Times the collectives of a real multi-process CPU mesh: one process of `experiments.calibrate`'s measurement.
+
+  python -m waitless.experiments.harness.collective_timing --coordinator_address=127.0.0.1:PORT \
+      --num_processes=N --process_id=I --out=FILE.json        # N of these, started by experiments.calibrate
+
+Every process owns one CPU device and joins `jax.distributed` (gloo over loopback, as
+`launch/multiprocess_cpu.sh` runs the harness). For each participant count n in 2..N (the first n processes'
+devices; the others wait) and each size, one jitted program runs k collectives back to back inside a
+`lax.fori_loop`, each on the previous one's result; its time at k = 1 and k = 1 + `--chain` gives one
+collective's seconds as the slope, (t(1 + chain) - t(1)) / chain, free of the program's dispatch:
+  all-reduce    `lax.psum` over the n devices (gloo's all-reduce: what the harness's worker sum runs)
+  point-to-point a ring shift `lax.ppermute` (every device sends its array to the next; n = N only)
+Every figure is the median of `--repeats` timings, measured in `--rounds` rounds (the spread of the fits).
+Process 0 writes {"allreduce": [[round, n, bytes, seconds], ...], "p2p": [[round, bytes, seconds], ...]}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes, N >= 2.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, 0..N-1.')
+_OUT = flags.DEFINE_string('out', None, 'JSON file process 0 writes.')
+_SIZES = flags.DEFINE_list('sizes', ['1024', '65536', '1048576', '4194304'], 'Bytes per collective (float32).')
+_CHAIN = flags.DEFINE_integer('chain', 8, 'Collectives chained in the longer program.')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per figure (the median is kept).')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of every measurement (the spread of the fitted figures).')
+
+
+def _programs(mesh, kind: str, count: int):
+  """A jitted program of `count` chained collectives of `kind` over `mesh`'s one axis."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax import lax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec  # pylint: disable=g-import-not-at-top
+  n = mesh.size
+
+  def one(x):
+    if kind == 'allreduce':
+      return lax.psum(x, 'workers') / n
+    return lax.ppermute(x, 'workers', [(i, (i + 1) % n) for i in range(n)])
+
+  def body(x):
+    return lax.fori_loop(0, count, lambda _, y: one(y), x)
+
+  spec = PartitionSpec('workers')
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+
+
+def measure(processes: int, sizes: list[int], chain: int, repeats: int, rounds: int) -> dict:
+  """Every process calls it; returns the rows (the same on every process of each mesh)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
+  devices = sorted(jax.devices(), key=lambda d: d.process_index)
+  rows = {'allreduce': [], 'p2p': []}
+  for round_ in range(rounds):
+    for n in range(2, processes + 1):
+      kinds = ('allreduce', 'p2p') if n == processes else ('allreduce',)
+      if jax.process_index() >= n:
+        continue
+      mesh = Mesh(np.array(devices[:n]), ('workers',))
+      sharding = NamedSharding(mesh, PartitionSpec('workers'))
+      for kind in kinds:
+        short, long = _programs(mesh, kind, 1), _programs(mesh, kind, 1 + chain)
+        for nbytes in sizes:
+          local = np.ones((1, max(1, nbytes // 4)), np.float32)
+          x = jax.make_array_from_process_local_data(sharding, local, (n, local.shape[1]))
+          t1 = calibration.time_callable(short, x, warmup=2, repeats=repeats)
+          tk = calibration.time_callable(long, x, warmup=2, repeats=repeats)
+          seconds = max(tk - t1, 0.0) / chain
+          rows[kind].append([round_, n, nbytes, seconds] if kind == 'allreduce' else [round_, nbytes, seconds])
+  return rows
+
+
+def main(argv):
+  del argv
+  from waitless.experiments import shared_flags  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
+  shared_flags.force_host_devices(1)
+  settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  processes = distributed.initialize(settings)
+  rows = measure(processes, [int(s) for s in _SIZES.value], _CHAIN.value, _REPEATS.value, _ROUNDS.value)
+  if distributed.process_index() == 0:
+    with open(_OUT.value, 'w') as f:
+      json.dump(rows, f)
+  sys.stdout.flush()
+
+
+if __name__ == '__main__':
+  app.run(main)
