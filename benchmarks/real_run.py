@@ -1,8 +1,10 @@
-"""Real training runs on measured time: sync, nonblocking, local SGD, D-PSGD and WAGMA through the harness on 2
-real CPU processes, one slowed, against the simulator's prediction for the speeds they measured.
+"""Real training runs on measured time: sync, nonblocking, local SGD, D-PSGD, WAGMA and DiLoCo through the harness
+on 2 real CPU processes, one slowed, against the simulator's prediction on the cluster profile `calibrate` measured.
 
+  python -m waitless.experiments.calibrate --config=experiments/configs/digits.py:sync,microbatches=4 \
+      --processes=2 --out=waitless/cluster/profiles/this_machine.json     # the profile (a few minutes)
   python benchmarks/real_run.py                              # digits, 2 processes, process 1 +4 ms/micro-batch
-  python benchmarks/real_run.py --repeats=1 --num_steps=300 --debug_slow_process=1:0.008 --out=/tmp/real_run.json
+  python benchmarks/real_run.py --seeds=0 --num_steps=300 --debug_slow_process=1:0.008 --out=/tmp/real_run.json
 
 Each algorithm is one `bash launch/multiprocess_cpu.sh 2 --config=experiments/configs/digits.py:NAME,
 stragglers.kind=measured,workers=2,devices=2,...` run (`experiments/harness/measured_time.py`: nothing simulated, the
@@ -18,17 +20,24 @@ micro-batch it computes). From each run's metrics.jsonl and summary.json the tab
     (interpolated too);
     the target loss defaults to the highest of the runs' lowest evaluation losses (every run reaches it);
   - nonblocking's micro-batches per worker (mean over the rows after the first);
-  - simulated: `benchmarks.real_stragglers.simulate_iteration_seconds` (the simulator's mean seconds per
-    iteration for these algorithms on 2 workers with constant per-micro-batch times s_d, ideal network), fed the
-    s_d that the nonblocking run fitted (summary's `measured_seconds_per_microbatch`); for nonblocking, the rule
-    that ran: the deadline trigger with the budget max_d n_d s_d of the counts n_d measured speeds gave (He &
-    Dube's first-finisher trigger would give a device that has not finished one micro-batch none, which
-    measured speeds never do; its prediction is printed above the table); its times to target are
-    that prediction times the real run's steps at the targets (the same trajectory on the simulated clock). It leaves
-    out the per-call cost c_d, the all-reduce and the harness's host work per block, which the real run pays.
-Runs are sequential (one at a time), `--repeats` rounds of every algorithm interleaved, so that other users of
-the machine slow all algorithms alike; the table gives the median over the rounds of each figure (and the
-range of real s/it), the load average before and after with it.
+  - predicted (`--profile`, default the shipped `this_machine` that calibrate wrote): `experiments.simulate` of
+    the same config (2 workers, m micro-batches, the algorithm's own time rule) with `cluster.profile` set, so
+    the clock charges the profile's per-sample and per-call compute, its all-reduce and point-to-point costs and
+    its host time per iteration; the TEST-ONLY slowdown, S seconds in every micro-batch of process I, is
+    `stragglers.worker_factors` with worker I's factor (t + S) / t, t = overhead_s + (B / m) per_sample_s the
+    profile's micro-batch. Nothing is fitted to the real runs. For the two rules that no lock-step program
+    runs, the table predicts what the real program runs and names the rule's own figure a simulated ideal:
+    nonblocking with measured speeds runs the deadline trigger at the budget max_d n_d t_d of the counts
+    n_d that `measured_speeds.microbatch_counts` gives the profile's speeds (the ideal: He & Dube's
+    first-finisher trigger); WAGMA runs lock-step groups that wait for every member, with no overlap on a CPU
+    (`wait_avoiding=False, rule='step_then_average'`; the ideal: the wait-avoiding rule). Predicted times to
+    target are the predicted seconds per iteration times the real run's steps at the target;
+  - the previous prediction, for comparison: `benchmarks.real_stragglers.simulate_iteration_seconds` on an
+    ideal network with the s_d that the nonblocking run fitted (no per-call cost, collectives or host time).
+Every seed of `--seeds` is one round of every algorithm (`--repeats` rounds per seed), run one at a time and
+interleaved, so that other users of the machine slow all algorithms alike; the table gives the median over
+the rounds of each figure and the range of real s/it; "ranking" compares every pair of algorithms whose real
+times per iteration differ by more than their ranges (the noise) with the predicted order.
 """
 
 from __future__ import annotations
@@ -51,7 +60,8 @@ from benchmarks import real_stragglers  # pylint: disable=g-import-not-at-top
 from waitless.experiments.comparison import statistics  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALGORITHMS = real_stragglers.ALGORITHMS  # sync, nonblocking, local_sgd, dpsgd, wagma
+ALGORITHMS = real_stragglers.ALGORITHMS + ('diloco',)  # sync, nonblocking, local_sgd, dpsgd, wagma, diloco
+PERIODIC = ('local_sgd', 'diloco')  # one all-reduce per --local_steps
 
 FLAGS = flags.FLAGS
 
@@ -71,24 +81,31 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float('target_accuracy', 0.96, 'Evaluation accuracy of the time to target accuracy.', **where)
   flags.DEFINE_float('target_loss', None, 'Evaluation loss of the time to target loss (default: the highest of the '
                      "runs' lowest evaluation losses, a level every run reaches).", **where)
-  flags.DEFINE_integer('repeats', 3, 'Runs per algorithm, interleaved (nonblocking first in each round).', **where)
-  flags.DEFINE_integer('local_steps', 4, 'local_sgd: H (also what the prediction simulates).', **where)
-  flags.DEFINE_integer('seed', 0, 'The seed of every run (model init, data order).', **where)
+  flags.DEFINE_integer('repeats', 1, 'Rounds per seed, interleaved (nonblocking first in each round).', **where)
+  flags.DEFINE_integer('local_steps', 4, 'local_sgd and diloco: H (also what the prediction simulates).', **where)
+  flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (model init, data order); one round of every algorithm each.',
+                    **where)
+  flags.DEFINE_string('profile', 'this_machine', 'The cluster profile of the prediction: a shipped name or a path '
+                      '(experiments.calibrate).', **where)
   flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).', **where)
   flags.DEFINE_string('out', '', 'Write the results as JSON here.', **where)
 
 
-def config_arg(name: str) -> str:
-  extra = f',local_steps={FLAGS.local_steps}' if name == 'local_sgd' else ''
-  return (f'experiments/configs/digits.py:{name}{extra},stragglers.kind=measured,workers=2,devices=2,'
-          f'microbatches={FLAGS.microbatches},num_steps={FLAGS.num_steps},eval_every={FLAGS.eval_every},'
-          f'log_every={FLAGS.eval_every},checkpoint_every={FLAGS.num_steps},'
-          f'target_accuracy={FLAGS.target_accuracy},seed={FLAGS.seed}')
+def pairs(name: str, seed: int) -> str:
+  """The config argument's algorithm and pairs shared by the real run and its prediction."""
+  extra = f',local_steps={FLAGS.local_steps}' if name in PERIODIC else ''
+  return (f'{name}{extra},workers=2,devices=2,microbatches={FLAGS.microbatches},num_steps={FLAGS.num_steps},'
+          f'eval_every={FLAGS.eval_every},log_every={FLAGS.eval_every},checkpoint_every={FLAGS.num_steps},'
+          f'target_accuracy={FLAGS.target_accuracy},seed={seed}')
 
 
-def run(name: str, workdir: str) -> dict:
+def config_arg(name: str, seed: int) -> str:
+  return f'experiments/configs/digits.py:{pairs(name, seed)},stragglers.kind=measured'
+
+
+def run(name: str, seed: int, workdir: str) -> dict:
   """One 2-process run of `name` in `workdir`; its figures (`figures`, before the target loss is known)."""
-  command = ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), '2', f'--config={config_arg(name)}',
+  command = ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), '2', f'--config={config_arg(name, seed)}',
              f'--workdir={workdir}', f'--debug_slow_process={FLAGS.debug_slow_process}']
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
@@ -173,34 +190,96 @@ def _simulated_to_target(simulated: Optional[float], step: Optional[float]) -> s
   return '-' if simulated is None or step is None else f'{simulated * step:.2f}'
 
 
-def report(results: dict, predicted: dict, load: tuple, target_loss: float) -> str:
+IDEALS = {'nonblocking': 'nonblocking, simulated ideal: first-finisher trigger',
+          'wagma': 'wagma, simulated ideal: wait-avoiding groups'}
+
+
+def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) -> dict:
+  """name -> predicted seconds per iteration on `--profile` (what the real program runs), and IDEALS[name] ->
+  the rule's own simulated ideal where no lock-step program runs it; `_micro-batch_s`: the profile's t_d."""
+  from waitless.cluster import factory  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import measured_speeds  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import digits  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name in names:
+    config = digits.get_config(pairs(name, 0))
+    config.cluster.profile = FLAGS.profile
+    cost = factory.effective(config).stragglers
+    t = cost.overhead_s + cost.base_s  # the profile's micro-batch call
+    factors = np.ones(config.workers)
+    if slow[0] >= 0:
+      factors[slow[0]] = (t + slow[1]) / t
+    config.stragglers.worker_factors = tuple(float(f) for f in factors)
+    nbytes = simulate.model_bytes(config)
+
+    def seconds(config_, **algorithm):
+      config_ = config_.copy_and_resolve_references()
+      for key, value in algorithm.items():
+        config_.algorithm[key] = value
+      return simulate.simulate(config_, iterations=iterations, nbytes=nbytes)['mean_iteration_time']
+
+    if name == 'nonblocking':  # measured speeds' counts (MeasuredStep's tolerance) and the round they need
+      speeds = t * factors
+      counts = measured_speeds.microbatch_counts(speeds, FLAGS.microbatches, tolerance=0.1, min_slack_s=0.001)
+      out[name] = seconds(config, trigger='deadline', deadline_s=float(np.max(counts * speeds)))
+      out['_counts'] = counts.tolist()
+    elif name == 'wagma':
+      out[name] = seconds(config, wait_avoiding=False, rule='step_then_average')
+    else:
+      out[name] = seconds(config)
+    if name in IDEALS:
+      out[IDEALS[name]] = seconds(config)
+    out['_microbatch_s'] = (t * factors).tolist()
+  return out
+
+
+def ranking(results: dict, predicted: dict) -> list[str]:
+  """The pairs whose real times per iteration differ by more than the noise (their ranges over the runs do not
+  overlap), each with whether the prediction orders them the same way."""
+  lines, names = [], list(results)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      (low_a, high_a), (low_b, high_b) = results[a]['range'], results[b]['range']
+      if high_a < low_b or high_b < low_a:
+        faster, slower = (a, b) if high_a < low_b else (b, a)
+        same = predicted[faster] < predicted[slower]
+        lines.append(f'{faster} < {slower}: {"same order" if same else "REVERSED by the prediction"}')
+  return lines
+
+
+def _error(predicted: Optional[float], real: Optional[float]) -> str:
+  return '-' if predicted is None or real is None else f'{100 * (predicted - real) / real:+.0f}%'
+
+
+def report(results: dict, predicted: dict, previous: dict, load: tuple, target_loss: float) -> str:
   nb = results.get('nonblocking')
-  lines = [f"digits MLP, 2 processes x 1 CPU device, m = {FLAGS.microbatches}, {FLAGS.num_steps} steps, "
-           f"median of {FLAGS.repeats} interleaved round(s), "
-           f"--debug_slow_process={FLAGS.debug_slow_process}, target accuracy {FLAGS.target_accuracy}, target "
-           f"loss {target_loss:.4f}; load average {load[0]:.2f} before, {load[1]:.2f} after"]
+  ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)  # pylint: disable=unnecessary-lambda-assignment
+  lines = [f"digits MLP, 2 processes x 1 CPU device, m = {FLAGS.microbatches}, {FLAGS.num_steps} steps, seeds "
+           f"{','.join(FLAGS.seeds)} x {FLAGS.repeats} round(s), --debug_slow_process={FLAGS.debug_slow_process}, "
+           f"target accuracy {FLAGS.target_accuracy}, target loss {target_loss:.4f}; profile {FLAGS.profile}; "
+           f"load average {load[0]:.2f} before, {load[1]:.2f} after",
+           f"profile's micro-batch per worker (ms): {ms(predicted['_microbatch_s'])}"]
   if nb is not None:
-    overhead = ', '.join(f'{c * 1e3:.2f} ms' for c in nb['overhead_s'])
-    lines.append(f"nonblocking fitted c + n s (median over rounds): c {overhead}, "
-                 f"s {', '.join(f'{s * 1e3:.2f} ms' for s in nb['speeds_s'])}; micro-batches per worker "
-                 f"{', '.join(f'{c:.2f}' for c in nb['counts'])}")
-  if 'nonblocking' in predicted:
-    lines.append(f"nonblocking's simulated row: the deadline trigger at the measured round max_d n_d s_d; the "
-                 f"simulator's first-finisher trigger, which gives a device that finished none 0, predicts "
-                 f"{predicted['nonblocking'] * 1e3:.2f} ms/it")
-  lines += ['', '| algorithm | real ms/it (min-max) | simulated ms/it | real / simulated | real s to target acc '
-            '(step) | simulated | real s to target loss (step) | simulated | final accuracy |',
-            '|---|---|---|---|---|---|---|---|---|']
+    lines.append(f"nonblocking: real counts per worker {', '.join(f'{c:.2f}' for c in nb['counts'])}, predicted "
+                 f"{predicted.get('_counts')}; its fitted c (ms) {ms(nb['overhead_s'])}, s (ms) {ms(nb['speeds_s'])}")
+  lines += ['', '| algorithm | real ms/it (range) | predicted on the profile | error | ideal network, fitted s_d '
+            '(before) | real s to target acc (step) | predicted | real s to target loss (step) | predicted | '
+            'error | final accuracy |', '|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results.items():
-    sim = simulated_for(name, predicted)
-    sim_cells = ('-', '-') if sim is None else (f'{sim * 1e3:.2f}', f"{r['seconds_per_iteration'] / sim:.2f}")
+    sim, before = predicted[name], simulated_for(name, previous)
     low, high = r['range']
-    real = f"{r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f})"
-    lines.append(f"| {name} | {real} | {sim_cells[0]} | {sim_cells[1]} | "
-                 f"{_to_target(r['time_to_target'], r['step_at_target'])} | "
-                 f"{_simulated_to_target(sim, r['step_at_target'])} | "
-                 f"{_to_target(r['time_to_target_loss'], r['step_at_target_loss'])} | "
-                 f"{_simulated_to_target(sim, r['step_at_target_loss'])} | {r['final_eval_accuracy']:.3f} |")
+    loss_sim = None if r['step_at_target_loss'] is None else sim * r['step_at_target_loss']
+    lines.append(
+        f"| {name} | {r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f}) | {sim * 1e3:.2f} | "
+        f"{_error(sim, r['seconds_per_iteration'])} | {'-' if before is None else f'{before * 1e3:.2f}'} | "
+        f"{_to_target(r['time_to_target'], r['step_at_target'])} | {_simulated_to_target(sim, r['step_at_target'])} "
+        f"| {_to_target(r['time_to_target_loss'], r['step_at_target_loss'])} | "
+        f"{_simulated_to_target(sim, r['step_at_target_loss'])} | {_error(loss_sim, r['time_to_target_loss'])} | "
+        f"{r['final_eval_accuracy']:.3f} |")
+    if name in IDEALS:
+      lines.append(f"| {IDEALS[name]} | (no lock-step program) | {predicted[IDEALS[name]] * 1e3:.2f} | | | | | | | | |")
+  lines += ['', 'ranking where the real gap exceeds the noise: ' + ('; '.join(ranking(results, predicted)) or 'none')]
   return '\n'.join(lines)
 
 
@@ -209,39 +288,43 @@ def main(argv):
   from waitless.experiments.harness import slowdown  # pylint: disable=g-import-not-at-top
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   try:
-    slowdown.parse_slow(FLAGS.debug_slow_process, 2)
+    slow = slowdown.parse_slow(FLAGS.debug_slow_process, 2)
     if FLAGS.target_loss is not None:
       errors.require_number(FLAGS.target_loss, 'target_loss', 'must be a finite number > 0', lambda v: v > 0)
     errors.require_number(FLAGS.target_accuracy, 'target_accuracy', 'must be a number in (0, 1]',
                           lambda v: 0 < v <= 1)
     errors.require_int(FLAGS.repeats, 'repeats', 1)
+    errors.require(all(s.isdigit() for s in FLAGS.seeds) and bool(FLAGS.seeds), 'seeds', FLAGS.seeds,
+                   'must be a list of integers >= 0')
+    names = sorted(FLAGS.algorithms, key=lambda n: n != 'nonblocking')
+    predicted = predict_on_profile(names, slow)  # before anything runs: a bad profile fails here
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  names = sorted(FLAGS.algorithms, key=lambda n: n != 'nonblocking')
   root = FLAGS.workdir or tempfile.mkdtemp(prefix='real_run_')
   before = os.getloadavg()[0]
   runs = {name: [] for name in names}
-  for round_ in range(FLAGS.repeats):
-    for name in names:
-      runs[name].append(run(name, os.path.join(root, f'{name}_{round_}')))
-      print(f'{name} round {round_}: {runs[name][-1]["seconds_per_iteration"] * 1e3:.2f} ms/it, time to target '
-            f'{runs[name][-1]["time_to_target"]}', file=sys.stderr)
+  for seed in FLAGS.seeds:
+    for round_ in range(FLAGS.repeats):
+      for name in names:
+        runs[name].append(run(name, int(seed), os.path.join(root, f'{name}_seed{seed}_{round_}')))
+        print(f'{name} seed {seed} round {round_}: {runs[name][-1]["seconds_per_iteration"] * 1e3:.2f} ms/it, '
+              f'time to target {runs[name][-1]["time_to_target"]}', file=sys.stderr)
   load = (before, os.getloadavg()[0])
   target_loss = default_target_loss(runs) if FLAGS.target_loss is None else FLAGS.target_loss
   runs = {name: [at_target_loss(r, target_loss) for r in rounds] for name, rounds in runs.items()}
   results = {name: median_of(r) for name, r in runs.items()}
-  predicted = {}
+  previous = {}
   if 'nonblocking' in results:
     nb = results['nonblocking']
-    predicted = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
+    previous = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
         np.asarray(nb['speeds_s'])[None], FLAGS.microbatches, 4 * nb['num_params'], 400, FLAGS.local_steps,
         nonblocking_deadline_s=measured_round_s(nb['speeds_s'], nb['counts']))
-  print(report(results, predicted, load, target_loss))
+  print(report(results, predicted, previous, load, target_loss))
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
-      json.dump({'results': results, 'runs': runs, 'simulated_s': predicted, 'load': load, 'workdir': root,
-                 'target_loss': target_loss}, f, indent=1)
+      json.dump({'results': results, 'runs': runs, 'predicted_s': predicted, 'ideal_network_s': previous,
+                 'load': load, 'workdir': root, 'target_loss': target_loss, 'profile': FLAGS.profile}, f, indent=1)
 
 
 if __name__ == '__main__':

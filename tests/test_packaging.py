@@ -82,10 +82,12 @@ class InstallTest(absltest.TestCase):
     self.assertRegex(result.stdout, r'^\d+ algorithms;.*no_such_algorithm')
     # A program and its config file by the names a checkout uses, from an empty directory: the installed copy.
     result = subprocess.run([python, '-I', '-m', 'waitless.experiments.simulate',
-                             '--config=experiments/configs/digits.py:sync', '--iterations=2'],
+                             '--config=experiments/configs/digits.py:sync', '--iterations=2',
+                             '--config.cluster.profile=dgx_h100'],
                             cwd=empty, env=env, capture_output=True, text=True, check=False)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIn('"iterations": 2', result.stdout)
+    self.assertIn('"profile": "dgx_h100"', result.stdout)  # the shipped profiles install as package data
 
 
 if __name__ == '__main__':

@@ -83,18 +83,21 @@ class OverRoundsTest(absltest.TestCase):
     runs = {'sync': [self._round(0.02, 1.0, lowest=0.2)], 'wagma': [self._round(0.02, 1.0, lowest=0.35)]}
     self.assertEqual(real_run.default_target_loss(runs), 0.35)
 
-  def test_report_has_a_row_per_algorithm_with_the_prediction(self):
+  def test_report_has_a_row_per_algorithm_with_the_prediction_and_the_ideals(self):
     results = {'nonblocking': real_run.median_of([self._round(0.01, 1.0)]),
                'sync': real_run.median_of([self._round(0.02, None)])}
     settings = types.SimpleNamespace(microbatches=4, num_steps=200, repeats=1, debug_slow_process='1:0.004',
-                                     target_accuracy=0.96)
-    predicted = {'nonblocking': 0.001, 'nonblocking_deadline': 0.005, 'sync': 0.01}
+                                     target_accuracy=0.96, seeds=['0'], profile='this_machine')
+    predicted = {'nonblocking': 0.011, real_run.IDEALS['nonblocking']: 0.002, 'sync': 0.018,
+                 '_microbatch_s': [0.001, 0.005], '_counts': [4, 1]}
+    previous = {'nonblocking': 0.001, 'nonblocking_deadline': 0.005, 'sync': 0.01}
     with mock.patch.object(real_run, 'FLAGS', settings):
-      text = real_run.report(results, predicted, (1.0, 1.0), 0.3)
-    # nonblocking's row is the rule that ran (the deadline trigger), the first finisher's in a line above.
-    self.assertIn('| nonblocking | 10.00 (10.0-10.0) | 5.00 | 2.00 | 1.00 (50) | 0.25 | 1.00 (40) | 0.20 |', text)
-    self.assertIn("first-finisher trigger, which gives a device that finished none 0, predicts 1.00 ms/it", text)
-    self.assertIn('| sync | 20.00 (20.0-20.0) | 10.00 | 2.00 | not reached | - | not reached | - |', text)
+      text = real_run.report(results, predicted, previous, (1.0, 1.0), 0.3)
+    self.assertIn('| nonblocking | 10.00 (10.0-10.0) | 11.00 | +10% | 5.00 | 1.00 (50) | 0.55 | 1.00 (40) | 0.44 | '
+                  '-56% |', text)
+    self.assertIn('| nonblocking, simulated ideal: first-finisher trigger | (no lock-step program) | 2.00 |', text)
+    self.assertIn('| sync | 20.00 (20.0-20.0) | 18.00 | -10% | 10.00 | not reached | - | not reached | - | - |', text)
+    self.assertIn('nonblocking < sync: same order', text)
     self.assertIn('target loss 0.3000', text)
 
 
@@ -110,6 +113,33 @@ class PredictionTest(absltest.TestCase):
     self.assertAlmostEqual(predicted['sync'], 0.016)  # every device all 4 micro-batches: the slow one's 4 x 4 ms
 
 
+class ProfilePredictionTest(absltest.TestCase):
+
+  def test_sync_on_a_profile_is_the_closed_form(self):
+    profile = {'version': 1, 'name': 'round',
+               'compute': {'digits/mlp': {'per_sample_s': {'value': 1e-4, 'source': 'test'},
+                                          'overhead_s': {'value': 2e-3, 'source': 'test'}}},
+               'network': {'allreduce': {'latency_s': {'value': 1e-4, 'source': 'test'},
+                                         'bandwidth_gbps': {'value': 8.0, 'source': 'test'}},
+                           'p2p': {'latency_s': {'value': 5e-5, 'source': 'test'},
+                                   'bandwidth_gbps': {'value': 4.0, 'source': 'test'}}},
+               'host_s': {'value': 3e-3, 'source': 'test'}}
+    path = os.path.join(self.create_tempdir().full_path, 'round.json')
+    with open(path, 'w') as f:
+      json.dump(profile, f)
+    settings = types.SimpleNamespace(microbatches=4, num_steps=200, eval_every=10, target_accuracy=0.96,
+                                     local_steps=4, profile=path)
+    with mock.patch.object(real_run, 'FLAGS', settings):
+      predicted = real_run.predict_on_profile(['sync', 'nonblocking'], (1, 0.004), iterations=20)
+    t = 2e-3 + 4 * 1e-4  # the profile's micro-batch of 16 / 4 samples; worker 1 sleeps 4 ms more in each
+    np.testing.assert_allclose(predicted['_microbatch_s'], [t, t + 0.004])
+    allreduce = 2 * 1e-4 + 38440 * 8 / 8e9  # the digits MLP's 38,440 bytes among 2
+    self.assertAlmostEqual(predicted['sync'], 4 * (t + 0.004) + allreduce + 3e-3)
+    self.assertEqual(predicted['_counts'], [4, 1])  # measured speeds cut the slow worker to one micro-batch
+    self.assertLess(predicted['nonblocking'], predicted['sync'])
+    self.assertIn(real_run.IDEALS['nonblocking'], predicted)  # the rule's own trigger, shown beside
+
+
 class FlagsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -117,10 +147,14 @@ class FlagsTest(parameterized.TestCase):
       ('loss', {'target_loss': float('nan')}, '^target_loss=nan .*finite number > 0'),
       ('accuracy', {'target_accuracy': 1.5}, r'^target_accuracy=1.5 .*\(0, 1\]'),
       ('repeats', {'repeats': 0}, '^repeats=0 .*>= 1'),
+      ('seeds', {'seeds': ['x']}, r"^seeds=\['x'\] .*integers"),
+      ('profile', {'profile': 'nowhere'}, r"^cluster\.profile='nowhere' .*shipped"),
   )
   def test_bad_flags_are_one_line_before_any_run(self, bad, message):
     settings = types.SimpleNamespace(**{'debug_slow_process': '1:0.004', 'target_loss': None,
-                                        'target_accuracy': 0.96, 'repeats': 1, **bad})
+                                        'target_accuracy': 0.96, 'repeats': 1, 'seeds': ['0'],
+                                        'algorithms': ['sync'], 'profile': 'dgx_h100', 'microbatches': 4,
+                                        'num_steps': 20, 'eval_every': 10, 'local_steps': 4, **bad})
     with mock.patch.object(real_run, 'FLAGS', settings), mock.patch.object(real_run, 'run') as run, \
          mock.patch('sys.stderr') as stderr, self.assertRaises(SystemExit) as exited:
       real_run.main(['real_run.py'])

@@ -82,6 +82,21 @@ class CommandLineTest(absltest.TestCase):
     self.assertIn('stragglers.slow_fraction=2.0 is not allowed', out.stderr)
     self.assertNotIn('Traceback', out.stderr)
 
+  def test_profile_by_name_and_an_explicit_flag_over_it(self):
+    out = self._run('--config=experiments/configs/digits.py:sync', '--config.cluster.profile=commodity_10gbe',
+                    '--config.cluster.host_s=0.5', '--iterations=5', '--model_bytes=1000')
+    self.assertEqual(out.returncode, 0, out.stderr)
+    result = json.loads(out.stdout)
+    self.assertEqual((result['profile'], result['network'], result['host_s']), ('commodity_10gbe', 'profile', 0.5))
+    self.assertGreater(result['mean_iteration_time'], 0.5)
+
+  def test_unknown_profile_is_one_line_with_the_names(self):
+    out = self._run('--config=experiments/configs/digits.py:sync', '--config.cluster.profile=nowhere',
+                    '--iterations=5', '--model_bytes=10')
+    self.assertEqual(out.returncode, 2)
+    self.assertRegex(out.stderr, r"cluster\.profile='nowhere' is not allowed: unknown profile; shipped: .*dgx_h100")
+    self.assertNotIn('Traceback', out.stderr)
+
 
 if __name__ == '__main__':
   absltest.main()

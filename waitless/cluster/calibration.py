@@ -127,34 +127,32 @@ def fit_overhead(samples: Sequence[float], seconds: Sequence[float]) -> Fit:
   return Fit(overhead_s=intercept, per_sample_s=slope, clamped=clamped)
 
 
-def fit_allreduce(participants: Sequence[float], nbytes: Sequence[float],
-                  seconds: Sequence[float]) -> tuple[float, float]:
-  """Least squares of measured all-reduce times on the ring form t = 2(n-1) alpha + 2 (n-1)/n M x b.
+def fit_alpha_beta(messages: Sequence[float], volumes: Sequence[float],
+                   seconds: Sequence[float]) -> tuple[float, float]:
+  """Latency and seconds per byte of a collective, t = messages x alpha + volume x b, by relative least squares.
 
-  Args:
-    participants: n of each measurement (>= 2).
-    nbytes: M, bytes of each.
-    seconds: the measured times.
+  Each measurement k is weighted by 1 / t_k (its relative error is minimised): collective times span orders of
+  magnitude from a few KB to tens of MB, and an unweighted fit would let the largest sizes' absolute noise set
+  the latency. Ring all-reduce among n of M bytes: messages 2(n-1), volume 2(n-1)/n M; a point-to-point
+  message: messages 1, volume M.
 
   Returns:
-    (alpha, b): latency in seconds (clamped at 0, b then refitted alone) and seconds per byte (1 / beta).
+    (alpha, b): seconds per message (clamped at 0, b then refitted alone) and seconds per byte (1 / beta).
 
   Raises:
-    ValueError: fewer than two distinct sizes, or times that do not grow with the size (b <= 0).
+    ValueError: fewer than two distinct volumes, or times that do not grow with the volume (b <= 0).
   """
-  n = np.asarray(participants, np.float64)
-  m = np.asarray(nbytes, np.float64)
+  k = np.asarray(messages, np.float64)
+  v = np.asarray(volumes, np.float64)
   t = np.asarray(seconds, np.float64)
-  if len(np.unique(m)) < 2 or np.any(n < 2):
-    raise ValueError(f'need all-reduce times at two or more sizes among n >= 2, got n={n.tolist()}, '
-                     f'bytes={m.tolist()}')
-  latency, volume = 2 * (n - 1), 2 * (n - 1) / n * m
-  (alpha, per_byte), *_ = np.linalg.lstsq(np.stack([latency, volume], axis=1), t, rcond=None)
+  if len(np.unique(v)) < 2 or not np.all(t > 0):
+    raise ValueError(f'need positive times at two or more volumes, got volumes={v.tolist()}, seconds={t.tolist()}')
+  w = 1.0 / t
+  (alpha, per_byte), *_ = np.linalg.lstsq(np.stack([k * w, v * w], axis=1), np.ones_like(t), rcond=None)
   if alpha < 0:
-    alpha, per_byte = 0.0, float(volume @ t / (volume @ volume))
+    alpha, per_byte = 0.0, float((v * w) @ np.ones_like(t) / ((v * w) @ (v * w)))
   if not per_byte > 0:
-    raise ValueError(f'all-reduce times {t.tolist()} do not grow with the size {m.tolist()}: time sizes further '
-                     'apart')
+    raise ValueError(f'times {t.tolist()} do not grow with the volume {v.tolist()}: time sizes further apart')
   return float(alpha), float(per_byte)
 
 

@@ -18,9 +18,9 @@ deviation over the rounds as its `spread`:
                 the host's work per iteration that the device does not hide (each clamped at 0)
   collectives   `--processes` real processes joined by `jax.distributed` over loopback, one CPU device each
                 (`harness.collective_timing`, as `launch/multiprocess_cpu.sh` runs the harness): all-reduce at
-                several sizes and participant counts, fitted by least squares to the ring
-                t = 2(n-1) alpha + 2 (n-1)/n M / beta (`calibration.fit_allreduce`), and a ring shift,
-                t = alpha + M / beta (`calibration.fit_overhead`)
+                several sizes and participant counts, fitted to the ring t = 2(n-1) alpha + 2 (n-1)/n M / beta,
+                and a ring shift, t = alpha + M / beta (both by relative least squares,
+                `calibration.fit_alpha_beta`)
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
 """
@@ -52,7 +52,7 @@ _REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per size of the comp
 _HARNESS_STEPS = flags.DEFINE_integer('harness_steps', 120, 'Iterations of each 1-process harness run.')
 _HARNESS_M = flags.DEFINE_integer('harness_microbatches', 4, 'M, the larger micro-batch count of the harness runs '
                                   '(must divide batch_size).')
-_COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '1048576', '16777216', '67108864'],
+_COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '65536', '1048576', '16777216', '67108864'],
                                       'Bytes per collective.')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,26 +125,27 @@ def network_figures(rows: dict, rounds: int, processes: int) -> dict:
   allreduce, p2p = [], []
   for r in range(rounds):
     ar = np.array([row[1:] for row in rows['allreduce'] if row[0] == r], np.float64)
-    alpha, seconds_per_byte = calibration.fit_allreduce(ar[:, 0], ar[:, 1], ar[:, 2])
-    allreduce.append((alpha, 8.0 / seconds_per_byte / 1e9))
+    alpha, per_byte = calibration.fit_alpha_beta(2 * (ar[:, 0] - 1), 2 * (ar[:, 0] - 1) / ar[:, 0] * ar[:, 1],
+                                                 ar[:, 2])
+    allreduce.append((alpha, 8.0 / per_byte / 1e9))
     pp = np.array([row[1:] for row in rows['p2p'] if row[0] == r], np.float64)
-    fit = calibration.fit_overhead(pp[:, 0], pp[:, 1])
-    p2p.append((fit.overhead_s, 8.0 / fit.per_sample_s / 1e9))
+    alpha, per_byte = calibration.fit_alpha_beta(np.ones(len(pp)), pp[:, 0], pp[:, 1])
+    p2p.append((alpha, 8.0 / per_byte / 1e9))
   allreduce, p2p = np.asarray(allreduce), np.asarray(p2p)
   where = (f'measured by experiments.calibrate: {processes} processes x 1 CPU device, jax.distributed over '
            f'loopback (gloo), sizes {sorted({row[2] for row in rows["allreduce"]})} bytes')
+  ring = where + '; psum, relative least squares on the ring form (calibration.fit_alpha_beta)'
+  shift = where + '; a ring shift (ppermute), t = alpha + M / beta, relative least squares'
   return {
-      'allreduce': {'form': 'ring',
-                    'latency_s': _figure(allreduce[:, 0], where + '; least squares on the ring form'),
-                    'bandwidth_gbps': _figure(allreduce[:, 1], where + '; least squares on the ring form')},
-      'p2p': {'latency_s': _figure(p2p[:, 0], where + '; a ring shift (ppermute), t = alpha + M / beta'),
-              'bandwidth_gbps': _figure(p2p[:, 1], where + '; a ring shift (ppermute), t = alpha + M / beta')},
+      'allreduce': {'form': 'ring', 'latency_s': _figure(allreduce[:, 0], ring),
+                    'bandwidth_gbps': _figure(allreduce[:, 1], ring)},
+      'p2p': {'latency_s': _figure(p2p[:, 0], shift), 'bandwidth_gbps': _figure(p2p[:, 1], shift)},
       'measurements': rows,
   }
 
 
-def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: str, name: str, rounds: int, repeats: int,
-              harness_steps: int, harness_m: int, collective_sizes: list[int]) -> dict:
+def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: str, name: str, rounds: int,
+              repeats: int, harness_steps: int, harness_m: int, collective_sizes: list[int]) -> dict:
   """Measures and writes the profile; returns it."""
   from waitless.cluster import profiles  # pylint: disable=g-import-not-at-top
   errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
@@ -182,9 +183,9 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   }
   profile = {
       'version': profiles.VERSION, 'name': name,
-      'description': (f'{platform.node() or "this machine"}: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, '
-                      f'calibrated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with '
-                      f'{config_arg}'),
+      'description': (f'{platform.node() or "this machine"}: {os.cpu_count()} CPU cores, '
+                      f'{platform.processor() or platform.machine()}, calibrated '
+                      f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'),
       'compute': compute,
       'network': network_figures(rows, rounds, processes),
       'host_s': _figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s'),

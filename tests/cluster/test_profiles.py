@@ -1,0 +1,195 @@
+"""Cluster profiles: the shipped files load, the clock charges their figures, explicit fields win, bad input."""
+
+import copy
+import json
+import math
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from waitless import config_errors as errors
+from waitless.cluster import calibration
+from waitless.cluster import factory
+from waitless.cluster import network
+from waitless.cluster import profiles
+from waitless.cluster import registry
+from waitless.cluster.rules import sync
+from waitless.experiments.configs import common
+from waitless.experiments.configs import mnist1d
+
+# Round figures, so that the closed forms are easy to read.
+PROFILE = {
+    'version': 1, 'name': 'round',
+    'compute': {'mnist1d/cnn1d': {'per_sample_s': {'value': 1e-4, 'source': 'test'},
+                                  'overhead_s': {'value': 2e-3, 'source': 'test'}}},
+    'network': {'allreduce': {'form': 'ring', 'latency_s': {'value': 1e-4, 'source': 'test'},
+                              'bandwidth_gbps': {'value': 8.0, 'source': 'test'}},
+                'p2p': {'latency_s': {'value': 5e-5, 'source': 'test'},
+                        'bandwidth_gbps': {'value': 4.0, 'source': 'test'}}},
+    'host_s': {'value': 3e-3, 'source': 'test'},
+}
+
+
+class ProfilesTest(parameterized.TestCase):
+
+  def write(self, doc) -> str:
+    path = os.path.join(self.create_tempdir().full_path, 'profile.json')
+    with open(path, 'w') as f:
+      json.dump(doc, f)
+    return path
+
+  def config(self, profile: str, arg: str = 'sync'):
+    config = mnist1d.get_config(arg)
+    config.cluster.profile = profile
+    return config
+
+  def test_shipped_profiles_load_and_cite_sources(self):
+    self.assertContainsSubset(['dgx_h100', 'multinode_a100_hdr', 'commodity_10gbe'], profiles.names())
+    for name in profiles.names():
+      profile = profiles.load(name)  # every figure has a value and a source (parse checks both)
+      self.assertIn('mnist1d/cnn1d', profile.compute, name)
+      self.assertIn('digits/mlp', profile.compute, name)
+
+  def test_sync_iteration_on_a_profile_is_the_closed_form(self):
+    # One sync iteration: m calls of o + b s, the ring all-reduce of M bytes among P, then the host's time.
+    config = self.config(self.write(PROFILE), 'sync,microbatches=2')
+    p, m, b, nbytes = config.workers, 2, config.batch_size // 2, 1e5
+    factory.validate(config)
+    block = factory.make_clock(config, sync.Barrier(m), nbytes).next_block(20)
+    allreduce = 2 * (p - 1) * 1e-4 + 2 * (p - 1) / p * nbytes * 8 / 8e9
+    np.testing.assert_allclose(block.duration, m * (2e-3 + b * 1e-4) + allreduce + 3e-3, rtol=1e-12)
+
+  def test_host_time_is_charged_once_per_iteration_for_a_vectorised_rule(self):
+    # local SGD (vectorised) with host time runs one iteration at a time: H local steps, then one all-reduce.
+    config = self.config(self.write(PROFILE), 'local_sgd,local_steps=4')
+    rule = registry.time_rule(config)
+    self.assertTrue(rule.vectorized)
+    clock = factory.make_clock(config, rule, 1e5)
+    self.assertGreater(clock.host_s, 0)
+    block = clock.next_block(8)
+    step = 2e-3 + config.batch_size * 1e-4 + 3e-3
+    allreduce = network.Collectives(network.AlphaBeta(1e-4, 8.0), network.AlphaBeta(5e-5, 4.0)).allreduce(
+        1e5, config.workers)
+    np.testing.assert_allclose(block.duration, [step] * 3 + [step + allreduce] + [step] * 3 + [step + allreduce],
+                               rtol=1e-12)
+
+  def test_no_profile_is_the_ideal_network(self):
+    config = self.config('')
+    cost = factory.effective(config)
+    self.assertIsInstance(cost.network, network.Ideal)
+    self.assertEqual(cost.host_s, 0.0)
+    self.assertEqual(cost.stragglers.base_s, config.stragglers.base_s)
+
+  def test_profile_replaces_the_workload_files_values(self):
+    config = self.config('dgx_h100')  # mnist1d.py sets base_s = 10 ms by hand: the profile replaces it
+    figures = profiles.load('dgx_h100').compute['mnist1d/cnn1d']
+    cost = factory.effective(config)
+    self.assertAlmostEqual(cost.stragglers.base_s, config.batch_size * figures.per_sample_s)
+    self.assertEqual(cost.stragglers.overhead_s, figures.overhead_s)
+    self.assertEqual(cost.network, profiles.load('dgx_h100').network)
+
+  def test_explicit_fields_win(self):
+    # The config argument's pairs are explicit (common.apply_arg records them), as the programs record flags.
+    config = self.config(self.write(PROFILE), 'sync,stragglers.overhead_s=0.001')
+    common.mark_explicit(config, ['cluster.host_s', 'network.kind', 'optimizer.learning_rate'])
+    config.cluster.host_s = 0.25
+    config.network.kind = 'alpha_beta'
+    self.assertEqual(config.cluster.explicit, ('stragglers.overhead_s', 'cluster.host_s', 'network.kind'))
+    cost = factory.effective(config)
+    self.assertEqual(cost.stragglers.overhead_s, 0.001)
+    self.assertAlmostEqual(cost.stragglers.base_s, config.batch_size * 1e-4)  # the profile's per-sample part
+    self.assertEqual(cost.host_s, 0.25)
+    self.assertIsInstance(cost.network, network.AlphaBeta)
+
+  def test_explicit_distribution_keeps_its_scale(self):
+    config = self.config(self.write(PROFILE), 'sync,stragglers.kind=exponential,stragglers.rate=50.0')
+    cost = factory.effective(config)
+    self.assertEqual((cost.stragglers.rate, cost.stragglers.overhead_s), (50.0, 2e-3))
+
+  def test_a_distribution_is_rescaled_to_the_profiles_mean(self):
+    config = self.config(self.write(PROFILE), 'sync')
+    config.stragglers.kind = 'exponential'  # a workload file's choice, not explicit: the profile sets the scale
+    cost = factory.effective(config)
+    self.assertAlmostEqual(1 / cost.stragglers.rate, config.batch_size * 1e-4)
+
+  def bad(self, edit):
+    doc = copy.deepcopy(PROFILE)
+    edit(doc)
+    return self.write(doc)
+
+  @parameterized.named_parameters(
+      ('missing_field', lambda d: d['network']['p2p'].pop('latency_s'), r'network\.p2p\.latency_s=.missing'),
+      ('negative_field', lambda d: d['host_s'].update(value=-1.0), r'host_s\.value=-1\.0 .*>= 0'),
+      ('zero_bandwidth', lambda d: d['network']['allreduce']['bandwidth_gbps'].update(value=0),
+       r'network\.allreduce\.bandwidth_gbps\.value=0 .*> 0'),
+      ('no_source', lambda d: d['host_s'].pop('source'), r'host_s\.source=None .*cites'),
+      ('unknown_version', lambda d: d.update(version=7), r'version=7 .*version 1'),
+      ('unknown_form', lambda d: d['network']['allreduce'].update(form='star'),
+       r'network\.allreduce\.form=.star.*ring, tree'),
+      ('another_model', lambda d: d.update(compute={'digits/mlp': d['compute']['mnist1d/cnn1d']}),
+       r"compute='mnist1d/cnn1d' .*written for digits/mlp"),
+  )
+  def test_bad_profile_file(self, edit, message):
+    config = self.config(self.bad(edit))
+    with self.assertRaisesRegex(errors.ConfigError, r'^cluster\.profile\[.*\]\.' + message):
+      factory.validate(config)
+
+  def test_unknown_name_lists_the_shipped_ones(self):
+    with self.assertRaisesRegex(errors.ConfigError, r"cluster\.profile='nowhere' .*shipped: .*dgx_h100"):
+      factory.validate(self.config('nowhere'))
+
+  def test_missing_file(self):
+    with self.assertRaisesRegex(errors.ConfigError, 'file not found'):
+      factory.validate(self.config('/no/such/profile.json'))
+
+  def test_refused_with_measured_time_and_calibrate(self):
+    config = self.config('dgx_h100', 'sync,stragglers.kind=measured')
+    with self.assertRaisesRegex(errors.ConfigError, 'real devices'):
+      factory.validate(config)
+    config = self.config('dgx_h100', 'sync,stragglers.calibrate=True')
+    with self.assertRaisesRegex(errors.ConfigError, 'stragglers.calibrate'):
+      factory.validate(config)
+
+  def test_negative_host_time(self):
+    config = self.config('')
+    config.cluster.host_s = -1.0
+    with self.assertRaisesRegex(errors.ConfigError, 'cluster.host_s'):
+      factory.validate(config)
+
+
+class CollectivesTest(absltest.TestCase):
+
+  def test_ring_tree_and_p2p(self):
+    ar, pp = network.AlphaBeta(1e-5, 80.0), network.AlphaBeta(2e-5, 40.0)
+    ring, tree = network.Collectives(ar, pp, 'ring'), network.Collectives(ar, pp, 'tree')
+    nbytes, n = 1e6, 8
+    volume = 2 * (n - 1) / n * nbytes * 8 / 80e9
+    self.assertAlmostEqual(ring.allreduce(nbytes, n), 14 * 1e-5 + volume)
+    self.assertAlmostEqual(tree.allreduce(nbytes, n), 2 * math.ceil(math.log2(n)) * 1e-5 + volume)
+    self.assertEqual(ring.allreduce(nbytes, 1), 0.0)
+    self.assertAlmostEqual(ring.p2p(nbytes), 2e-5 + nbytes * 8 / 40e9)
+    self.assertEqual(ring.latency(), 2e-5)
+
+  def test_fit_alpha_beta_recovers_the_ring(self):
+    n = np.array([2, 2, 2, 4, 4, 4])
+    m = np.array([1e3, 1e6, 1e7] * 2)
+    t = 2 * (n - 1) * 3e-4 + 2 * (n - 1) / n * m * 2e-9
+    alpha, per_byte = calibration.fit_alpha_beta(2 * (n - 1), 2 * (n - 1) / n * m, t)
+    self.assertAlmostEqual(alpha / 3e-4, 1.0)
+    self.assertAlmostEqual(per_byte / 2e-9, 1.0)
+    with self.assertRaisesRegex(ValueError, 'two or more volumes'):
+      calibration.fit_alpha_beta([2, 2], [1e3, 1e3], [1e-3, 1e-3])
+
+  def test_fit_alpha_beta_weighs_relative_errors(self):
+    # 10% noise on the 64 MB time moves the latency little: a relative fit, not the largest size's absolute noise.
+    m = np.array([4e3, 6.4e4, 1e6, 1.6e7, 6.4e7])
+    t = 1e-3 + m * 1e-9
+    t[-1] *= 1.1
+    alpha, _ = calibration.fit_alpha_beta(np.ones(5), m, t)
+    self.assertBetween(alpha, 0.9e-3, 1.1e-3)
+
+
+if __name__ == '__main__':
+  absltest.main()

@@ -1,0 +1,54 @@
+"""`python -m waitless.experiments.calibrate`: a profile measured on this machine, readable by every program."""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+import pytest
+
+from waitless.cluster import profiles
+from waitless.experiments import simulate
+from waitless.experiments.configs import digits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(*args):
+  return subprocess.run([sys.executable, '-m', 'waitless.experiments.calibrate', *args], cwd=ROOT,
+                        capture_output=True, text=True, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+class CalibrateTest(absltest.TestCase):
+
+  def test_one_process_cannot_measure_collectives(self):
+    out = run('--config=experiments/configs/digits.py:sync', '--processes=1', '--out=/tmp/never.json')
+    self.assertEqual(out.returncode, 2)
+    self.assertRegex(out.stderr.strip(), r'^error: --processes=1 is not allowed: .*2 or more real processes')
+    self.assertNotIn('Traceback', out.stderr)
+
+  @pytest.mark.slow
+  def test_writes_a_profile_every_program_reads(self):
+    path = os.path.join(self.create_tempdir().full_path, 'here.json')
+    out = run('--config=experiments/configs/digits.py:sync,microbatches=2', '--processes=2', f'--out={path}',
+              '--rounds=1', '--repeats=3', '--harness_steps=20', '--harness_microbatches=2',
+              '--collective_sizes=4096,4194304')
+    self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+    with open(path) as f:
+      doc = json.load(f)
+    self.assertEqual(doc['version'], profiles.VERSION)
+    entry = doc['compute']['digits/mlp']
+    for figure in (entry['per_sample_s'], entry['overhead_s'], doc['host_s'], doc['network']['p2p']['latency_s'],
+                   doc['network']['allreduce']['bandwidth_gbps']):
+      self.assertContainsSubset(['value', 'spread', 'rounds', 'source'], figure)
+      self.assertIn('measured by experiments.calibrate', figure['source'])
+    profile = profiles.load(path)
+    config = digits.get_config('sync')
+    config.cluster.profile = path
+    result = simulate.simulate(config, iterations=10, nbytes=1e4)
+    self.assertEqual(result['host_s'], profile.host_s)
+
+
+if __name__ == '__main__':
+  absltest.main()
