@@ -123,17 +123,20 @@ def network_figures(rows: dict, rounds: int, processes: int) -> dict:
   """The profile's `network` section from the collectives' rows, fitted per round."""
   from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
   allreduce, p2p = [], []
+  kept = {kind: [row for row in rows[kind] if row[-1] > 0] for kind in rows}  # <= 0: below the timer's noise
+  dropped = sum(len(rows[kind]) - len(kept[kind]) for kind in rows)
   for r in range(rounds):
-    ar = np.array([row[1:] for row in rows['allreduce'] if row[0] == r], np.float64)
+    ar = np.array([row[1:] for row in kept['allreduce'] if row[0] == r], np.float64)
     alpha, per_byte = calibration.fit_alpha_beta(2 * (ar[:, 0] - 1), 2 * (ar[:, 0] - 1) / ar[:, 0] * ar[:, 1],
                                                  ar[:, 2])
     allreduce.append((alpha, 8.0 / per_byte / 1e9))
-    pp = np.array([row[1:] for row in rows['p2p'] if row[0] == r], np.float64)
+    pp = np.array([row[1:] for row in kept['p2p'] if row[0] == r], np.float64)
     alpha, per_byte = calibration.fit_alpha_beta(np.ones(len(pp)), pp[:, 0], pp[:, 1])
     p2p.append((alpha, 8.0 / per_byte / 1e9))
   allreduce, p2p = np.asarray(allreduce), np.asarray(p2p)
   where = (f'measured by experiments.calibrate: {processes} processes x 1 CPU device, jax.distributed over '
-           f'loopback (gloo), sizes {sorted({row[2] for row in rows["allreduce"]})} bytes')
+           f'loopback (gloo), sizes {sorted({row[2] for row in rows["allreduce"]})} bytes'
+           + (f', {dropped} of {sum(map(len, rows.values()))} timings below the noise dropped' if dropped else ''))
   ring = where + '; psum, relative least squares on the ring form (calibration.fit_alpha_beta)'
   shift = where + '; a ring shift (ppermute), t = alpha + M / beta, relative least squares'
   return {

@@ -137,7 +137,9 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   compare_runs.run_all(runs, max_replicas=shared_flags.MAX_REPLICAS.value)
   budget = (f'{_SIM_TIME.value:g} simulated seconds per run' if _SIM_TIME.value is not None
             else f'{runs[0].config.num_steps} steps per run')
-  title = f'{os.path.basename(path)}: {runs[0].config.workers} workers, {budget}'
+  profile = runs[0].config.get('cluster', {}).get('profile', '')  # every table names the cluster it holds for
+  cluster = f'cluster profile {profile}' if profile else 'no cluster profile (configured times, ideal network)'
+  title = f'{os.path.basename(path)}: {runs[0].config.workers} workers, {budget}, {cluster}'
   return report_lib.write_report(runs, root, title, runs[0].config.target_accuracy, _TARGET_LOSS.value,
                                  _BASELINE.value, skipped, tuning_seeds=_TUNING_SEEDS.value,
                                  confidence=_CONFIDENCE.value)
