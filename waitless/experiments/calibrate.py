@@ -20,7 +20,11 @@ deviation over the rounds as its `spread`:
                 (`harness.collective_timing`, as `launch/multiprocess_cpu.sh` runs the harness): all-reduce at
                 several sizes and participant counts, fitted to the ring t = 2(n-1) alpha + 2 (n-1)/n M / beta,
                 and a ring shift, t = alpha + M / beta (both by relative least squares,
-                `calibration.fit_alpha_beta`)
+                `calibration.fit_alpha_beta`): the bandwidths beta. The latencies alpha: what the harness pays
+                for the model's collectives (`harness_collectives`: sync, D-PSGD and never-averaging local SGD
+                on `--processes` processes, nobody slowed), less the bandwidth term, per message (the
+                micro-benchmark's latency, which a real step need not pay alone, is kept as
+                `microbenchmark_latency_s`)
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
 """
@@ -70,28 +74,35 @@ def measure_compute(config, rounds: int, repeats: int) -> tuple[np.ndarray, list
   from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import call_timing  # pylint: disable=g-import-not-at-top
   unit = config.batch_size // config.microbatches
-  sizes = sorted({max(1, unit // 4), unit, 4 * unit})
-  if len(sizes) < 2:
-    sizes = [1, 2]
+  sizes = sorted({max(1, unit // 4), unit, 4 * unit, 16 * unit})  # far apart: a small model's noise
   calls = {s: call_timing.make_call(config, s) for s in sizes}
   fits = []
   for _ in range(rounds):
-    seconds = calibration.time_sizes(lambda s: calls[s], sizes, warmup=3, repeats=repeats, carry=True)
-    fit = calibration.fit_overhead(sizes, seconds)
+    for attempt in range(3):  # a round whose times do not grow with the size (a noisy moment) is timed again
+      seconds = calibration.time_sizes(lambda s: calls[s], sizes, warmup=3, repeats=repeats, carry=True)
+      try:
+        fit = calibration.fit_overhead(sizes, seconds)
+        break
+      except ValueError as e:
+        if attempt == 2:
+          raise SystemExit(f'calibrate: {e}') from e
     fits.append((fit.per_sample_s, fit.overhead_s))
   return np.asarray(fits), sizes
 
 
-def harness_seconds_per_iteration(config_arg: str, flags_: list[str], microbatches: int, steps: int,
-                                  workdir: str) -> float:
-  """Median measured seconds per iteration of a 1-process sync run of the harness (rows after the first);
-  `flags_`: the `--config.FIELD=VALUE` flags calibrate was given."""
+def harness_seconds_per_iteration(config_arg: str, flags_: list[str], algorithm: str, microbatches: int, steps: int,
+                                  workdir: str, processes: int = 1) -> float:
+  """Median measured seconds per iteration of a run of the harness (rows after the first) on `processes` local
+  processes, one worker and one CPU device each (`launch/multiprocess_cpu.sh` for more than one); `algorithm`:
+  its name and pairs; `flags_`: the `--config.FIELD=VALUE` flags calibrate was given."""
   path, _, arg = config_arg.partition(':')
-  pairs = ','.join(['sync'] + [p for p in arg.split(',')[1:] if p] + [
-      'stragglers.kind=measured', 'workers=1', 'devices=1', f'microbatches={microbatches}', f'num_steps={steps}',
-      f'eval_every={steps}', 'log_every=10', f'checkpoint_every={steps}', 'cluster.profile=""'])
-  done = subprocess.run([sys.executable, '-m', 'waitless.experiments.main', f'--config={path}:{pairs}',
-                         f'--workdir={workdir}', *flags_], cwd=ROOT, capture_output=True, text=True, check=False)
+  pairs = ','.join([algorithm] + [p for p in arg.split(',')[1:] if p] + [
+      'stragglers.kind=measured', f'workers={processes}', f'devices={processes}', f'microbatches={microbatches}',
+      f'num_steps={steps}', f'eval_every={steps}', 'log_every=10', f'checkpoint_every={steps}', 'cluster.profile=""'])
+  program = ([sys.executable, '-m', 'waitless.experiments.main'] if processes == 1 else
+             ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), str(processes)])
+  done = subprocess.run(program + [f'--config={path}:{pairs}', f'--workdir={workdir}', *flags_], cwd=ROOT,
+                        capture_output=True, text=True, check=False)
   if done.returncode:
     raise SystemExit(f'the harness run failed (status {done.returncode}): {done.stderr[-2000:]}')
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
@@ -99,6 +110,19 @@ def harness_seconds_per_iteration(config_arg: str, flags_: list[str], microbatch
   steps_ = np.array([r['step'] for r in rows], np.float64)
   times = np.array([r['sim_time'] for r in rows], np.float64)
   return float(np.median(np.diff(times) / np.diff(steps_)))
+
+
+def harness_collectives(config_arg: str, flags_: list[str], processes: int, steps: int, workdir: str) -> tuple:
+  """(seconds of the all-reduce, seconds of one point-to-point exchange) of the config's model as the harness
+  pays them on `processes` processes: sync, D-PSGD (ring_neighbours exchanges) and local SGD that never averages
+  within the run, one micro-batch, nobody slowed; a collective's time is its run's time per iteration minus
+  local SGD's."""
+  from waitless.cluster.rules import synchronous  # pylint: disable=g-import-not-at-top
+  seconds = {name: harness_seconds_per_iteration(config_arg, flags_, name, 1, steps, os.path.join(workdir, slug),
+                                                 processes)
+             for name, slug in (('sync', 'sync'), (f'local_sgd,local_steps={steps}', 'local'), ('dpsgd', 'dpsgd'))}
+  local = seconds[f'local_sgd,local_steps={steps}']
+  return seconds['sync'] - local, (seconds['dpsgd'] - local) / synchronous.ring_neighbours(processes)
 
 
 def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str) -> dict:
@@ -119,8 +143,11 @@ def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str)
     return json.load(f)
 
 
-def network_figures(rows: dict, rounds: int, processes: int) -> dict:
-  """The profile's `network` section from the collectives' rows, fitted per round."""
+def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, nbytes: float, model: str) -> dict:
+  """The profile's `network` section from the collectives' rows, fitted per round: the bandwidths from the
+  micro-benchmark's fit; the latencies from `in_harness` ((all-reduce, point-to-point) seconds per round of
+  the model's `nbytes` as the harness pays them, `harness_collectives`) less the bandwidth term, at least 0. The
+  micro-benchmark's own latencies are kept as `microbenchmark_latency_s`."""
   from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
   allreduce, p2p = [], []
   kept = {kind: [row for row in rows[kind] if row[-1] > 0] for kind in rows}  # <= 0: below the timer's noise
@@ -134,15 +161,26 @@ def network_figures(rows: dict, rounds: int, processes: int) -> dict:
     alpha, per_byte = calibration.fit_alpha_beta(np.ones(len(pp)), pp[:, 0], pp[:, 1])
     p2p.append((alpha, 8.0 / per_byte / 1e9))
   allreduce, p2p = np.asarray(allreduce), np.asarray(p2p)
+  n = processes
+  volume = 2 * (n - 1) / n * nbytes * 8 / 1e9
+  harness = np.asarray(in_harness, np.float64)
+  ar_latency = np.maximum(harness[:, 0] - volume / np.median(allreduce[:, 1]), 0) / (2 * (n - 1))
+  p2p_latency = np.maximum(harness[:, 1] - nbytes * 8 / 1e9 / np.median(p2p[:, 1]), 0)
+  harness_where = (f'measured by experiments.calibrate: {n} processes of the harness on measured time, one '
+                   f'worker each, nobody slowed, the {model} model ({nbytes:.0f} bytes): sync, D-PSGD and local SGD '
+                   f'that never averages; the collective\'s time per iteration less the bandwidth term of the '
+                   f'micro-benchmark, per message')
   where = (f'measured by experiments.calibrate: {processes} processes x 1 CPU device, jax.distributed over '
            f'loopback (gloo), sizes {sorted({row[2] for row in rows["allreduce"]})} bytes'
            + (f', {dropped} of {sum(map(len, rows.values()))} timings below the noise dropped' if dropped else ''))
   ring = where + '; psum, relative least squares on the ring form (calibration.fit_alpha_beta)'
   shift = where + '; a ring shift (ppermute), t = alpha + M / beta, relative least squares'
   return {
-      'allreduce': {'form': 'ring', 'latency_s': _figure(allreduce[:, 0], ring),
-                    'bandwidth_gbps': _figure(allreduce[:, 1], ring)},
-      'p2p': {'latency_s': _figure(p2p[:, 0], shift), 'bandwidth_gbps': _figure(p2p[:, 1], shift)},
+      'allreduce': {'form': 'ring', 'latency_s': _figure(ar_latency, harness_where),
+                    'bandwidth_gbps': _figure(allreduce[:, 1], ring),
+                    'microbenchmark_latency_s': _figure(allreduce[:, 0], ring)},
+      'p2p': {'latency_s': _figure(p2p_latency, harness_where), 'bandwidth_gbps': _figure(p2p[:, 1], shift),
+              'microbenchmark_latency_s': _figure(p2p[:, 0], shift)},
       'measurements': rows,
   }
 
@@ -151,6 +189,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
               repeats: int, harness_steps: int, harness_m: int, collective_sizes: list[int]) -> dict:
   """Measures and writes the profile; returns it."""
   from waitless.cluster import profiles  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import tasks  # pylint: disable=g-import-not-at-top
   errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
                      '(one CPU device each, started here over loopback)')
   errors.require(bool(out), '--out', out, 'the profile JSON to write')
@@ -165,11 +204,14 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   compute_fits, sizes = measure_compute(config, rounds, repeats)
   per_sample = float(np.median(compute_fits[:, 0]))
   batch = config.batch_size
-  overheads, hosts = [], []
+  overheads, hosts, in_harness = [], [], []
   with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
     for r in range(rounds):
-      t1 = harness_seconds_per_iteration(config_arg, flags_, 1, harness_steps, os.path.join(tmp, f'm1_{r}'))
-      tm = harness_seconds_per_iteration(config_arg, flags_, harness_m, harness_steps, os.path.join(tmp, f'mM_{r}'))
+      in_harness.append(harness_collectives(config_arg, flags_, processes, harness_steps,
+                                            os.path.join(tmp, f'collectives_{r}')))
+      t1 = harness_seconds_per_iteration(config_arg, flags_, 'sync', 1, harness_steps, os.path.join(tmp, f'm1_{r}'))
+      tm = harness_seconds_per_iteration(config_arg, flags_, 'sync', harness_m, harness_steps,
+                                         os.path.join(tmp, f'mM_{r}'))
       overhead = max((tm - t1) / (harness_m - 1), 0.0)
       overheads.append(overhead)
       hosts.append(max(t1 - overhead - batch * per_sample, 0.0))
@@ -190,7 +232,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                       f'{platform.processor() or platform.machine()}, calibrated '
                       f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'),
       'compute': compute,
-      'network': network_figures(rows, rounds, processes),
+      'network': network_figures(rows, rounds, processes, in_harness, tasks.model_bytes(config), key),
       'host_s': _figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s'),
   }
   profiles.parse(profile, out)  # what it writes, it can read
