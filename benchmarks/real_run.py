@@ -13,8 +13,9 @@ seed, data and model, and the TEST-ONLY `--debug_slow_process=I:S` (process I sl
 micro-batch it computes). From each run's metrics.jsonl and summary.json the table gives:
   - real s/it: the median over the metrics rows after the first (whose window holds nonblocking's probe and the
     first executions) of measured seconds per iteration;
-  - real time to target accuracy and to target loss: the measured seconds until the evaluation accuracy first
-    reached `--target_accuracy`, and the evaluation loss first fell to `--target_loss` (evaluations every
+  - real time to target accuracy and to target loss: the measured seconds from the end of the first metrics row
+    (the warm-up: first executions, nonblocking's probes, which no simulator models) until the evaluation
+    accuracy first reached `--target_accuracy`, and the evaluation loss first fell to `--target_loss` (evaluations every
     `--eval_every` steps, left out of the clock; interpolated between the two evaluations around the crossing,
     `experiments.comparison.statistics.crossing`, as `experiments.compare` does), and the step of each
     (interpolated too);
@@ -87,7 +88,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                     **where)
   flags.DEFINE_string('profile', 'this_machine', 'The cluster profile of the prediction: a shipped name or a path '
                       '(experiments.calibrate).', **where)
-  flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).', **where)
+  flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory); runs finished there '
+                      'before are read, not run again.', **where)
   flags.DEFINE_string('out', '', 'Write the results as JSON here.', **where)
 
 
@@ -104,7 +106,10 @@ def config_arg(name: str, seed: int) -> str:
 
 
 def run(name: str, seed: int, workdir: str) -> dict:
-  """One 2-process run of `name` in `workdir`; its figures (`figures`, before the target loss is known)."""
+  """One 2-process run of `name` in `workdir`; its figures (`figures`, before the target loss is known). A run
+  that finished there before (`--workdir` of an earlier call) is read, not run again."""
+  if os.path.isfile(os.path.join(workdir, 'summary.json')):
+    return figures(workdir, FLAGS.target_accuracy)
   command = ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), '2', f'--config={config_arg(name, seed)}',
              f'--workdir={workdir}', f'--debug_slow_process={FLAGS.debug_slow_process}']
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -130,6 +135,7 @@ def figures(workdir: str, target_accuracy: float) -> dict:
           'time_to_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True)[0],
           'step_at_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True, x='step')[0],
           'lowest_eval_loss': min(r['eval_loss'] for r in evals), 'rows': evals,
+          'first_step': float(steps[0]), 'first_time': float(times[0]),  # the warm-up row
           'counts': counts.mean(axis=0).tolist(),
           'final_eval_accuracy': summary['final_eval_accuracy'], 'measured_time': summary['measured_time'],
           'wall_time': summary['wall_time'], 'num_params': summary['num_params'],
@@ -166,7 +172,9 @@ def median_of(runs: list[dict]) -> dict:
           'final_eval_accuracy': float(np.median([r['final_eval_accuracy'] for r in runs])),
           'speeds_s': np.median([r['speeds_s'] for r in runs], axis=0).tolist(),
           'overhead_s': np.median([r['overhead_s'] for r in runs], axis=0).tolist(),
-          'num_params': runs[0]['num_params'], 'runs': len(runs)}
+          'num_params': runs[0]['num_params'], 'runs': len(runs),
+          'first_step': runs[0].get('first_step', 0.0),
+          'first_time': float(np.median([r.get('first_time', 0.0) for r in runs]))}
 
 
 def measured_round_s(speeds_s, counts) -> float:
@@ -182,12 +190,12 @@ def simulated_for(name: str, predicted: dict) -> Optional[float]:
   return predicted.get('nonblocking_deadline' if name == 'nonblocking' else name)
 
 
-def _to_target(seconds: Optional[float], step: Optional[float]) -> str:
-  return 'not reached' if seconds is None else f'{seconds:.2f} ({step:.0f})'
+def _to_target(seconds: Optional[float], step: Optional[float], first_time: float = 0.0) -> str:
+  return 'not reached' if seconds is None else f'{seconds - first_time:.2f} ({step:.0f})'
 
 
-def _simulated_to_target(simulated: Optional[float], step: Optional[float]) -> str:
-  return '-' if simulated is None or step is None else f'{simulated * step:.2f}'
+def _simulated_to_target(simulated: Optional[float], step: Optional[float], first_step: float = 0.0) -> str:
+  return '-' if simulated is None or step is None else f'{simulated * (step - first_step):.2f}'
 
 
 IDEALS = {'nonblocking': 'nonblocking, simulated ideal: first-finisher trigger',
@@ -263,19 +271,24 @@ def report(results: dict, predicted: dict, previous: dict, load: tuple, target_l
   if nb is not None:
     lines.append(f"nonblocking: real counts per worker {', '.join(f'{c:.2f}' for c in nb['counts'])}, predicted "
                  f"{predicted.get('_counts')}; its fitted c (ms) {ms(nb['overhead_s'])}, s (ms) {ms(nb['speeds_s'])}")
-  lines += ['', '| algorithm | real ms/it (range) | predicted on the profile | error | ideal network, fitted s_d '
+  lines += ['', 'Times to target from the end of the first metrics row (the warm-up: first executions, nonblocking\'s '
+            'probes), predicted as ms/it x the real steps after it.', '',
+            '| algorithm | real ms/it (range) | predicted on the profile | error | ideal network, fitted s_d '
             '(before) | real s to target acc (step) | predicted | real s to target loss (step) | predicted | '
             'error | final accuracy |', '|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results.items():
     sim, before = predicted[name], simulated_for(name, previous)
     low, high = r['range']
-    loss_sim = None if r['step_at_target_loss'] is None else sim * r['step_at_target_loss']
+    first_step, first_time = r['first_step'], r['first_time']  # times to target from the end of the warm-up row
+    loss_step, loss_time = r['step_at_target_loss'], r['time_to_target_loss']
+    loss_sim = None if loss_step is None else sim * (loss_step - first_step)
     lines.append(
         f"| {name} | {r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f}) | {sim * 1e3:.2f} | "
         f"{_error(sim, r['seconds_per_iteration'])} | {'-' if before is None else f'{before * 1e3:.2f}'} | "
-        f"{_to_target(r['time_to_target'], r['step_at_target'])} | {_simulated_to_target(sim, r['step_at_target'])} "
-        f"| {_to_target(r['time_to_target_loss'], r['step_at_target_loss'])} | "
-        f"{_simulated_to_target(sim, r['step_at_target_loss'])} | {_error(loss_sim, r['time_to_target_loss'])} | "
+        f"{_to_target(r['time_to_target'], r['step_at_target'], first_time)} | "
+        f"{_simulated_to_target(sim, r['step_at_target'], first_step)} | "
+        f"{_to_target(loss_time, loss_step, first_time)} | {_simulated_to_target(sim, loss_step, first_step)} | "
+        f"{_error(loss_sim, None if loss_time is None else loss_time - first_time)} | "
         f"{r['final_eval_accuracy']:.3f} |")
     if name in IDEALS:
       lines.append(f"| {IDEALS[name]} | (no lock-step program) | {predicted[IDEALS[name]] * 1e3:.2f} | | | | | | | | |")

@@ -43,6 +43,7 @@ class FiguresTest(absltest.TestCase):
 
   def test_times_to_target_are_interpolated_between_evaluations(self):
     figures = real_run.figures(self.workdir, target_accuracy=0.95)
+    self.assertEqual((figures['first_step'], figures['first_time']), (10.0, 0.5))  # the warm-up row
     # 0.95 lies 5/8 of the way from 0.9 (step 20, 0.7 s) to 0.98 (step 30, 0.9 s).
     self.assertAlmostEqual(figures['time_to_target'], 0.7 + 0.625 * 0.2)
     self.assertAlmostEqual(figures['step_at_target'], 26.25)
