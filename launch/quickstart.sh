@@ -14,6 +14,9 @@
 #   seeds themselves, which the table calls optimistic). The seeds of an algorithm train as replicas of one
 #   compiled program, so 7 seeds cost about 2.5x one seed, not 7x.
 # About 10 minutes on 2 CPU cores after the install (SEEDS=5 TUNING_SEEDS=0: about 7).
+# The table's cluster: no profile (10 ms per micro-batch by hand, ideal network; its title says so). Rerun it for
+# a named cluster with --config.cluster.profile=NAME (docs/simulator.md#cluster-profiles-cluster); on a fast
+# profile the asynchronous entries reach --max_steps before the budget, so raise it or lower --sim_time.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 OUT="${1:-runs/quickstart}"

@@ -7,7 +7,11 @@
 # Usage: bash launch/reproduce.sh [WORKDIR] [TABLE ...]
 #   WORKDIR default runs/reproduce; TABLE one or more of the names below (default: all, about 45 minutes on
 #   2 CPU cores). SEEDS=N (default 5) reporting seeds; tables with a step-size sweep tune it on 2 more seeds
-#   (TUNING_SEEDS) and report on the other N.
+#   (TUNING_SEEDS) and report on the other N. PROFILE=NAME (a shipped cluster profile or a profile JSON's path)
+#   runs every table on that cluster (docs/simulator.md#cluster-profiles-cluster): the profile's compute, per-call
+#   overhead, collectives and host time replace the tables' hand-set ones except where a table sets a field
+#   explicitly; every table's title names its profile. The budgets (--sim_time, num_steps) are the ideal
+#   network's: on a much faster cluster raise --max_steps or lower --sim_time.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 OUT="${1:-runs/reproduce}"
@@ -22,7 +26,7 @@ TABLES=("$@")
 compare() {  # compare TABLE FLAGS...: one table, in WORKDIR/TABLE
   local table="$1"; shift
   echo "[reproduce] $table"
-  python -m waitless.experiments.compare --workdir="$OUT/$table" "$@"
+  python -m waitless.experiments.compare --workdir="$OUT/$table" ${PROFILE:+--config.cluster.profile="$PROFILE"} "$@"
 }
 swept() { echo "--seeds=$((SEEDS + TUNING)) --tuning_seeds=$TUNING"; }
 
