@@ -37,6 +37,16 @@ class SimulateTest(parameterized.TestCase):
       self.assertLessEqual(result['idle_fraction'], 1.0, name)
       self.assertGreaterEqual(result['idle_fraction'], 0.0, name)
 
+  def test_every_registered_algorithm_on_a_profile_pays_its_host_time(self):
+    # host time > 0 runs every rule one iteration at a time (the vectorised ones too): each still runs, and no
+    # iteration is shorter than the host's work (`clock.py` charges it after every iteration).
+    for name in registry.names():
+      config = digits.get_config(f'{name},stragglers.kind=exponential,cluster.profile=commodity_10gbe')
+      result = simulate.simulate(config, iterations=30, nbytes=1e5)
+      self.assertEqual(result['host_s'], 2e-4, name)
+      self.assertGreaterEqual(result['mean_iteration_time'], 2e-4, name)
+      self.assertLess(result['mean_iteration_time'], 1.0, name)
+
   def test_stragglers_make_sync_wait(self):
     config = digits.get_config('sync,stragglers.kind=slow_workers,stragglers.slow_workers=[0]')
     result = simulate.simulate(config, iterations=10, nbytes=0.0)

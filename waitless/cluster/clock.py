@@ -30,9 +30,10 @@ What a rule may use (see `cluster/rules/`):
 
 The host's serial work per iteration (`host_s`, a cluster profile's figure or `cluster.host_s`) is charged here,
 in one place, not by the rules: after every iteration each worker's clock moves `host_s` on (the next
-iteration's work starts that much later), so a lock-step iteration takes compute + collectives + host_s. For
-rules whose workers are not in step (the parameter-server family) it is the server's work per update. With
-host_s > 0 every rule runs one iteration at a time (`iterate`; its vectorised block is the same by contract).
+iteration's work starts that much later), so a lock-step iteration takes compute + collectives + host_s; and no
+iteration ends less than `host_s` after the previous one, which is what the parameter-server family pays (its
+rules keep in-flight jobs in `rule_state`, which the shift does not reach: the server's host work per update).
+With host_s > 0 every rule runs one iteration at a time (`iterate`; its vectorised block is the same by contract).
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ class Clock:
       if not np.isfinite(latest):
         raise self._stalled()
       spans[k] = self.times.sum() - before  # worker-seconds of this iteration (workers need not be in step)
-      now = max(self.sim_time, latest)
+      now = max(self.sim_time + self.host_s, latest)
       durations[k] = now - self.sim_time
       self.sim_time = sim_times[k] = now
       self.iteration += 1
