@@ -118,6 +118,10 @@ def _is_jax_runtime_error(e: BaseException) -> bool:
   return isinstance(e, jax.errors.JaxRuntimeError)
 
 
+def _first_line(e: BaseException) -> str:
+  return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
 def _watch_peers(stop_requests, workdir):
   """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
@@ -200,11 +204,15 @@ def main(argv):
     print(f'interrupted: rerun the same command to resume from the last checkpoint in {shared_flags.WORKDIR.value}',
           file=sys.stderr)
     sys.exit(preemption.exit_code(e))
+  except TimeoutError as e:  # a checkpoint's barrier that a peer never reached (checkpointing.Checkpointer)
+    if watchdog is None:
+      raise
+    watchdog.report(f'a checkpoint barrier timed out after {_HEARTBEAT.value}s ({_first_line(e)}), a peer process '
+                    'is stuck')
   except RuntimeError as e:  # jax.errors.JaxRuntimeError: in a multi-process run, a collective lost its peer
     if watchdog is None or not _is_jax_runtime_error(e):
       raise
-    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-    watchdog.report(f'a collective failed ({first}), a peer process probably died')
+    watchdog.report(f'a collective failed ({_first_line(e)}), a peer process probably died')
   finally:
     if watchdog is not None:
       watchdog.finish()

@@ -73,6 +73,20 @@ class CheckpointIntegrityTest(parameterized.TestCase):
     window['train_loss'] += 2.0  # the next block's sums
     self.assertEqual(passed, [{'step': 10, 'window': {'train_loss': 1.0, 'iterations': 5.0}}])
 
+  def test_each_workdir_has_its_own_barrier_keys_and_the_heartbeat_bounds_them(self):
+    # The replicas of a group save one step at once; orbax keys its barriers by step only.
+    root = self.create_tempdir().full_path
+    keys = {checkpointing.barrier_prefix(os.path.join(root, f'seed{i}', 'checkpoints')) for i in range(8)}
+    self.assertLen(keys, 8)
+    self.assertEqual(checkpointing.barrier_prefix(f'{root}/seed0/checkpoints'),
+                     checkpointing.barrier_prefix(f'{root}//seed0/./checkpoints/'))
+    options = checkpointing.Checkpointer(os.path.join(root, 'seed0', 'checkpoints'))._manager._options
+    self.assertEqual(options.multiprocessing_options.barrier_sync_key_prefix,
+                     checkpointing.barrier_prefix(os.path.join(root, 'seed0', 'checkpoints')))
+    with mock.patch.object(checkpointing.distributed, '_heartbeat_timeout_s', 7):
+      options = checkpointing.Checkpointer(os.path.join(root, 'seed1', 'checkpoints'))._manager._options
+    self.assertEqual(options.async_options.timeout_secs, 7)
+
   def test_a_read_only_workdir_fails_before_training_in_one_line(self):
     with self.assertRaisesRegex(checkpointing.UnusableWorkdir, r'^workdir /proc/waitless_run is not writable'):
       train.train_and_evaluate(_config(), '/proc/waitless_run')  # read-only even for root

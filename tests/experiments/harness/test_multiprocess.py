@@ -209,6 +209,21 @@ class MultiProcessTest(parameterized.TestCase):
         if key in ref:
           np.testing.assert_allclose(row[key], ref[key], rtol=RTOL, atol=ATOL, err_msg=f'{key} at {row["step"]}')
 
+  def test_replicas_checkpoint_on_two_processes(self):
+    # Issue 39: the replicas' concurrent saves of one step met at one orbax barrier ("already ongoing", SIGABRT)
+    # or hung; each seed must end as it ends on one process.
+    config = '--config=experiments/configs/digits.py:sync,num_steps=40,checkpoint_every=20,eval_every=20'
+    one = self.create_tempdir().full_path
+    two = self.create_tempdir().full_path
+    single = _main([config, '--seeds=2', f'--workdir={one}'])
+    self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+    multi = _launch(2, [config, '--seeds=2', f'--workdir={two}'], timeout=240)
+    self.assertEqual(multi.returncode, 0, multi.stderr[-3000:])
+    self.assertNotRegex(multi.stderr, C_ABORT)
+    for seed in ('seed0', 'seed1'):
+      self.assertSameSummary(os.path.join(two, seed), os.path.join(one, seed))
+      self.assertEqual(_finished_checkpoints(os.path.join(two, seed)), [20, 40])
+
   def test_a_killed_process_stops_the_other_and_a_rerun_resumes(self):
     config = ('--config=experiments/configs/digits.py:sync,num_steps=120,checkpoint_every=20,eval_every=40,'
               'log_every=10,steps_per_call=1')

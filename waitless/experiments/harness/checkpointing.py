@@ -16,12 +16,15 @@ import json
 import logging
 import os
 import shutil
+import zlib
 from typing import Any, Callable, Optional
 
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+from waitless.experiments.harness import distributed
 
 log = logging.getLogger('waitless')
 
@@ -53,12 +56,32 @@ def check_writable(workdir: str, checkpoint_bytes: float = 0.0) -> None:
 _copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
 
+def barrier_prefix(directory: str) -> str:
+  """The prefix of orbax's barrier keys for the checkpoints in `directory`: equal on every process (they run the
+  same command), different for each workdir.
+
+  Orbax names a save's barriers after its step ('async_write_complete.20'): the replicas of a group save the same
+  step at once, and with one key they met at one barrier ("already ongoing": an abort, or a hang).
+  """
+  return 'waitless_' + format(zlib.crc32(os.path.normpath(directory).encode()), '08x')
+
+
 class Checkpointer:
+  """One run's orbax checkpoints in `directory` (the newest `max_to_keep` kept).
+
+  In a multi-process run its barriers are keyed by `barrier_prefix(directory)`, and a save's barrier that a peer
+  never reaches fails after the run's heartbeat timeout (`CheckpointBarrierTimeout` at the next save or wait)
+  rather than orbax's 20 minutes.
+  """
 
   def __init__(self, directory: str, max_to_keep: int = 2):
     self._manager = ocp.CheckpointManager(
         os.path.abspath(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=barrier_prefix(directory)),
+            async_options=ocp.options.AsyncOptions(timeout_secs=distributed.heartbeat_timeout_s())))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
