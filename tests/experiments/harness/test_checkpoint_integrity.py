@@ -1,11 +1,14 @@
 """Corrupted checkpoints and unusable workdirs: detected, reported in one line, nothing else lost."""
 
+import json
 import os
 import shutil
 from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from waitless.experiments.harness import checkpointing
@@ -33,6 +36,29 @@ def _truncate_state(step_dir):
           f.truncate(size // 2)
 
 
+def _flip_bytes(step_dir):
+  """XORs 64 bytes in the middle of the state's largest data file (bit rot: orbax may read it back as other
+  numbers)."""
+  files = [os.path.join(root, name) for root, _, names in os.walk(os.path.join(step_dir, 'state')) for name in names]
+  largest = max(files, key=os.path.getsize)
+  middle = os.path.getsize(largest) // 2
+  with open(largest, 'r+b') as f:
+    f.seek(middle)
+    data = f.read(64)
+    f.seek(middle)
+    f.write(bytes(b ^ 0x5A for b in data))
+
+
+def _edit_meta(step_dir):
+  """Changes a value of the meta item and keeps it valid JSON."""
+  path = os.path.join(step_dir, 'meta', 'metadata')
+  with open(path) as f:
+    meta = json.load(f)
+  meta['train_loss'] = float(meta['train_loss']) + 1.0
+  with open(path, 'w') as f:
+    json.dump(meta, f)
+
+
 def _garble_meta(step_dir):
   with open(os.path.join(step_dir, 'meta', 'metadata'), 'w') as f:
     f.write('{"step": 3')
@@ -40,7 +66,8 @@ def _garble_meta(step_dir):
 
 class CheckpointIntegrityTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(('truncated_state', _truncate_state), ('garbled_meta', _garble_meta))
+  @parameterized.named_parameters(('truncated_state', _truncate_state), ('garbled_meta', _garble_meta),
+                                  ('flipped_bytes', _flip_bytes), ('edited_meta', _edit_meta))
   def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumes(self, corrupt):
     config = _config()
     full = self.create_tempdir().full_path
@@ -60,6 +87,36 @@ class CheckpointIntegrityTest(parameterized.TestCase):
     self.assertEqual(test_train._strip_wall(metrics_io.read_rows(crashed)),
                      test_train._strip_wall(metrics_io.read_rows(full)))
 
+  def test_flipped_bytes_in_incompressible_data_are_caught_by_the_checksum(self):
+    # Orbax stores incompressible floats raw and checks only its index: flipped data bytes read back as other
+    # numbers (issue 39: a run restored them, and diverged two steps later).
+    directory = self.create_tempdir().full_path
+    state = {'w': np.random.default_rng(0).normal(size=(50000,)).astype(np.float32)}
+    checkpointer = checkpointing.Checkpointer(directory)
+    checkpointer.save(1, state, {'step': 1})
+    checkpointer.close()
+    _flip_bytes(os.path.join(directory, '1'))
+    moved = []
+    with self.assertLogs('waitless', level='WARNING') as logs:
+      restored = checkpointing.Checkpointer(directory).restore_step(1, state, moved.append)
+    self.assertIsNone(restored)
+    self.assertEqual(moved, [1])
+    self.assertIn('CorruptCheckpoint: its state does not match the checksum', logs.output[0])
+
+  def test_the_checksum_sees_every_bit_of_every_dtype(self):
+    tree = {'f32': np.arange(6, dtype=np.float32), 'bf16': np.ones(3, jnp.bfloat16), 'f64': np.arange(2.0),
+            'i8': np.arange(4, dtype=np.int8), 'b': np.array([True, False]), 'key': jax.random.key(0)}
+    reference = checkpointing.state_checksum(tree)
+    self.assertEqual(checkpointing.state_checksum(dict(tree)), reference)
+    for name in ('f32', 'bf16', 'i8', 'b'):
+      changed = dict(tree)
+      flat = np.array(tree[name]).copy()
+      flat.view(np.uint8)[0] ^= 1
+      changed[name] = flat
+      self.assertNotEqual(checkpointing.state_checksum(changed), reference, name)
+    swapped = dict(tree, f32=tree['f32'][::-1].copy())
+    self.assertNotEqual(checkpointing.state_checksum(swapped), reference)
+
   def test_the_saved_meta_is_the_loops_state_at_the_save_not_later(self):
     # The save serialises meta in the background: the loop's metrics window, mutated by the next block, once
     # leaked into a checkpoint (a resumed run then logged that block's losses twice).
@@ -71,7 +128,8 @@ class CheckpointIntegrityTest(parameterized.TestCase):
         with mock.patch.object(checkpointer, '_manager'):
           checkpointer.save(10, {'w': np.zeros(2)}, {'step': 10, 'window': window})
     window['train_loss'] += 2.0  # the next block's sums
-    self.assertEqual(passed, [{'step': 10, 'window': {'train_loss': 1.0, 'iterations': 5.0}}])
+    without_checksums = [{k: v for k, v in m.items() if not k.endswith('_checksum')} for m in passed]
+    self.assertEqual(without_checksums, [{'step': 10, 'window': {'train_loss': 1.0, 'iterations': 5.0}}])
 
   def test_each_workdir_has_its_own_barrier_keys_and_the_heartbeat_bounds_them(self):
     # The replicas of a group save one step at once; orbax keys its barriers by step only.

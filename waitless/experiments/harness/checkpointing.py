@@ -5,8 +5,12 @@ for its own shards) and `meta` (JSON: step, per-worker data positions, the clust
 wall time so far, the first time the target accuracy was reached, the last metrics window). Saves are
 asynchronous; an interrupted save is never the one restored (orbax finalises a step atomically).
 
-A checkpoint that orbax finalised but that cannot be read back (a truncated or corrupted file, a disk error)
-is reported in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored.
+Orbax checks only its index files: flipped bytes in an array's data read back as other numbers. So each save
+writes a checksum of the state's content into `meta` (`state_checksum`, computed on the devices, the same on every
+process), and one of `meta` itself; a restore recomputes both and compares. A checkpoint that orbax finalised but
+that cannot be read back or does not match its checksums (a truncated or corrupted file, a disk error) is reported
+in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored. (A checkpoint
+written before the checksums existed is restored unchecked.)
 Before anything trains, `check_writable` makes sure the workdir can take a checkpoint at all.
 """
 
@@ -22,6 +26,7 @@ from typing import Any, Callable, Optional
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from waitless.experiments.harness import distributed
@@ -54,6 +59,55 @@ def check_writable(workdir: str, checkpoint_bytes: float = 0.0) -> None:
 
 # One program copies the whole state (per-leaf `jnp.copy` compiles one program per leaf shape).
 _copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
+class CorruptCheckpoint(ValueError):
+  """A checkpoint read back other content than was saved (its checksums do not match)."""
+
+
+def _words(x: jax.Array) -> jax.Array:
+  """The bit patterns of `x` as a flat uint32 vector (8-byte values as two words each)."""
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32).ravel()
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).ravel()
+
+
+@jax.jit
+def _leaf_sums(tree) -> jax.Array:
+  """Per leaf a Fletcher-style pair (sum of the words, sum of the words times their position), modulo 2**32:
+  a changed word changes the first, a moved or swapped one the second."""
+  sums = []
+  for leaf in jax.tree.leaves(tree):
+    words = _words(leaf)
+    position = jnp.arange(1, words.size + 1, dtype=jnp.uint32)
+    sums.append(jnp.stack([jnp.sum(words, dtype=jnp.uint32), jnp.sum(words * position, dtype=jnp.uint32)]))
+  return jnp.stack(sums) if sums else jnp.zeros((0, 2), jnp.uint32)
+
+
+def state_checksum(state: Any) -> str:
+  """A checksum of the content of `state` (its leaves' bits, in tree order), equal on every process."""
+  sums = _leaf_sums(state)
+  local = np.asarray(sums.addressable_data(0))  # replicated: every process holds the whole result
+  return format(zlib.crc32(local.astype('<u4').tobytes()), '08x')
+
+
+CHECKSUM_KEYS = ('state_checksum', 'meta_checksum')  # what a save adds to `meta`, and a restore removes
+
+
+def _meta_checksum(meta: dict[str, Any]) -> str:
+  body = {k: v for k, v in meta.items() if k != 'meta_checksum'}
+  return format(zlib.crc32(json.dumps(body, sort_keys=True).encode()), '08x')
+
+
+def check_restored(state: Any, meta: dict[str, Any]) -> None:
+  """Raises CorruptCheckpoint (one line) if `state` or `meta` differ from what their checkpoint's save wrote."""
+  if 'meta_checksum' in meta and meta['meta_checksum'] != _meta_checksum(meta):
+    raise CorruptCheckpoint('its meta item does not match its checksum')
+  if 'state_checksum' in meta and meta['state_checksum'] != state_checksum(state):
+    raise CorruptCheckpoint('its state does not match the checksum written with it')
 
 
 def barrier_prefix(directory: str) -> str:
@@ -99,15 +153,22 @@ class Checkpointer:
     # The same for `meta`: the save serialises it later, and the loop keeps mutating what it holds (the metrics
     # window's sums). A JSON copy now is what the checkpoint means: the state of the loop at `step`.
     meta = json.loads(json.dumps(meta))
+    meta['state_checksum'] = state_checksum(state)
+    meta['meta_checksum'] = _meta_checksum(meta)
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int, like_state: Any) -> tuple[Any, dict[str, Any]]:
-    """The state (with `like_state`'s structure, shapes and shardings) and meta saved at `step`."""
+    """The state (with `like_state`'s structure, shapes and shardings) and meta saved at `step`.
+
+    Raises:
+      CorruptCheckpoint: what was read back does not match the checksums written with it.
+    """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return restored['state'], restored['meta']
+    check_restored(restored['state'], restored['meta'])
+    return restored['state'], {k: v for k, v in restored['meta'].items() if k not in CHECKSUM_KEYS}
 
   def restore_step(self, step: int, like_state: Any,
                    quarantine: Optional[Callable[[int], None]] = None) -> Optional[tuple[Any, dict]]:
