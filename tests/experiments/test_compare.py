@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -416,7 +417,7 @@ def _compare_command(root, extra=()):
           '--config.stragglers.slow_fraction=0.25', '--config.stragglers.slow_factor=3.0', *extra]
 
 
-class CommandLineTest(absltest.TestCase):
+class CommandLineTest(parameterized.TestCase):
 
   def test_a_bad_config_is_one_line_and_exit_2(self):
     for args, message in ((['--algorithms=sync', '--config.workers=6'], 'sync: workers=6 is not allowed'),
@@ -475,6 +476,27 @@ class CommandLineTest(absltest.TestCase):
       json.dump({'steps': 2}, f)
     with self.assertRaisesRegex(metrics_io.CutLog, 'metrics.jsonl is cut at line 2 although its run finished'):
       statistics.read_run(run)
+
+  @parameterized.named_parameters(
+      ('missing', None, 'is missing or empty although its run finished'),
+      ('ends_early', [{'step': 2, 'sim_time': 0.2, 'eval_accuracy': 0.5}], 'ends at step 2 but summary.json says'),
+      ('other_final_eval', [{'step': 4, 'sim_time': 0.4, 'eval_accuracy': 0.5}],
+       'its last eval accuracy is 0.5 at step 4, summary.json says 0.9'))
+  def test_a_finished_run_whose_files_disagree_is_refused_not_counted_as_a_miss(self, rows, message):
+    # Issue 39: a deleted metrics.jsonl made a run that reached its target "missed the target".
+    workdir = self.create_tempdir().full_path
+    with open(os.path.join(workdir, compare_runs.SUMMARY_FILE), 'w') as f:
+      json.dump({'steps': 4, 'final_eval_accuracy': 0.9, 'time_to_target': 0.3}, f)
+    if rows is not None:
+      with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in rows)
+    run = compare_plan.PlannedRun('sync', (), 0, workdir, digits.get_config('sync'))
+    with self.assertRaisesRegex(metrics_io.CutLog, f'^{re.escape(workdir)}/metrics.jsonl .*{message}.*'
+                                'remove that run\'s workdir'):
+      statistics.read_run(run)
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:  # consistent: read
+      f.write(json.dumps({'step': 4, 'sim_time': 0.4, 'eval_accuracy': 0.9}) + '\n')
+    self.assertLen(statistics.read_run(run)['rows'], 1)
 
   def test_a_torn_summary_or_failure_record_is_an_unfinished_run(self):
     workdir = self.create_tempdir().full_path

@@ -59,12 +59,18 @@ def crossing(rows: Sequence[dict[str, Any]], key: str, target: float, above: boo
 
 
 def read_run(run: PlannedRun) -> dict[str, Any]:
-  """The run's rows and summary (None while unfinished) and its status."""
+  """The run's rows and summary (None while unfinished) and its status.
+
+  Raises:
+    metrics_io.CutLog: the run finished but its metrics.jsonl is cut, missing or disagrees with summary.json.
+  """
   from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
   summary = read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
-  return {'rows': metrics_io.read_rows(run.workdir, complete=status == 'finished'), 'summary': summary,
-          'status': status}
+  rows = metrics_io.read_rows(run.workdir, complete=status == 'finished')
+  if status == 'finished':
+    metrics_io.check_finished_log(run.workdir, rows, summary)
+  return {'rows': rows, 'summary': summary, 'status': status}
 
 
 def run_figures(rows: Sequence[dict[str, Any]], summary: Optional[dict[str, Any]], target_accuracy: float,
