@@ -157,6 +157,25 @@ class CheckpointIntegrityTest(parameterized.TestCase):
         train.train_and_evaluate(_config(), workdir)
     self.assertFalse(os.path.exists(os.path.join(workdir, 'checkpoints', '5')))
 
+  def test_a_disk_with_room_for_one_run_but_not_for_the_group_fails_before_training(self):
+    # Issue 39: the check was per replica, so 4 replicas on a disk with room for one passed it and then died
+    # writing their checkpoints.
+    root = self.create_tempdir().full_path
+    configs = [_config() for _ in range(4)]
+    for seed, config in enumerate(configs):
+      config.seed = seed
+    workdirs = [os.path.join(root, f'seed{seed}') for seed in range(4)]
+    state_bytes = train.setup.state_bytes_of(train.setup.build_group(configs[:1]).lead)
+    room_for_one = shutil._ntuple_diskusage(total=10**9, used=0, free=int(1.5 * (2 * state_bytes + (1 << 20))))
+    with mock.patch.object(checkpointing.shutil, 'disk_usage', return_value=room_for_one):
+      checkpointing.check_writable(workdirs[:1], state_bytes)  # one run fits
+      with self.assertRaisesRegex(checkpointing.UnusableWorkdir,
+                                  r'^workdir .*/seed0 has [\d.]+ MB free but two checkpoints of each of the 4 runs '
+                                  r'of this group written there need about [\d.]+ MB: .*--max_replicas'):
+        train.train_group(configs, workdirs)
+    for workdir in workdirs:
+      self.assertFalse(os.path.exists(os.path.join(workdir, 'checkpoints')))
+
   def test_the_main_prints_one_line_and_exits_2(self):
     result = test_train._main(['--config=experiments/configs/synthetic.py:sync', '--workdir=/proc/waitless_run'],
                               timeout=300)

@@ -11,7 +11,8 @@ process), and one of `meta` itself; a restore recomputes both and compares. A ch
 that cannot be read back or does not match its checksums (a truncated or corrupted file, a disk error) is reported
 in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored. (A checkpoint
 written before the checksums existed is restored unchecked.)
-Before anything trains, `check_writable` makes sure the workdir can take a checkpoint at all.
+Before anything trains, `check_writable` makes sure the workdirs can take the checkpoints at all (all the runs
+of a group together).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import os
 import shutil
 import zlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 from jax.experimental import multihost_utils
@@ -38,23 +39,30 @@ class UnusableWorkdir(ValueError):
   """The workdir cannot hold the run's outputs (read-only, or not enough free space for a checkpoint)."""
 
 
-def check_writable(workdir: str, checkpoint_bytes: float = 0.0) -> None:
-  """Raises UnusableWorkdir (one line) unless `workdir` takes a file (and has room for two checkpoints)."""
-  probe = os.path.join(workdir, f'.write_probe_{jax.process_index()}')
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    with open(probe, 'wb') as f:
-      f.write(b'\0' * 4096)
-    os.remove(probe)
-  except OSError as e:
-    raise UnusableWorkdir(f'workdir {workdir} is not writable ({e.strerror or e}): use another --workdir') from e
+def check_writable(workdirs: Sequence[str], checkpoint_bytes: float = 0.0) -> None:
+  """Raises UnusableWorkdir (one line) unless every one of `workdirs` takes a file and each filesystem has room for
+  two checkpoints of `checkpoint_bytes` of every run written there (the runs of a group write theirs at once)."""
+  devices: dict[int, list[str]] = {}
+  for workdir in workdirs:
+    probe = os.path.join(workdir, f'.write_probe_{jax.process_index()}')
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      with open(probe, 'wb') as f:
+        f.write(b'\0' * 4096)
+      os.remove(probe)
+      devices.setdefault(os.stat(workdir).st_dev, []).append(workdir)
+    except OSError as e:
+      raise UnusableWorkdir(f'workdir {workdir} is not writable ({e.strerror or e}): use another --workdir') from e
   if checkpoint_bytes <= 0:
     return
-  free = shutil.disk_usage(workdir).free
-  needed = 2.0 * checkpoint_bytes + (1 << 20)  # the kept checkpoint and the one being written, plus metadata
-  if free < needed:
-    raise UnusableWorkdir(f'workdir {workdir} has {free / 1e6:.1f} MB free but two checkpoints of this run need '
-                          f'about {needed / 1e6:.1f} MB: free some space or use another --workdir')
+  for runs in devices.values():
+    free = shutil.disk_usage(runs[0]).free
+    needed = len(runs) * (2.0 * checkpoint_bytes + (1 << 20))  # the kept checkpoint, the one being written, metadata
+    if free < needed:
+      whose = 'this run' if len(runs) == 1 else f'each of the {len(runs)} runs of this group written there'
+      raise UnusableWorkdir(f'workdir {runs[0]} has {free / 1e6:.1f} MB free but two checkpoints of {whose} need '
+                            f'about {needed / 1e6:.1f} MB: free some space, use another --workdir'
+                            + ('' if len(runs) == 1 else ' or fewer replicas (--max_replicas)'))
 
 
 # One program copies the whole state (per-leaf `jnp.copy` compiles one program per leaf shape).

@@ -83,7 +83,7 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   state_bytes = setup.state_bytes_of(group.lead)  # shapes only (one trace of the init): nothing allocated yet
   for config, workdir in zip(configs, workdirs):
     workdir_lib.check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
-    checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / jax.process_count())
+  checkpointing.check_writable(workdirs, checkpoint_bytes=state_bytes / jax.process_count())
   setup.check_memory(group, state_bytes)
   if lead:
     for config, workdir in zip(configs, workdirs):
