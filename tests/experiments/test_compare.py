@@ -119,6 +119,10 @@ class PlanTest(absltest.TestCase):
     config_common.validate_duration(main_config)
     self.assertIsNone(main_config.num_epochs)
 
+  def test_seeds_beyond_the_programs_range_are_refused_naming_seeds(self):
+    with self.assertRaisesRegex(errors.ConfigError, r'--seeds=3 is not allowed: the last seed'):
+      compare_plan.plan(digits.get_config, ['sync'], [()], 3, '/cmp', overrides={'seed': 2**31 - 2})
+
   def test_workdirs_seeds_and_precedence(self):
     root = '/cmp'
     runs, skipped = compare_plan.plan(

@@ -45,6 +45,22 @@ class ConfigArgTest(parameterized.TestCase):
   def test_every_algorithm_gives_a_valid_config(self, module, name):
     validation.validate(module.get_config(name))
 
+  def test_a_seed_beyond_the_programs_range_is_one_line(self):
+    # Issue 39: 10**20, or 2**63 - 1 with --seeds=2, was an OverflowError traceback; 2**31 silently became a
+    # negative seed in the replicas' program.
+    config = digits.get_config('sync')
+    for seed in (10**20, 2**63 - 1, 2**31, -1):
+      config.seed = seed
+      with self.assertRaisesRegex(errors.ConfigError, rf'^seed={seed} is not allowed: must be an integer in '
+                                  r'0\.\.2147483647'):
+        validation.validate(config)
+    config.seed = 2**31 - 1
+    validation.validate(config)
+    validation.check_seeds(2**31 - 1, 1)
+    with self.assertRaisesRegex(errors.ConfigError, r'^--seeds=2 is not allowed: the last seed, config.seed \+ 1 = '
+                                r'2147483648, must be <= 2147483647'):
+      validation.check_seeds(2**31 - 1, 2)
+
 
 if __name__ == '__main__':
   absltest.main()

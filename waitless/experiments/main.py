@@ -65,8 +65,8 @@ def _train(config, workdir, stop_requests, loss_hook=None):
   replicas (`setup.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
   from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
   from waitless.experiments.harness import train
-  from waitless import config_errors as errors
-  errors.require_int(shared_flags.SEEDS.value, '--seeds', 1)
+  from waitless.experiments.harness import validation
+  validation.check_seeds(config.seed, shared_flags.SEEDS.value)
   if shared_flags.SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests, loss_hook)
   configs = []

@@ -219,6 +219,7 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
         base = get_config(arg)
         _apply_overrides(base, overrides or {}, named)
         first_seed, cadence_steps = base.seed, None
+        validation.check_seeds(first_seed, seeds)
         for i in range(seeds):
           config = base.copy_and_resolve_references()
           config.seed = first_seed + i
