@@ -103,6 +103,17 @@ class ParseTest(parameterized.TestCase):
       with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
         compare_plan.parse_sweeps([bad])
 
+  @parameterized.named_parameters(
+      ('seed', 'seed=0,1', 'seed is none: give the number of seeds with --seeds'),
+      ('straggler_field', 'stragglers.overhead_s=0,0.001', 'stragglers.overhead_s is a setting of the simulated'),
+      ('network_field', 'optimizer.learning_rate:network.alpha_s=0.1:0,0.2:1e-3', 'network.alpha_s is a setting'),
+      ('cluster_profile', 'cluster.profile=a,b', 'cluster.profile is a setting'))
+  def test_a_sweep_chooses_hyperparameters_not_seeds_or_clusters(self, spec, message):
+    # Issue 39: --sweep=seed=0,1 picked "the best seed" (and trained seed 1 twice); a cluster field "the best
+    # cluster" per entry.
+    with self.assertRaisesRegex(errors.ConfigError, rf'^--sweep=.* is not allowed: .*{message}'):
+      compare_plan.parse_sweeps([spec])
+
   def test_slugs_are_directory_names(self):
     self.assertEqual(compare_plan.slug('ksync,k=6'), 'ksync_k=6')
     self.assertEqual(compare_plan.slug('wagma,stragglers.slow_workers=(0,1)'), 'wagma_stragglers.slow_workers=_0_1')
