@@ -30,9 +30,12 @@ BAD = {
     '--evals': [('0', ['--sim_time=0.1'], '--evals')],
     '--target_loss': [('nan', [], '--target_loss'), ('-1', [], '--target_loss'), ('inf', [], '--target_loss')],
     '--sweep': [('optimizer.learning_rate=0.1,0.1', [], '--sweep'), ('nokey', [], '--sweep'),
-                ('optimizer.learning_rate=-1', [], 'optimizer.learning_rate')],
+                ('optimizer.learning_rate=-1', [], 'optimizer.learning_rate'), ('seed=0,1', [], '--sweep'),
+                ('stragglers.overhead_s=0,0.001', [], '--sweep')],
+    '--config.seed': [('99999999999999999999', [], 'seed'), ('2147483647', ['--seeds=2'], '--seeds')],
     '--algorithms': [('bogus', [], 'algorithm'), ('all,k=2', [], '--algorithms'), ('k=2', [], '--algorithms')],
     '--max_replicas': [('0', ['--seeds=2'], '--max_replicas')],
+    '--baseline': [('snyc', [], '--baseline'), ('local_sgd', [], '--baseline')],
 }
 
 

@@ -105,6 +105,9 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   common_pairs = [p for p in common.split_arg(arg) if '=' in p]
   text = _ALGORITHMS.value
   entries = compare_plan.parse_entries(text)
+  # The default baseline may be absent (a comparison without sync); one given by name must be an entry.
+  errors.require(_BASELINE.value in entries or not flags.FLAGS['baseline'].present, '--baseline', _BASELINE.value,
+                 f'must be one of the entries: {", ".join(entries)}')
   everything = any(part.strip() == 'all' for part in re.split('[;,]', text))
   overrides = dict(config_flags.get_override_values(flags.FLAGS['config']))
   runs, skipped = compare_plan.plan(
