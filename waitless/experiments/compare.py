@@ -130,6 +130,16 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
     except workdir_lib.WorkdirConflict as e:
       raise workdir_lib.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
                                   'same flags, or give the new one its own --workdir)') from e
+  from waitless.experiments.harness import workdir_lock  # pylint: disable=g-import-not-at-top
+  lock = workdir_lock.WorkdirLock(root)  # a second comparison on this workdir would train every run twice
+  try:
+    return _run_and_report(runs, root, path, skipped)
+  finally:
+    lock.release()
+
+
+def _run_and_report(runs, root: str, path: str, skipped: dict[str, str]) -> dict[str, Any]:
+  """Trains the unfinished runs, then writes the report."""
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
         f'{len(set(r.sweep for r in runs))} sweep points x {shared_flags.SEEDS.value} seeds) in {root}',
         file=sys.stderr)
@@ -160,12 +170,13 @@ def main(argv):
   from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir_lock  # pylint: disable=g-import-not-at-top
   root = shared_flags.WORKDIR.value
   preemption.exit_before_training()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
   except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
-          metrics_io.CutLog) as e:
+          metrics_io.CutLog, workdir_lock.WorkdirBusy) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except preemption.Preempted as e:

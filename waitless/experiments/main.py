@@ -172,6 +172,7 @@ def main(argv):
   from waitless.experiments.harness import loop as loop_lib
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import workdir as workdir_lib
+  from waitless.experiments.harness import workdir_lock
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if shared_flags.COMPILATION_CACHE.value:
@@ -188,7 +189,8 @@ def main(argv):
     watchdog = _watch_peers(stop_requests, shared_flags.WORKDIR.value)
   try:
     summary = _run(config, shared_flags.WORKDIR.value, stop_requests, loss_hook)
-  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
+          workdir_lock.WorkdirBusy) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except loop_lib.TrainingDiverged as e:

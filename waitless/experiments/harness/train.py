@@ -36,6 +36,7 @@ from waitless.experiments.harness import preemption
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import window as window_lib
 from waitless.experiments.harness import workdir as workdir_lib
+from waitless.experiments.harness import workdir_lock
 
 log = logging.getLogger('waitless')
 
@@ -84,6 +85,19 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   for config, workdir in zip(configs, workdirs):
     workdir_lib.check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
   checkpointing.check_writable(workdirs, checkpoint_bytes=state_bytes / jax.process_count())
+  # One program per workdir at a time (process 0 holds the locks): a second would train the same runs again.
+  locks = []
+  try:
+    locks.extend(workdir_lock.WorkdirLock(workdir) for workdir in (workdirs if lead else ()))
+    return _train_locked(group, configs, workdirs, state_bytes, stop_requests, loss_hook)
+  finally:
+    for lock in locks:
+      lock.release()
+
+
+def _train_locked(group, configs, workdirs, state_bytes, stop_requests, loss_hook) -> list[Any]:
+  """`train_group` once its workdirs are checked and locked."""
+  lead = jax.process_index() == 0
   setup.check_memory(group, state_bytes)
   if lead:
     for config, workdir in zip(configs, workdirs):
