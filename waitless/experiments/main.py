@@ -55,6 +55,9 @@ _DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Join a multi-process run
 _HEARTBEAT = flags.DEFINE_integer('heartbeat_timeout_s', distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
                                   'Multi-process: seconds without a heartbeat after which a process counts as '
                                   'dead and the run stops.')
+_VALIDATE_ONLY = flags.DEFINE_bool(
+    'validate_only', False, 'Check the config and the flags (a bad one: one line, status 2) and exit without '
+    'training; launch/multiprocess_cpu.sh runs this once before it starts its processes.')
 _DEBUG_SLOW = flags.DEFINE_string(
     'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
     'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
@@ -133,6 +136,23 @@ def _watch_peers(stop_requests, workdir):
   return watchdog
 
 
+def _validate_only(config) -> None:
+  """--validate_only: what every process would check before training, once (exit 2 with one line if bad)."""
+  from waitless import config_errors as errors
+  from waitless.experiments.harness import validation
+  try:
+    settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                         auto=_DISTRIBUTED.value, heartbeat_timeout_s=_HEARTBEAT.value)
+    processes = settings.num_processes if settings and settings.num_processes else 1
+    distributed.host_devices_per_process(config.devices, processes)
+    slowdown.parse_slow(_DEBUG_SLOW.value, processes)
+    validation.validate(config)
+    validation.check_seeds(config.seed, shared_flags.SEEDS.value)
+  except errors.ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
 def _join_processes(config) -> int:
   """Joins a multi-process run if flags or the environment ask for one; sets this process's CPU devices.
 
@@ -160,6 +180,9 @@ def main(argv):
   config = shared_flags.CONFIG.value
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
+  if _VALIDATE_ONLY.value:
+    _validate_only(config)
+    return
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
   handler = std_logging.StreamHandler(sys.stderr)
   handler.setFormatter(std_logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))

@@ -175,6 +175,24 @@ class SettingsTest(parameterized.TestCase):
                      '(each process holds devices / processes)')
 
 
+  def test_the_launcher_validates_once_before_starting_processes(self):
+    # Issue 39: each process printed the config error, after seconds of start-up, and the launcher ended with
+    # "rerun the same command to resume".
+    workdir = os.path.join(self.create_tempdir().full_path, 'w')
+    for args, message in (
+        (['--config=experiments/configs/digits.py:sync', '--config.stragglers.slow_fraction=2'],
+         'error: stragglers.slow_fraction=2.0 is not allowed: must be a fraction in [0, 1]'),
+        (['--config=experiments/configs/digits.py:sync,devices=3'],
+         'error: devices=3 is not allowed: must be a multiple of the 2 processes (each process holds devices / '
+         'processes)'),
+        (['--config=experiments/configs/digits.py:sync', '--seeds=0'], 'error: --seeds=0 is not allowed: must be '
+         'an integer >= 1')):
+      result = _launch(2, [*args, f'--workdir={workdir}'], timeout=60)
+      self.assertEqual(result.returncode, 2, result.stderr)
+      self.assertEqual(result.stderr.strip(), message)
+      self.assertNotIn('[multiprocess_cpu] process', result.stdout + result.stderr)
+      self.assertFalse(os.path.exists(workdir))
+
 @pytest.mark.slow
 class MultiProcessTest(parameterized.TestCase):
 
