@@ -437,6 +437,9 @@ class CommandLineTest(parameterized.TestCase):
   def test_a_bad_config_is_one_line_and_exit_2(self):
     for args, message in ((['--algorithms=sync', '--config.workers=6'], 'sync: workers=6 is not allowed'),
                           (['--algorithms=sync', '--seeds=2', '--tuning_seeds=2'], '--tuning_seeds=2 is not allowed'),
+                          # Issue 39: ignored silently without a sweep.
+                          (['--algorithms=sync', '--seeds=2', '--tuning_seeds=1'],
+                           '--tuning_seeds=1 is not allowed: the tuning seeds choose each entry\'s --sweep point'),
                           (['--algorithms=sync', '--confidence=1.0'], '--confidence=1.0 is not allowed'),
                           (['--algorithms=ksync', '--sweep=k:optimizer.learning_rate=2:0.1,4:0.2'],
                            '--sweep=.* moves k .*changes the compiled program of ksync.* together with '

@@ -96,6 +96,9 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   statistics.check_options(shared_flags.SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
+  errors.require(not _TUNING_SEEDS.value or bool(_SWEEP.value), '--tuning_seeds', _TUNING_SEEDS.value,
+                 'the tuning seeds choose each entry\'s --sweep point; without a sweep there is nothing to choose '
+                 'and every seed reports: leave it 0')
   if _TARGET_LOSS.value is not None:
     errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0', lambda v: v > 0)
   devices = shared_flags.CONFIG.value.devices
