@@ -365,6 +365,19 @@ class ReportTest(absltest.TestCase):
     self.assertEqual(json.load(open(os.path.join(root, 'comparison.json')))['targets']['accuracy'], 0.9)
     self.assertTrue(os.path.getsize(os.path.join(root, 'comparison.png')) > 10_000)
 
+  def test_the_table_says_which_runs_the_loss_target_came_from(self):
+    # Issue 39: the note gave the rule for "runs that reached the target accuracy" when none did and the level
+    # came from all runs.
+    root = self.create_tempdir().full_path
+    runs = self._runs(root)
+    for accuracy, says, lowest in ((0.9, 'of the runs that reached the target accuracy', 0.25),
+                                   (0.99, 'no run reached the target accuracy, so it is the highest of the lowest '
+                                    'eval losses of all the runs that did not diverge', 0.3)):
+      report = report_lib.write_report(runs, root, 'test', target_accuracy=accuracy)
+      self.assertAlmostEqual(report['targets']['loss'], lowest)
+      self.assertIn(f'Target loss {lowest:.4g} (derived: ', open(os.path.join(root, 'comparison.md')).read())
+      self.assertIn(says, open(os.path.join(root, 'comparison.md')).read())
+
   def test_unfinished_and_diverged_runs_are_marked(self):
     root = self.create_tempdir().full_path
     runs, _ = compare_plan.plan(digits.get_config, ['sync', 'async'], [()], 1, root)

@@ -118,8 +118,12 @@ def _notes(report: dict[str, Any], loss_target: str) -> list[str]:
   t = report['targets']
   level = f'{report["confidence"]:.0%}'
   base = report['baseline'] or '(no baseline)'
-  loss_note = (' (derived: the highest of the lowest eval losses of the runs that reached the target accuracy, '
-               'a level each of them reached)') if t['loss_derived'] else ''
+  loss_note = {
+      'reached': ' (derived: the highest of the lowest eval losses of the runs that reached the target accuracy, '
+                 'a level each of them reached)',
+      'all': ' (derived: no run reached the target accuracy, so it is the highest of the lowest eval losses of all '
+             'the runs that did not diverge, a level each of them reached)',
+  }.get(t.get('loss_derived_from'), ' (derived: no run has an eval loss)' if t['loss_derived'] else '')
   return [
       seeds_note(report), '',
       f'Times: median over seeds [{level} interval: {report["interval"]}]. A seed that misses a target is '

@@ -306,9 +306,9 @@ def _speedups(group: dict[str, Any], base_figures: Optional[dict[str, Any]]) -> 
   return out
 
 
-def _derived_target_loss(read, target_accuracy: float) -> Optional[float]:
+def _derived_target_loss(read, target_accuracy: float) -> tuple[Optional[float], Optional[str]]:
   """A loss level every run that reached the target accuracy reached (all runs if none did): the highest of
-  their lowest eval losses."""
+  their lowest eval losses, and which runs it was derived from ('reached' or 'all'; None without a level)."""
   lows, successful = [], []
   for _, d in read:
     evals = [r for r in d['rows'] if r.get('eval_loss') is not None and math.isfinite(r['eval_loss'])]
@@ -316,8 +316,8 @@ def _derived_target_loss(read, target_accuracy: float) -> Optional[float]:
       lows.append(min(r['eval_loss'] for r in evals))
       successful.append(crossing(evals, 'eval_accuracy', target_accuracy, True)[0] is not None)
   if any(successful):
-    lows = [v for v, ok in zip(lows, successful) if ok]
-  return max(lows) if lows else None
+    return max(v for v, ok in zip(lows, successful) if ok), 'reached'
+  return (max(lows), 'all') if lows else (None, None)
 
 
 def _choose(groups: Sequence[dict[str, Any]], seeds: Sequence[int], confidence: float) -> None:
@@ -359,9 +359,9 @@ def summarize(runs: Sequence[PlannedRun], target_accuracy: float, target_loss: O
   seeds = sorted({run.seed for run in runs})
   check_options(len(seeds), tuning_seeds, confidence)
   read = [(run, read_run(run)) for run in runs]
-  derived = target_loss is None
+  derived, derived_from = target_loss is None, None
   if derived:
-    target_loss = _derived_target_loss(read, target_accuracy)
+    target_loss, derived_from = _derived_target_loss(read, target_accuracy)
   groups: dict[tuple[str, tuple], dict[str, Any]] = {}
   for run, data in read:
     group = groups.setdefault((run.entry, run.sweep), {'entry': run.entry, 'sweep': dict(run.sweep), 'runs': []})
@@ -384,7 +384,8 @@ def summarize(runs: Sequence[PlannedRun], target_accuracy: float, target_loss: O
              for g in groups.values() for r in g['runs']]
   order = {run.workdir: i for i, run in enumerate(runs)}
   per_run.sort(key=lambda r: order[r['workdir']])
-  return {'targets': {'accuracy': target_accuracy, 'loss': target_loss, 'loss_derived': derived},
+  return {'targets': {'accuracy': target_accuracy, 'loss': target_loss, 'loss_derived': derived,
+                      'loss_derived_from': derived_from},
           'time_to_target': INTERPOLATION, 'baseline': baseline if base is not None else None,
           'confidence': confidence, 'interval': INTERVAL,
           'seeds': {'all': seeds, 'tuning': tuning, 'reporting': reporting, 'sweeping': sweeping,
