@@ -58,6 +58,7 @@ def _without_wall(report):
   for group in report['algorithms'] + report['sweep']:
     group['figures'].pop('wall_time')
   report.pop('png', None)
+  report.pop('intervals_png', None)
   return report
 
 

@@ -36,15 +36,18 @@ worker)), whatever the algorithm. Random compute distributions (`exponential`, `
 clock's seeded generator in the order a time rule asks, so there the algorithms see the same distribution but
 not the same draws; use `trace` to replay one measured table for all.
 
-Writes in WORKDIR: `comparison.md` (the table), `comparison.json` (the same figures, per run and per
-algorithm) and `comparison.png` (eval loss and accuracy against simulated time and against steps, one line per
-algorithm at its best value, the median over the reporting seeds, shaded by the pointwise bootstrap interval of
-that median). Figures over seeds (`experiments.comparison.statistics`): medians with `--confidence` (0.95) bootstrap
-intervals, a seed that misses a target censored at its budget (never dropped), the probability of beating
-`--baseline` on paired seeds with its interval, and a verdict (faster / slower / tied). Times to target are
-interpolated linearly between the two evaluations around the crossing (never quantised by `eval_every`);
-`time_to_target_at_eval` is the quantised value of summary.json. Exit statuses as in `experiments.main`:
-2 for a bad flag or config, 75 after SIGTERM / Ctrl-C (rerun to resume).
+Writes in WORKDIR: `comparison.md` (the table), `comparison.json` (the same figures, per run and per algorithm),
+`comparison.png` (eval loss and accuracy against simulated time and against steps, one line per algorithm at its
+best value, the median over the reporting seeds, shaded by the pointwise bootstrap interval of that median; at most
+six entries a row of panels, the baseline in every row) and `comparison_intervals.png` (the median time to target
+per entry with its interval, sorted, coloured by verdict, the baseline marked, beside the probability of beating the
+baseline: rliable's interval plot). The terminal gets the verdict table and these files' paths; the notes and the
+list of runs are in comparison.md. Figures over seeds (`experiments.comparison.statistics`): medians with
+`--confidence` (0.95) bootstrap intervals, a seed that misses a target censored at its budget (never dropped), the
+probability of beating `--baseline` on paired seeds with its interval, and a verdict (faster / slower / tied). Times
+to target are interpolated linearly between the two evaluations around the crossing (never quantised by
+`eval_every`); `time_to_target_at_eval` is the quantised value of summary.json. Exit statuses as in
+`experiments.main`: 2 for a bad flag or config, 75 after SIGTERM / Ctrl-C (rerun to resume).
 """
 
 from __future__ import annotations
@@ -188,11 +191,7 @@ def main(argv):
   except KeyboardInterrupt as e:
     print(f'interrupted: rerun the same command to resume in {root}', file=sys.stderr)
     sys.exit(preemption.exit_code(e))
-  with open(os.path.join(root, 'comparison.md')) as f:
-    print(f.read())
-  print(f'table: {os.path.join(root, "comparison.md")}')
-  if report.get('png'):
-    print(f'plot: {report["png"]}')
+  print(report_lib.terminal(report, root))  # ends with the verdict table and the files' paths
 
 
 if __name__ == '__main__':

@@ -76,6 +76,16 @@ class _Progress(logging.Filter):
     return True
 
 
+def workdirs_text(workdirs: Sequence[str]) -> str:
+  """A program's workdirs in a short line: the one, or how many under their common directory."""
+  if len(workdirs) == 1:
+    return workdirs[0]
+  common = os.path.commonpath(workdirs)
+  names = [os.path.relpath(w, common) for w in workdirs]
+  shown = ', '.join(names) if len(names) <= 3 else f'{names[0]} .. {names[-1]}'
+  return f'{len(workdirs)} runs in {common}/ ({shown})'
+
+
 def format_duration(seconds: float) -> str:
   seconds = max(0, int(round(seconds)))
   return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
@@ -111,7 +121,7 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
     for i, group in enumerate(groups):
       progress.index = i
       steps = max(r.config.num_steps for r in group)
-      log.info('-> %s, %d steps  (comparison ETA %s)', ', '.join(r.workdir for r in group), steps,
+      log.info('-> %s, %d steps  (comparison ETA %s)', workdirs_text([r.workdir for r in group]), steps,
                progress.overall_eta())
       start = time.time()
       stop_requests = (stop_requests_factory or preemption.StopRequests)()
