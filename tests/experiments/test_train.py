@@ -84,10 +84,11 @@ class TrainTest(parameterized.TestCase):
     train.train_and_evaluate(config, full)
     crashed = self.create_tempdir().full_path
     train.train_and_evaluate(config, crashed)
-    # As if the process died just after step 20's checkpoint: later checkpoints never happened.
+    # As if the process died just after step 20's checkpoint: later checkpoints and the summary never happened.
     for name in os.listdir(os.path.join(crashed, 'checkpoints')):
       if name.isdigit() and int(name) > 20:
         shutil.rmtree(os.path.join(crashed, 'checkpoints', name))
+    os.remove(os.path.join(crashed, 'summary.json'))
     train.train_and_evaluate(config, crashed)
     self.assertEqual(_summary_without_wall(crashed), _summary_without_wall(full))
     self.assertEqual(_strip_wall(metrics_io.read_rows(crashed)), _strip_wall(metrics_io.read_rows(full)))

@@ -6,7 +6,6 @@ an interrupted run resumes from its checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -21,22 +20,11 @@ SUMMARY_FILE = 'summary.json'
 log = logging.getLogger('waitless')
 
 
-def read_json(path: str) -> Optional[dict]:
-  """The JSON object in `path`, or None if it is missing or does not read back (a file torn by a crash of a
-  version that wrote it in place: the run is then not finished, and runs again from its checkpoint)."""
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return value if isinstance(value, dict) else None
-
-
 def run_status(workdir: str) -> Optional[str]:
   """'finished', 'diverged' or 'stalled' when the run needs no more work; None otherwise."""
-  if read_json(os.path.join(workdir, SUMMARY_FILE)) is not None:
+  if atomic_files.read_json(os.path.join(workdir, SUMMARY_FILE)) is not None:
     return 'finished'
-  failed = read_json(os.path.join(workdir, FAILED_FILE))
+  failed = atomic_files.read_json(os.path.join(workdir, FAILED_FILE))
   if failed is not None and failed.get('status') in ('diverged', 'stalled'):
     return failed['status']
   return None

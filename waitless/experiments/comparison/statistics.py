@@ -34,8 +34,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from waitless.experiments.comparison.plan import PlannedRun
+from waitless.experiments.harness import atomic_files
 from waitless.experiments.comparison.runs import SUMMARY_FILE
-from waitless.experiments.comparison.runs import read_json
 from waitless.experiments.comparison.runs import run_status
 
 INTERPOLATION = 'linear interpolation between the two evaluations around the crossing'
@@ -65,7 +65,7 @@ def read_run(run: PlannedRun) -> dict[str, Any]:
     metrics_io.CutLog: the run finished but its metrics.jsonl is cut, missing or disagrees with summary.json.
   """
   from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
-  summary = read_json(os.path.join(run.workdir, SUMMARY_FILE))
+  summary = atomic_files.read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
   rows = metrics_io.read_rows(run.workdir, complete=status == 'finished')
   if status == 'finished':

@@ -70,6 +70,8 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   float32: XLA may round the batched program differently). A replica that has spent its budget, or that
   diverged or stalled, is frozen (it computes what is never read) while the others go on.
 
+  A run whose workdir holds its summary.json finished: it is returned as it is, not trained again.
+
   `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.harness.slowdown.loss_hook`).
 
   Returns:
@@ -79,6 +81,17 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; every unfinished replica
       finished its block and checkpointed, and the same call resumes them.
   """
+  finished = [atomic_files.read_json(os.path.join(w, 'summary.json')) for w in workdirs]
+  if any(s is not None for s in finished):  # as they finished: a rerun must not train them again, nor rewrite them
+    for config, workdir, summary in zip(configs, workdirs, finished):
+      if summary is not None:
+        workdir_lib.check_workdir(workdir, config)  # the same run, not one of another config
+    pending = [i for i, s in enumerate(finished) if s is None]
+    outcomes = train_group([configs[i] for i in pending], [workdirs[i] for i in pending], stop_requests,
+                           loss_hook) if pending else []
+    for i, outcome in zip(pending, outcomes):
+      finished[i] = outcome
+    return finished
   group = setup.build_group(configs)
   lead = jax.process_index() == 0
   state_bytes = setup.state_bytes_of(group.lead)  # shapes only (one trace of the init): nothing allocated yet
