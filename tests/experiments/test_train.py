@@ -175,6 +175,14 @@ class TrainTest(parameterized.TestCase):
     with self.assertRaisesRegex(workdir_lib.WorkdirConflict, 'unreadable config.json .*use a new --workdir'):
       workdir_lib.check_workdir(workdir, harness.synthetic_config('sync', num_steps=5, eval_every=5))
 
+  def test_every_field_of_summary_json_is_documented(self):
+    # Issue 39: `replicas` was missing from the table of outputs.
+    summary = train.train_and_evaluate(harness.synthetic_config('sync', num_steps=2, eval_every=2),
+                                       self.create_tempdir().full_path)
+    with open(os.path.join(ROOT, 'docs', 'experiments.md')) as f:
+      row = next(line for line in f if line.startswith('| `summary.json` |'))
+    self.assertEqual([k for k in summary if f'`{k}`' not in row], [])
+
   def test_a_workdir_with_another_config_is_refused(self):
     workdir = self.create_tempdir().full_path
     train.train_and_evaluate(harness.synthetic_config('sync', num_steps=5, eval_every=5), workdir)
