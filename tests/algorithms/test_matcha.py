@@ -217,15 +217,26 @@ class PlanTest(parameterized.TestCase):
     plan = matcha.ring_plan(p, 1.0)
     self.assertEqual(plan.probabilities, (1.0,) * len(plan.partners))
     eig = np.linalg.eigvalsh(sum(matcha.laplacian(t) for t in plan.partners))
-    np.testing.assert_allclose(plan.alpha, 2 / (eig[1] + eig[-1]), rtol=1e-7)
+    np.testing.assert_allclose(plan.alpha, 2 / (eig[1] + eig[-1]), rtol=1e-12)  # solved exactly, not to 1e-8
     self.assertLess(plan.rho, 1)
 
   def test_two_workers_alpha_is_a_half_and_rho_one_minus_p(self):
     # One edge, p = C_b: E[W^T W] - J = 1 - 4 alpha p + 4 alpha^2 p on the difference direction.
     for budget in (0.2, 0.7):
       plan = matcha.ring_plan(2, budget)
-      np.testing.assert_allclose(plan.alpha, 0.5, atol=1e-7)
+      np.testing.assert_allclose(plan.alpha, 0.5, atol=1e-12)
       np.testing.assert_allclose(plan.rho, 1 - budget, atol=1e-12)
+
+  @parameterized.parameters((8, 0.3), (5, 0.6), (16, 0.5), (7, 0.9))
+  def test_alpha_is_where_rhos_slopes_change_sign(self, p, budget):
+    # The optimality condition, in float64: rho falls to the left of alpha and rises to its right, both by more
+    # than rounding 1e-9 away (a search on rho's values stopped about 1e-8 from it).
+    plan = matcha.ring_plan(p, budget)
+    laps = [matcha.laplacian(t) for t in plan.partners]
+    mean, second = matcha._contraction(laps, plan.probabilities, matcha._complement_of_ones(p))
+    for step in (1e-9, 1e-6):
+      self.assertLess(matcha._slopes(mean, second, plan.alpha - step)[0], 0)
+      self.assertGreater(matcha._slopes(mean, second, plan.alpha + step)[1], 0)
 
   @parameterized.parameters((8, 0.3), (5, 0.6), (16, 0.5))
   def test_alpha_minimises_rho(self, p, budget):

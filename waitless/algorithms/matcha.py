@@ -19,8 +19,8 @@ mean of the two neighbours and oneself); alpha = 1/2 for P = 2.
 The authors solve both problems with cvxpy (JYWa/MATCHA, graph_manager.py, `MatchaProcessor.getProbability` /
 `getAlpha`); here, without that dependency, the first is
 Kelley's cutting-plane method (an LP in scipy per cut, lambda_2 being the minimum of the linear functions
-x^T L(p) x over unit x orthogonal to 1) and the second a bounded scalar minimisation (rho is convex in
-alpha). Both are deterministic.
+x^T L(p) x over unit x orthogonal to 1) and the second a bisection on rho's exact one-sided derivatives (rho is
+convex in alpha), to float64 rounding. Both are deterministic.
 
 Activations are drawn on the host by the time rule (`MatchingGossip`) from a stream keyed by (config seed,
 iteration), independent of the clock's compute-time stream: the same seed gives MATCHA the straggler trace it
@@ -179,12 +179,24 @@ def contraction_factor(laplacians: Sequence[np.ndarray], probabilities, alpha: f
   return float(np.linalg.eigvalsh(np.eye(len(mean)) - 2.0 * alpha * mean + alpha * alpha * second)[-1])
 
 
+def _slopes(mean: np.ndarray, second: np.ndarray, alpha: float) -> tuple[float, float]:
+  """The left and right derivatives of rho at alpha: the extreme eigenvalues of d/dalpha (-2 alpha E[L] + alpha^2 S)
+  = 2 (alpha S - E[L]) restricted to the top eigenspace of E[W^T W] - 11^T/P (one slope where it is simple)."""
+  values, vectors = np.linalg.eigh(np.eye(len(mean)) - 2.0 * alpha * mean + alpha * alpha * second)
+  top = vectors[:, values >= values[-1] - 1e-12 * max(1.0, abs(values[-1]))]
+  slopes = np.linalg.eigvalsh(top.T @ (2.0 * (alpha * second - mean)) @ top)
+  return float(slopes[0]), float(slopes[-1])
+
+
 def mixing_weight(laplacians: Sequence[np.ndarray], probabilities: np.ndarray) -> float:
   """alpha minimising rho(alpha) = lambda_max(E[W^T W] - 11^T/P) (authors' getAlpha; `contraction_factor`).
 
   On the complement of 1, E[W^T W] - 11^T/P = I - 2 alpha E[L] + alpha^2 S, S = E[L]^2 + 2 sum_j p_j (1 - p_j) L_j
-  (a matching has L_j^2 = 2 L_j), convex in alpha. Along the top eigenvector of E[L] (eigenvalue e) it is at
-  least (1 - alpha e)^2, which is >= 1 = rho(0) from alpha = 2 / e on: the minimiser lies in [0, 2 / e].
+  (a matching has L_j^2 = 2 L_j): a maximum of quadratics in alpha, convex. Along the top eigenvector of E[L]
+  (eigenvalue e) it is at least (1 - alpha e)^2, which is >= 1 = rho(0) from alpha = 2 / e on: the minimiser lies
+  in [0, 2 / e]. Solved by bisection on the sign of rho's exact one-sided derivatives (`_slopes`: where the top
+  eigenvalue is simple, x^T 2 (alpha S - E[L]) x of its eigenvector), to the last bits of float64: a search on
+  rho's values stops at about the square root of the rounding (1e-8) where rho is flat around its minimum.
 
   Args:
     laplacians: the matchings' L_j.
@@ -193,16 +205,25 @@ def mixing_weight(laplacians: Sequence[np.ndarray], probabilities: np.ndarray) -
   Returns:
     alpha (0 where no matching is ever active).
   """
-  from scipy import optimize  # pylint: disable=g-import-not-at-top
   if not laplacians:
     return 0.0
-  mean, _ = _contraction(laplacians, probabilities, _complement_of_ones(laplacians[0].shape[0]))
+  mean, second = _contraction(laplacians, probabilities, _complement_of_ones(laplacians[0].shape[0]))
   top = float(np.linalg.eigvalsh(mean)[-1])
   if top <= 0:
     return 0.0
-  found = optimize.minimize_scalar(lambda a: contraction_factor(laplacians, probabilities, a), bounds=(0.0, 2.0 / top),
-                                   method='bounded', options={'xatol': 1e-12})
-  return float(found.x)
+  low, high = 0.0, 2.0 / top
+  while high - low > 4 * np.finfo(float).eps * high:
+    middle = 0.5 * (low + high)
+    if middle in (low, high):
+      break
+    left, right = _slopes(mean, second, middle)
+    if left > 0:     # rho increases on both sides: the minimiser is below
+      high = middle
+    elif right < 0:  # rho decreases on both sides: above
+      low = middle
+    else:            # 0 is a subgradient: the minimiser (a kink, or a flat bottom)
+      return middle
+  return 0.5 * (low + high)
 
 
 @dataclasses.dataclass(frozen=True)
