@@ -249,6 +249,21 @@ class BudgetTest(parameterized.TestCase):
     self.assertGreaterEqual(got['checkpoint_every'], digits.get_config(entry).checkpoint_every)
     self.assertLessEqual(got['num_steps'] // got['checkpoint_every'], sim_budget.CHECKPOINTS_PER_RUN)
 
+  def test_a_budget_beyond_max_steps_is_refused_before_the_clock_runs_that_far(self):
+    # Issue 39: --sim_time beyond 10^7 iterations was refused only after the clock had run 10^7 of them.
+    blocks = []
+    real = cluster_factory.make_clock
+    def counting_clock(*args, **kwargs):
+      clock = real(*args, **kwargs)
+      next_block = clock.next_block
+      clock.next_block = lambda n: blocks.append(n) or next_block(n)
+      return clock
+    with mock.patch.object(sim_budget.cluster_factory, 'make_clock', side_effect=counting_clock):
+      with self.assertRaisesRegex(errors.ConfigError, r'--sim_time=.* is more than 1e\+07 iterations'):
+        compare_plan.plan(digits.get_config, ['sync'], [()], 1, '/tmp/unused', sim_time=1e7, evals=5)
+    self.assertLessEqual(sum(blocks), 10_000)
+    self.assertEqual(sim_budget.steps_for_sim_time(digits.get_config('sync'), 1e7, max_steps=3000), 3000)
+
   def test_the_sweep_points_of_a_seed_ask_its_clock_once(self):
     calls = []
     real = sim_budget.steps_for_sim_time
