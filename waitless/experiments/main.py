@@ -54,7 +54,8 @@ _DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Join a multi-process run
                                  '(SLURM, Open MPI, Cloud TPU pod).')
 _HEARTBEAT = flags.DEFINE_integer('heartbeat_timeout_s', distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
                                   'Multi-process: seconds without a heartbeat after which a process counts as '
-                                  'dead and the run stops.')
+                                  'dead and the run stops; also the longest a checkpoint save (its write and its '
+                                  'barrier) may take.')
 _VALIDATE_ONLY = flags.DEFINE_bool(
     'validate_only', False, 'Check the config and the flags (a bad one: one line, status 2) and exit without '
     'training; launch/multiprocess_cpu.sh runs this once before it starts its processes.')
