@@ -211,6 +211,7 @@ def main(argv):
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
     watchdog = _watch_peers(stop_requests, shared_flags.WORKDIR.value)
+    absl_logging.get_absl_logger().addFilter(checkpointing.background_error_filter)  # reported in one line below
   try:
     summary = _run(config, shared_flags.WORKDIR.value, stop_requests, loss_hook)
   except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,

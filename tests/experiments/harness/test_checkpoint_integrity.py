@@ -1,6 +1,7 @@
 """Corrupted checkpoints and unusable workdirs: detected, reported in one line, nothing else lost."""
 
 import json
+import logging
 import os
 import shutil
 from unittest import mock
@@ -144,6 +145,16 @@ class CheckpointIntegrityTest(parameterized.TestCase):
     with mock.patch.object(checkpointing.distributed, '_heartbeat_timeout_s', 7):
       options = checkpointing.Checkpointer(os.path.join(root, 'seed1', 'checkpoints'))._manager._options
     self.assertEqual(options.async_options.timeout_secs, 7)
+
+  def test_a_failed_background_save_is_not_logged_twice(self):
+    # Orbax logs a failed save's traceback from its thread; the same error reaches the next save or wait, where a
+    # multi-process run reports it in one line (main.py installs this filter on absl's logger).
+    failed = logging.LogRecord('absl', logging.ERROR, 'x.py', 1, '[process=0][thread=async_save] Failed to run 2 '
+                               'Handler Commit operations or the Commit callback in background save thread, '
+                               'directory: /w/checkpoints/20', None, None)
+    other = logging.LogRecord('absl', logging.ERROR, 'x.py', 1, 'something else failed', None, None)
+    self.assertFalse(checkpointing.background_error_filter(failed))
+    self.assertTrue(checkpointing.background_error_filter(other))
 
   def test_a_read_only_workdir_fails_before_training_in_one_line(self):
     with self.assertRaisesRegex(checkpointing.UnusableWorkdir, r'^workdir /proc/waitless_run is not writable'):

@@ -65,6 +65,12 @@ def check_writable(workdirs: Sequence[str], checkpoint_bytes: float = 0.0) -> No
                             + ('' if len(runs) == 1 else ' or fewer replicas (--max_replicas)'))
 
 
+def background_error_filter(record: logging.LogRecord) -> bool:
+  """False for orbax's log of a failed background save (a traceback at ERROR): the same error is raised again
+  at the next save or wait (`Checkpointer`), where the program reports it in one line."""
+  return 'in background save thread' not in record.getMessage()
+
+
 # One program copies the whole state (per-leaf `jnp.copy` compiles one program per leaf shape).
 _copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
