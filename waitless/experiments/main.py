@@ -54,7 +54,11 @@ _DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Join a multi-process run
                                  '(SLURM, Open MPI, Cloud TPU pod).')
 _HEARTBEAT = flags.DEFINE_integer('heartbeat_timeout_s', distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
                                   'Multi-process: seconds without a heartbeat after which a process counts as '
-                                  'dead and the run stops.')
+                                  'dead and the run stops; also the longest a checkpoint save (its write and its '
+                                  'barrier) may take.')
+_VALIDATE_ONLY = flags.DEFINE_bool(
+    'validate_only', False, 'Check the config and the flags (a bad one: one line, status 2) and exit without '
+    'training; launch/multiprocess_cpu.sh runs this once before it starts its processes.')
 _DEBUG_SLOW = flags.DEFINE_string(
     'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
     'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
@@ -65,8 +69,8 @@ def _train(config, workdir, stop_requests, loss_hook=None):
   replicas (`setup.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
   from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
   from waitless.experiments.harness import train
-  from waitless import config_errors as errors
-  errors.require_int(shared_flags.SEEDS.value, '--seeds', 1)
+  from waitless.experiments.harness import validation
+  validation.check_seeds(config.seed, shared_flags.SEEDS.value)
   if shared_flags.SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests, loss_hook)
   configs = []
@@ -118,6 +122,10 @@ def _is_jax_runtime_error(e: BaseException) -> bool:
   return isinstance(e, jax.errors.JaxRuntimeError)
 
 
+def _first_line(e: BaseException) -> str:
+  return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
 def _watch_peers(stop_requests, workdir):
   """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
@@ -127,6 +135,23 @@ def _watch_peers(stop_requests, workdir):
       timeout_s=_HEARTBEAT.value / 2, completed_step=lambda: stop_requests.completed_step, workdir=workdir)
   watchdog.start()
   return watchdog
+
+
+def _validate_only(config) -> None:
+  """--validate_only: what every process would check before training, once (exit 2 with one line if bad)."""
+  from waitless import config_errors as errors
+  from waitless.experiments.harness import validation
+  try:
+    settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                         auto=_DISTRIBUTED.value, heartbeat_timeout_s=_HEARTBEAT.value)
+    processes = settings.num_processes if settings and settings.num_processes else 1
+    distributed.host_devices_per_process(config.devices, processes)
+    slowdown.parse_slow(_DEBUG_SLOW.value, processes)
+    validation.validate(config)
+    validation.check_seeds(config.seed, shared_flags.SEEDS.value)
+  except errors.ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
 
 
 def _join_processes(config) -> int:
@@ -156,6 +181,9 @@ def main(argv):
   config = shared_flags.CONFIG.value
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
+  if _VALIDATE_ONLY.value:
+    _validate_only(config)
+    return
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
   handler = std_logging.StreamHandler(sys.stderr)
   handler.setFormatter(std_logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))
@@ -168,6 +196,7 @@ def main(argv):
   from waitless.experiments.harness import loop as loop_lib
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import workdir as workdir_lib
+  from waitless.experiments.harness import workdir_lock
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if shared_flags.COMPILATION_CACHE.value:
@@ -182,9 +211,11 @@ def main(argv):
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
     watchdog = _watch_peers(stop_requests, shared_flags.WORKDIR.value)
+    absl_logging.get_absl_logger().addFilter(checkpointing.background_error_filter)  # reported in one line below
   try:
     summary = _run(config, shared_flags.WORKDIR.value, stop_requests, loss_hook)
-  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
+          workdir_lock.WorkdirBusy) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except loop_lib.TrainingDiverged as e:
@@ -200,11 +231,15 @@ def main(argv):
     print(f'interrupted: rerun the same command to resume from the last checkpoint in {shared_flags.WORKDIR.value}',
           file=sys.stderr)
     sys.exit(preemption.exit_code(e))
+  except TimeoutError as e:  # a checkpoint's barrier that a peer never reached (checkpointing.Checkpointer)
+    if watchdog is None:
+      raise
+    watchdog.report(f'a checkpoint barrier timed out after {_HEARTBEAT.value}s ({_first_line(e)}), a peer process '
+                    'is stuck')
   except RuntimeError as e:  # jax.errors.JaxRuntimeError: in a multi-process run, a collective lost its peer
     if watchdog is None or not _is_jax_runtime_error(e):
       raise
-    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-    watchdog.report(f'a collective failed ({first}), a peer process probably died')
+    watchdog.report(f'a collective failed ({_first_line(e)}), a peer process probably died')
   finally:
     if watchdog is not None:
       watchdog.finish()
