@@ -57,16 +57,48 @@ _HEARTBEAT = flags.DEFINE_integer('heartbeat_timeout_s', distributed.DEFAULT_HEA
                                   'dead and the run stops.')
 _DEBUG_SLOW = flags.DEFINE_string(
     'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
-    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
+    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine; with runtime=ray, '
+    'learner I). "" for none.')
+_DEBUG_DELAY = flags.DEFINE_string(
+    'debug_delay', '', 'TEST-ONLY, runtime=ray: "K:S", each job of each learner sleeps S seconds with probability '
+    'K / workers (transient delays, harness/ray_runtime/worker.py). "" for none.')
+_RAY_ADDRESS = flags.DEFINE_string(
+    'ray_address', None, 'runtime=ray: HOST:PORT of a running Ray cluster\'s head (`ray start --head`), or "auto"; '
+    'unset: a local Ray starts and stops with the run.')
+
+
+def _train_on_ray(config, workdir, stop_requests):
+  """A `runtime=ray` run (`ray_runtime.driver`), or with --seeds=N > 1 its N seeds one after another, each in
+  `WORKDIR/seed<S>` ({workdir: summary or the failure it stopped with})."""
+  from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness.ray_runtime import driver  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness.ray_runtime import worker  # pylint: disable=g-import-not-at-top
+  delays = worker.Slowdown(*slowdown.parse_slow(_DEBUG_SLOW.value, config.workers),
+                           *slowdown.parse_delay(_DEBUG_DELAY.value, config.workers))
+  train = lambda c, w: driver.train_and_evaluate(c, w, stop_requests, _RAY_ADDRESS.value, delays)  # pylint: disable=unnecessary-lambda-assignment
+  if shared_flags.SEEDS.value == 1:
+    return train(config, workdir)
+  outcomes = {}
+  for i in range(shared_flags.SEEDS.value):
+    seeded = config.copy_and_resolve_references()
+    seeded.seed = config.seed + i
+    seed_dir = os.path.join(workdir, f'seed{seeded.seed}')
+    try:
+      outcomes[seed_dir] = train(seeded, seed_dir)
+    except (loop_lib.TrainingDiverged, loop_lib.ClusterStalled) as e:
+      outcomes[seed_dir] = e
+  return outcomes
 
 
 def _train(config, workdir, stop_requests, loss_hook=None):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
   replicas (`setup.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
-  from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
-  from waitless.experiments.harness import train
   from waitless import config_errors as errors
   errors.require_int(shared_flags.SEEDS.value, '--seeds', 1)
+  if config.get('runtime') == 'ray':
+    return _train_on_ray(config, workdir, stop_requests)
+  from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
+  from waitless.experiments.harness import train
   if shared_flags.SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests, loss_hook)
   configs = []
@@ -168,13 +200,22 @@ def main(argv):
   from waitless.experiments.harness import loop as loop_lib
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import workdir as workdir_lib
+  from waitless.experiments.harness.ray_runtime import ray_config  # no JAX import
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if shared_flags.COMPILATION_CACHE.value:
     compilation_cache.enable(shared_flags.COMPILATION_CACHE.value)
-  processes = _join_processes(config)
+  on_ray = config.get('runtime') == 'ray'
+  processes = 1 if on_ray else _join_processes(config)  # Ray runs join no jax.distributed mesh
   try:
-    loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
+    if on_ray:
+      slowdown.parse_slow(_DEBUG_SLOW.value, config.workers)  # learners, checked before Ray starts
+      slowdown.parse_delay(_DEBUG_DELAY.value, config.workers)
+      loss_hook = None
+    else:
+      errors.require(not _DEBUG_DELAY.value and not _RAY_ADDRESS.value, '--debug_delay, --ray_address',
+                     (_DEBUG_DELAY.value, _RAY_ADDRESS.value), 'are for runtime=ray runs only')
+      loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -184,7 +225,8 @@ def main(argv):
     watchdog = _watch_peers(stop_requests, shared_flags.WORKDIR.value)
   try:
     summary = _run(config, shared_flags.WORKDIR.value, stop_requests, loss_hook)
-  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
+          ray_config.RayUnavailable) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except loop_lib.TrainingDiverged as e:

@@ -10,6 +10,7 @@ from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
 from waitless.experiments.harness import measured_time
+from waitless.experiments.harness.ray_runtime import ray_config
 from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 
@@ -98,6 +99,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   unknown = sorted(set(config.algorithm.keys()) - set(spec.defaults) - {'name'})
   errors.require(not unknown, 'algorithm', ', '.join(unknown),
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')
+  ray_config.validate(config)  # a runtime that cannot run the algorithm is the news, not its other fields
   measured_time.validate(config)  # first: a refused algorithm is the news, not its other fields
   spec.validate(config)
   cluster_factory.validate(config)
