@@ -27,8 +27,9 @@ class SimulatedTime:
     return self.now
 
 
-def run(config, means, seed: int = 0):
-  """Trains `config` to its num_steps on the in-process server; learner i's jobs take Exp(mean = means[i]) s.
+def run(config, means, seed: int = 0, starts=None):
+  """Trains `config` to its num_steps on the in-process server; learner i's jobs take Exp(mean = means[i]) s,
+  and it starts (fetches) at `starts[i]` seconds (default: all at 0).
 
   Returns the `server.Server` (its `records` hold every update) and the initial host params (P, ...).
   """
@@ -40,16 +41,20 @@ def run(config, means, seed: int = 0):
   heap, waiting = [], []
   server.start()
 
-  def start(i):
-    reply = server.reply(i)
+  def start(i, fetch=False):
+    reply = server.fetch(i) if fetch else server.reply(i)
     grad_sum, loss_sum, model_state = learners[i].compute(reply.params, reply.position)
     job = (reply.version, reply.position, grad_sum, loss_sum, model_state)
     heapq.heappush(heap, (time.now + rng.exponential(means[i]), i, job))
 
   for i in range(config.workers):
-    start(i)
+    heapq.heappush(heap, (0.0 if starts is None else starts[i], i, None))
   while not server.finished:
-    time.now, i, (version, position, grad_sum, loss_sum, model_state) = heapq.heappop(heap)
+    time.now, i, job = heapq.heappop(heap)
+    if job is None:
+      start(i, fetch=True)
+      continue
+    version, position, grad_sum, loss_sum, model_state = job
     before = server.version
     outcome = server.push(i, version, position, grad_sum, loss_sum, model_state)
     if server.version > before:

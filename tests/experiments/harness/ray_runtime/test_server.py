@@ -52,7 +52,7 @@ class ServerReplayTest(parameterized.TestCase):
       server, initial = in_process.run(config, MEANS)
       traj = in_process.trajectory(server, initial)
     self.assertLen(traj.schedules, config.num_steps)
-    replay(self, traj, ray_config.server_config(config), variant, block=len(traj.schedules))
+    replay(self, traj, ray_config.server_config(config), variant, block=len(traj.schedules), restarts=True)
     staleness = max(int(s.staleness.max()) for s in traj.schedules)
     discarded = sum(p.outcome == arrivals.DISCARDED for r in server.records for p in r.pushes)
     if variant in ('kasync', 'kbatch_async') and 'max_delay' not in arg:
@@ -64,6 +64,23 @@ class ServerReplayTest(parameterized.TestCase):
       self.assertLess(staleness, config.algorithm.max_delay)
     if arg.startswith('adasync'):
       self.assertGreater(max(int(s.k) for s in traj.schedules), 1, 'K never adapted')
+
+  @parameterized.named_parameters(
+      ('kasync', 'kasync,k=2', 'kasync'), ('kasync_adaptive_lr', 'kasync,k=2,adaptive_lr_c=1e-4', 'kasync'),
+      ('kbatch_async', 'kbatch_async,k=2', 'kbatch_async'), ('ksync', 'ksync,k=2', 'ksync'))
+  def test_learners_that_start_late_fetch_the_current_model(self, arg, variant):
+    # Real learners start when their actor is up: after some updates. Their first fetch is an event.
+    with jax.enable_x64(True):
+      config = f64_config(arg)
+      server, initial = in_process.run(config, MEANS, starts=(0.0, 0.0, 3.0, 6.0))
+      traj = in_process.trajectory(server, initial)
+    fetched = [p for r in server.records for p in r.pushes if p.outcome == arrivals.FETCHED]
+    if variant == 'ksync':  # fresh views: every view is W_t already, a fetch changes none
+      self.assertEmpty(fetched)
+    else:
+      self.assertNotEmpty(fetched)
+      self.assertTrue(all(p.version > 0 for p in fetched))
+    replay(self, traj, ray_config.server_config(config), variant, block=len(traj.schedules), restarts=True)
 
   def test_sync_runs_as_ksync_with_k_equal_to_workers(self):
     config = ray_config.server_config(f64_config('sync'))

@@ -13,7 +13,10 @@ arrive when they arrive, and `Arrivals` turns them into the same schedules, one 
 | `ringmaster` | taken if d < R, else discarded | goes on at once on W_t | at the K-th taken push |
 | `adasync` | as its base, with K adapted from the loss (`cluster.rules.adasync.adapted_k`) | | |
 
-The pusher of the K-th gradient fetches W_{t+1}. A real runtime cannot stop a job in flight: where the papers
+The pusher of the K-th gradient fetches W_{t+1}. A learner that starts (or that Ray restarted) fetches the
+current W_t: unless that is its view already, the update records it as a discarded one's restart (the schedule's
+`discarded`: any gradient it pushes in this update was computed at W_t, and without a push its view becomes
+W_t), which is what the update's math reads. A real runtime cannot stop a job in flight: where the papers
 cancel work (K-sync, K-batch-sync: the slower jobs of a round; Ringmaster: a learner whose delay reached R), the
 job runs to its end and is discarded when it arrives, and its learner fetches the current model then. Discarded
 work consumes no samples: a learner's data position moves only with its taken pushes, so the data each taken
@@ -37,8 +40,8 @@ from waitless.cluster.rules import kbatch_async as kbatch_async_rule
 from waitless.cluster.rules import kbatch_sync as kbatch_sync_rule
 from waitless.cluster.rules import ksync as ksync_rule
 
-# What happened to a push.
-TAKEN, TAKEN_LAST, DISCARDED = 'taken', 'taken_last', 'discarded'
+# What happened to a push; FETCHED: a learner that (re)started fetched the current model.
+TAKEN, TAKEN_LAST, DISCARDED, FETCHED = 'taken', 'taken_last', 'discarded', 'fetched'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +113,8 @@ class Arrivals:
     self.workers, self.microbatches, self.policy = workers, microbatches, policy
     self.version, self.k = version, k
     self.positions = np.zeros(workers, np.int64) if positions is None else np.asarray(positions, np.int64).copy()
+    # The server version of each learner's view as the schedules have it; -1: none yet (it fetches first).
+    self.view_version = np.full(workers, -1 if version else 0, np.int64)
     self._begin()
 
   def _begin(self) -> None:
@@ -136,6 +141,7 @@ class Arrivals:
       if not self.policy.current_only:  # Ringmaster: it restarts on W_t (the schedule's `discarded`)
         self.discarded[learner] = True
         self.last_event[learner] = DISCARDED
+        self.view_version[learner] = self.version
       return Push(time_s, learner, version, delay, position, DISCARDED, self.version)
     if self.contributions[learner] == 0:
       self.staleness[learner] = delay
@@ -145,6 +151,17 @@ class Arrivals:
     outcome = TAKEN_LAST if self.taken == self.k else TAKEN
     self.last_event[learner] = outcome
     return Push(time_s, learner, version, delay, position, outcome, self.version)
+
+  def fetch(self, learner: int, time_s: float = 0.0) -> Optional[Push]:
+    """A learner that starts or restarts takes the current model W_t; the FETCHED event when that changes its
+    view (the first fetch of a fresh run does not), else None."""
+    if self.view_version[learner] == self.version:
+      return None
+    if not self.policy.current_only:  # fresh views need nothing: every view is W_t
+      self.discarded[learner] = True
+      self.last_event[learner] = DISCARDED
+    self.view_version[learner] = self.version
+    return Push(time_s, learner, self.version, 0, int(self.positions[learner]), FETCHED, self.version)
 
   def close_update(self, time_s: float = 0.0) -> Update:
     """The schedule of the update the K-th push completed; starts the next one (version t + 1)."""
@@ -160,6 +177,7 @@ class Arrivals:
         fetch_current = self.last_event == DISCARDED
     schedule = ps.schedule(self.workers, self.k, self.microbatches, self.contributions, staleness=self.staleness,
                            refresh_view=refresh, fetch_current=fetch_current, discarded=self.discarded)
+    self.view_version = np.where(refresh, self.version + 1, np.where(fetch_current, self.version, self.view_version))
     update = Update(schedule, self.start_positions, time_s)
     self.version += 1
     self._begin()

@@ -127,7 +127,7 @@ class Window:
 
   def row(self, previous_time_s: float) -> dict[str, float]:
     records, self.records = self.records, []
-    taken = [p for r in records for p in r.pushes if p.outcome != arrivals_lib.DISCARDED]
+    taken = [p for r in records for p in r.pushes if p.outcome in (arrivals_lib.TAKEN, arrivals_lib.TAKEN_LAST)]
     ends = [r.update.time_s for r in records]
     return {'train_loss': float(np.mean([r.train_loss for r in records])),
             'l2_grads': float(np.mean([r.l2_grads for r in records])),

@@ -174,6 +174,13 @@ class Server:
   def reply(self, learner: int) -> Reply:
     return Reply(self.core.current, self.version, int(self.arrivals.positions[learner]), self.finished)
 
+  def fetch(self, learner: int) -> Reply:
+    """A learner that starts or restarts: the current model (recorded when it changes the learner's view)."""
+    event = self.arrivals.fetch(learner, self.now())
+    if event is not None:
+      self._pushes.append(event)
+    return self.reply(learner)
+
   def push(self, learner: int, version: int, position: int, grad_sum, loss_sum: float, model_state=None) -> str:
     """One arrival: taken (its gradient added), taken as the K-th (the update applied now) or discarded."""
     event = self.arrivals.push(learner, version, position, self.now())
@@ -246,21 +253,27 @@ class ServerActor:
   def start(self) -> None:
     self.server.start()
 
-  async def _wait_for_update(self, version: int) -> None:
+  async def _reply_after_update(self, learner: int) -> Reply:
+    """The learner's reply once the update in progress is applied: the model of that version, even if more
+    updates followed before this coroutine resumed (its view is W_{t+1}, not the newest)."""
+    version = self.server.version
     if version not in self._waiting:
       self._waiting[version] = asyncio.get_running_loop().create_future()
-    await self._waiting[version]
+    params, new_version = await self._waiting[version]
+    position = int(self.server.arrivals.positions[learner])  # moves only with its own pushes: it waited
+    return Reply(params, new_version, position, new_version >= self.server.config.num_steps)
 
   def _release(self) -> None:
-    """Wakes the pushes and fetches that waited for an update now applied."""
+    """Hands the model just applied to the pushes and fetches that waited for its update."""
+    done = (self.server.core.current, self.server.version)
     for version in [v for v in self._waiting if v < self.server.version]:
-      self._waiting.pop(version).set_result(None)
+      self._waiting.pop(version).set_result(done)
 
   async def fetch(self, learner: int) -> Reply:
     server = self.server
     if server.arrivals.policy.waits and server.arrivals.contributions[learner] > 0:
-      await self._wait_for_update(server.version)
-    return server.reply(learner)
+      return await self._reply_after_update(learner)
+    return server.fetch(learner)
 
   async def push(self, learner: int, version: int, position: int, grad_sum, loss_sum: float,
                  model_state=None) -> Reply:
@@ -272,7 +285,7 @@ class ServerActor:
     if server.version > before:
       self._release()
     elif outcome == arrivals_lib.TAKEN and server.arrivals.policy.waits:
-      await self._wait_for_update(before)
+      return await self._reply_after_update(learner)
     return server.reply(learner)
 
   def drain(self):
