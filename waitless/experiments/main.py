@@ -62,6 +62,9 @@ _DEBUG_SLOW = flags.DEFINE_string(
 _DEBUG_DELAY = flags.DEFINE_string(
     'debug_delay', '', 'TEST-ONLY, runtime=ray: "K:S", each job of each learner sleeps S seconds with probability '
     'K / workers (transient delays, harness/ray_runtime/worker.py). "" for none.')
+_DEBUG_CRASH = flags.DEFINE_string(
+    'debug_crash_learner', '', 'TEST-ONLY, runtime=ray: "I:T", learner I\'s process exits once it holds a model of '
+    'version >= T, in its first life (Ray restarts it; harness/ray_runtime/worker.py). "" for none.')
 _RAY_ADDRESS = flags.DEFINE_string(
     'ray_address', None, 'runtime=ray: HOST:PORT of a running Ray cluster\'s head (`ray start --head`), or "auto"; '
     'unset: a local Ray starts and stops with the run.')
@@ -73,9 +76,10 @@ def _train_on_ray(config, workdir, stop_requests):
   from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness.ray_runtime import driver  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness.ray_runtime import worker  # pylint: disable=g-import-not-at-top
-  delays = worker.Slowdown(*slowdown.parse_slow(_DEBUG_SLOW.value, config.workers),
-                           *slowdown.parse_delay(_DEBUG_DELAY.value, config.workers))
-  train = lambda c, w: driver.train_and_evaluate(c, w, stop_requests, _RAY_ADDRESS.value, delays)  # pylint: disable=unnecessary-lambda-assignment
+  hooks = worker.DebugHooks(*slowdown.parse_slow(_DEBUG_SLOW.value, config.workers),
+                            *slowdown.parse_delay(_DEBUG_DELAY.value, config.workers),
+                            *slowdown.parse_crash(_DEBUG_CRASH.value, config.workers))
+  train = lambda c, w: driver.train_and_evaluate(c, w, stop_requests, _RAY_ADDRESS.value, hooks)  # pylint: disable=unnecessary-lambda-assignment
   if shared_flags.SEEDS.value == 1:
     return train(config, workdir)
   outcomes = {}
@@ -211,10 +215,14 @@ def main(argv):
     if on_ray:
       slowdown.parse_slow(_DEBUG_SLOW.value, config.workers)  # learners, checked before Ray starts
       slowdown.parse_delay(_DEBUG_DELAY.value, config.workers)
+      slowdown.parse_crash(_DEBUG_CRASH.value, config.workers)
       loss_hook = None
     else:
-      errors.require(not _DEBUG_DELAY.value and not _RAY_ADDRESS.value, '--debug_delay, --ray_address',
-                     (_DEBUG_DELAY.value, _RAY_ADDRESS.value), 'are for runtime=ray runs only')
+      ray_only = {'--debug_delay': _DEBUG_DELAY.value, '--debug_crash_learner': _DEBUG_CRASH.value,
+                  '--ray_address': _RAY_ADDRESS.value}
+      given = [name for name, value in ray_only.items() if value]
+      errors.require(not given, ', '.join(given), ', '.join(ray_only[n] for n in given),
+                     'for runtime=ray runs only (add runtime=ray to the config argument)')
       loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.cluster import calibration
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import block_step as block_step_lib
@@ -78,6 +79,9 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; every unfinished replica
       finished its block and checkpointed, and the same call resumes them.
   """
+  for config in configs:  # the Ray runtime has its own loop (`ray_runtime.driver`); this one is lock-step
+    errors.require(config.get('runtime', 'spmd') != 'ray', 'runtime', config.get('runtime'),
+                   'runs through experiments.main (ray_runtime.driver.train_and_evaluate), not the lock-step loop')
   group = setup.build_group(configs)
   lead = jax.process_index() == 0
   state_bytes = setup.state_bytes_of(group.lead)  # shapes only (one trace of the init): nothing allocated yet

@@ -24,6 +24,7 @@ import math
 import os
 import socket
 import time
+import warnings
 from typing import Any, Optional
 
 import jax
@@ -51,6 +52,7 @@ CLOCK = 'measured'
 RUNTIME = 'ray'
 CONNECT_TIMEOUT_S = 15.0
 POLL_S = 0.05
+START_TIMEOUT_S = 600.0  # actors start, import JAX and compile: minutes on a busy cluster
 
 
 def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
@@ -60,10 +62,13 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
   import ray  # pylint: disable=g-import-not-at-top  # only a Ray run pays for it
   if ray.is_initialized():
     return False
-  options = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
-                 configure_logging=True)
+  # log_to_driver=False: a learner's own errors reach the driver as exceptions; its process's stderr (and the raylet's
+  # report of a learner it lost, which the driver says in one line) would bury the run's lines.
+  options = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
   if not address:
-    ray.init(**options)
+    with warnings.catch_warnings():  # Ray starts its processes with fork + exec: nothing of JAX runs in the child
+      warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
+      ray.init(**options)
     return True
   if address != 'auto':
     host, _, port = address.rpartition(':')
@@ -141,9 +146,9 @@ class Window:
 class Driver:
   """One Ray run: actors, the drain loop, metrics, evaluation, checkpoints, failures."""
 
-  def __init__(self, config, workdir: str, address: Optional[str], slowdown: worker_lib.Slowdown):
+  def __init__(self, config, workdir: str, address: Optional[str], hooks: worker_lib.DebugHooks):
     self.run = pieces.build(config)  # validates the config: before Ray starts
-    self.config, self.workdir, self.address, self.slowdown = config, workdir, address, slowdown
+    self.config, self.workdir, self.address, self.hooks = config, workdir, address, hooks
     self.num_steps = self.run.config.num_steps
     self.policy = arrivals_lib.policy_of(self.run.rule)
     self.evaluator = evaluation.make_evaluator(self.run)
@@ -161,7 +166,7 @@ class Driver:
     self.wall_offset = 0.0
 
   def prepare_workdir(self, like_state) -> tuple[Any, dict]:
-    workdir_lib.check_workdir(self.workdir, self.config)
+    """Writes config.json and restores the newest readable checkpoint: (state, meta), or (None, {})."""
     checkpointing.check_writable(self.workdir, setup.param_count_and_bytes(like_state)[1])
     os.makedirs(self.workdir, exist_ok=True)
     atomic_files.write_text(os.path.join(self.workdir, 'config.json'), self.config.to_json_best_effort(indent=2))
@@ -177,39 +182,55 @@ class Driver:
 
   def train(self, stop_requests: preemption.StopRequests) -> dict[str, Any]:
     import ray  # pylint: disable=g-import-not-at-top
-    like = jax.device_get(setup.init_state(self.run))
-    state, meta = self.prepare_workdir(like)
-    self.step = int(meta.get('step', 0))
-    self.last_time_s = float(meta.get('measured_time', 0.0))
-    self.wall_offset = float(meta.get('wall_time', 0.0))
-    self.time_to_target, self.last_eval = meta.get('time_to_target'), meta.get('last_eval', {})
-    self.last_train_loss = float(meta.get('train_loss', math.nan))
-    self.writer = metrics_io.MetricsWriter(self.workdir, keep_through_step=self.step or None)
-    self.events = events_lib.EventLog(self.workdir, keep_through_step=self.step or None)
-    if self.step >= self.num_steps:
-      return self.finish()
+    workdir_lib.check_workdir(self.workdir, self.config)  # a conflict is news before Ray starts
     started = connect(self.address)
+    actors = []
     try:
       wanted = resources(self.config)
-      check_resources(self.config, wanted)
+      check_resources(self.config, wanted)  # before the workdir is written: nothing of this run exists yet
+      like = jax.device_get(setup.init_state(self.run))
+      state, meta = self.prepare_workdir(like)
+      self.step = int(meta.get('step', 0))
+      self.last_time_s = float(meta.get('measured_time', 0.0))
+      self.wall_offset = float(meta.get('wall_time', 0.0))
+      self.time_to_target, self.last_eval = meta.get('time_to_target'), meta.get('last_eval', {})
+      self.last_train_loss = float(meta.get('train_loss', math.nan))
+      self.writer = metrics_io.MetricsWriter(self.workdir, keep_through_step=self.step or None)
+      self.events = events_lib.EventLog(self.workdir, keep_through_step=self.step or None)
+      if self.step >= self.num_steps:  # killed after its last checkpoint, before its summary
+        return self.finish()
       env = _runtime_env()
       server = ray.remote(server_lib.ServerActor).options(
           num_cpus=wanted['server_cpus'], max_restarts=0, runtime_env=env).remote(
               self.config, state, self.step, meta.get('positions'), meta.get('adasync'), self.last_time_s)
       learners = [ray.remote(worker_lib.LearnerActor).options(
           num_cpus=wanted['worker_cpus'], num_gpus=wanted['worker_gpus'], max_restarts=self.config.ray.max_restarts,
-          max_task_retries=0, runtime_env=env).remote(self.config, i, self.slowdown)
+          max_task_retries=0, runtime_env=env).remote(self.config, i, self.hooks)
                   for i in range(self.config.workers)]
+      actors = [server, *learners]
       log.info('%s on Ray: a server and %d learners (%g CPU, %g GPU each); compiling on every actor',
                self.config.algorithm.name, self.config.workers, wanted['worker_cpus'], wanted['worker_gpus'])
-      ray.get([server.ready.remote()] + [learner.ready.remote() for learner in learners])
+      self.wait_until_ready(server, learners)
       ray.get(server.start.remote())
       self.start_wall = time.time()
       works = {learner.work.remote(server): i for i, learner in enumerate(learners)}
       return self.drive(server, learners, works, stop_requests)
     finally:
+      for actor in actors:  # a joined cluster goes on: this run's actors must not hold its resources
+        ray.kill(actor, no_restart=True)
       if started:
         ray.shutdown()
+
+  def wait_until_ready(self, server, learners, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Waits until every actor has started and compiled; one line (exit 2) when the cluster's free resources
+    cannot place them within `timeout_s` (other jobs hold them)."""
+    import ray  # pylint: disable=g-import-not-at-top
+    pending = [server.ready.remote()] + [learner.ready.remote() for learner in learners]
+    ready, waiting = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
+    ray.get(ready)  # a constructor's error, raised here
+    errors.require(not waiting, 'workers', self.config.workers,
+                   f'{len(waiting)} of the {len(pending)} actors did not start within {timeout_s:g} s; the Ray '
+                   f'cluster has {ray.available_resources()} free: other jobs may hold the rest')
 
   def drive(self, server, learners, works: dict, stop_requests: preemption.StopRequests) -> dict[str, Any]:
     """Drains the server until its last update is recorded; watches the learners."""
@@ -220,7 +241,7 @@ class Driver:
       if self.step >= self.num_steps:
         break
       if stop_requests.signal_name is not None:
-        self.save(*ray.get(server.checkpoint_now.remote()))
+        self.record(*ray.get(server.stop.remote()))  # the updates since the last drain, and a checkpoint
         self.checkpointer.wait()
         raise preemption.Preempted(self.step, self.workdir, stop_requests.signal_name)
       done, _ = ray.wait(list(works), num_returns=len(works), timeout=POLL_S)
@@ -230,8 +251,8 @@ class Driver:
           ray.get(ref)
         except ray.exceptions.RayActorError as e:
           self.learner_died(i, e)
-          if i not in self.lost:
-            works[learners[i].work.remote(server)] = i
+          if i not in self.lost:  # queued until Ray has restarted it
+            works[learners[i].work.options(max_task_retries=-1).remote(server)] = i
       if time.time() - last_progress >= self.config.progress_every_s:
         last_progress = time.time()
         log.info('step %d/%d  loss %.4f  measured %.2fs  %.1f updates/s', self.step, self.num_steps,
@@ -280,7 +301,9 @@ class Driver:
             self.time_to_target = row['sim_time']
         self.writer.write(row)
       if record.step in checkpoints:
-        self.save(*checkpoints[record.step])
+        self.save(*checkpoints.pop(record.step))
+    for step in sorted(checkpoints):  # a stop's checkpoint of an update drained before (`server.Server.stop`)
+      self.save(*checkpoints[step])
     self.events.flush()
 
   def wall(self) -> float:
@@ -314,7 +337,7 @@ class Driver:
 
 def train_and_evaluate(config, workdir: str, stop_requests: Optional[preemption.StopRequests] = None,
                        address: Optional[str] = None,
-                       slowdown: worker_lib.Slowdown = worker_lib.NO_SLOWDOWN) -> dict[str, Any]:
+                       hooks: worker_lib.DebugHooks = worker_lib.NO_HOOKS) -> dict[str, Any]:
   """Trains `config` (`runtime=ray`) in `workdir` on Ray actors, resuming from its latest checkpoint.
 
   Returns:
@@ -326,7 +349,7 @@ def train_and_evaluate(config, workdir: str, stop_requests: Optional[preemption.
     preemption.Preempted: SIGTERM or SIGINT arrived; the server's state after its last update is checkpointed.
   """
   stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
-  driver = Driver(config, workdir, address, slowdown)
+  driver = Driver(config, workdir, address, hooks)
   try:
     stop_requests.install()
     return driver.train(stop_requests)

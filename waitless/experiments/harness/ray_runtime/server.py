@@ -149,6 +149,7 @@ class Server:
     self.arrivals = arrivals_lib.Arrivals(config.workers, config.microbatches, arrivals_lib.policy_of(self.rule),
                                           int(self.adasync_state['k']), version, positions)
     self.time_offset_s = time_offset_s
+    self.stopped = False
     self._t0: Optional[float] = None
     self._pushes: list = []
     self.records: list[UpdateRecord] = []
@@ -161,7 +162,14 @@ class Server:
 
   @property
   def finished(self) -> bool:
-    return self.version >= self.config.num_steps
+    return self.stopped or self.version >= self.config.num_steps
+
+  def stop(self) -> tuple[list[UpdateRecord], dict, dict]:
+    """Stops the run after its last applied update (a preemption): every later push is told to stop, and the
+    drained records come with a checkpoint of that update."""
+    self.stopped = True
+    records, snapshots, checkpoints = self.drain()
+    return records, snapshots, {**checkpoints, self.version: self.checkpoint()}
 
   def start(self) -> None:
     """Starts the measured clock (after every learner compiled its gradient)."""
@@ -261,7 +269,7 @@ class ServerActor:
       self._waiting[version] = asyncio.get_running_loop().create_future()
     params, new_version = await self._waiting[version]
     position = int(self.server.arrivals.positions[learner])  # moves only with its own pushes: it waited
-    return Reply(params, new_version, position, new_version >= self.server.config.num_steps)
+    return Reply(params, new_version, position, self.server.finished)
 
   def _release(self) -> None:
     """Hands the model just applied to the pushes and fetches that waited for its update."""
@@ -291,8 +299,13 @@ class ServerActor:
   def drain(self):
     return self.server.drain()
 
-  def checkpoint_now(self) -> tuple:
-    return self.server.checkpoint()
+  def stop(self):
+    """`Server.stop`; the pushes that wait for an update get their stop now."""
+    out = self.server.stop()
+    done = (self.server.core.current, self.server.version)
+    for version in list(self._waiting):
+      self._waiting.pop(version).set_result(done)
+    return out
 
   def status(self) -> dict[str, Any]:
     return {'version': self.server.version, 'measured_time': self.server.now(),

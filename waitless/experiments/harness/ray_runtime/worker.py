@@ -8,13 +8,16 @@ the sum over the m micro-batches, taken at the model the learner fetched, with t
 The learner keeps no state the run needs: a learner actor that died and that Ray restarted fetches its view
 and position again and goes on.
 
-TEST-ONLY slowdowns (`--debug_slow_process=I:S`, `--debug_delay=K:S`, as for the multi-process runs): learner I
-sleeps S seconds per micro-batch it computes (a slower device); each job, each learner sleeps S once with
-probability K / P (transient delays, seeded by the run's seed, the learner and its job count).
+TEST-ONLY hooks (`DebugHooks`; `--debug_slow_process=I:S`, `--debug_delay=K:S` as for the multi-process runs,
+and `--debug_crash_learner=I:T`): learner I sleeps S seconds per micro-batch it computes (a slower device);
+each job, each learner sleeps S once with probability K / P (transient delays, seeded by the run's seed, the
+learner and its job count); learner I's process exits (as a kill -9 would end it) once it holds a model of
+version >= T, in its first life only (Ray restarts it).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, NamedTuple
 
@@ -32,23 +35,25 @@ class _Job(NamedTuple):
   microbatches_done: jax.Array  # every micro-batch of the job counts
 
 
-class Slowdown(NamedTuple):
-  """TEST-ONLY real delays of a learner (module docstring)."""
+class DebugHooks(NamedTuple):
+  """TEST-ONLY real delays and a crash of a learner (module docstring)."""
   slow_learner: int = -1       # I of --debug_slow_process (-1: none)
   slow_s: float = 0.0          # S: seconds per micro-batch of learner I
   delayed_per_job: int = 0     # K of --debug_delay: expected learners delayed per job round
   delay_s: float = 0.0         # S of --debug_delay
+  crash_learner: int = -1      # I of --debug_crash_learner (-1: none)
+  crash_at_version: int = 0    # T: it exits once it holds a model of version >= T
 
 
-NO_SLOWDOWN = Slowdown()
+NO_HOOKS = DebugHooks()
 
 
 class Learner:
   """One learner's gradient computation (no Ray): what `LearnerActor` runs, and what the tests call directly."""
 
-  def __init__(self, config, learner: int, slowdown: Slowdown = NO_SLOWDOWN):
+  def __init__(self, config, learner: int, hooks: DebugHooks = NO_HOOKS):
     self.run = run = pieces.build(config)
-    self.config, self.learner, self.slowdown = run.config, learner, slowdown
+    self.config, self.learner, self.hooks = run.config, learner, hooks
     m = self.config.microbatches
     gradient = step_lib.make_worker_gradient(run.task, run.model, m, gradient_params=spec_lib.at_own_params)
     job = _Job(jnp.asarray(m, jnp.int32))
@@ -84,7 +89,7 @@ class Learner:
     return grad_sum, float(loss_sum), model_state
 
   def _sleep(self) -> None:
-    s = self.slowdown
+    s = self.hooks
     seconds = s.slow_s * self.config.microbatches if self.learner == s.slow_learner else 0.0
     if s.delayed_per_job and self._delays.random() < s.delayed_per_job / self.config.workers:
       seconds += s.delay_s
@@ -95,9 +100,12 @@ class Learner:
 class LearnerActor:
   """The Ray actor of a `Learner` (made remote by `driver.py`). `work(server)` loops until the run stops."""
 
-  def __init__(self, config, learner: int, slowdown: Slowdown = NO_SLOWDOWN):
-    self.learner = Learner(config, learner, slowdown)
+  def __init__(self, config, learner: int, hooks: DebugHooks = NO_HOOKS):
+    self.learner = Learner(config, learner, hooks)
     self.learner.warm_up()
+    import ray  # pylint: disable=g-import-not-at-top  # only inside a Ray worker process
+    first_life = not ray.get_runtime_context().was_current_actor_reconstructed
+    self._crash_at = hooks.crash_at_version if hooks.crash_learner == learner and first_life else None
 
   def ready(self) -> int:
     return self.learner.learner
@@ -108,6 +116,8 @@ class LearnerActor:
     me = self.learner.learner
     reply = ray.get(server.fetch.remote(me))
     while not reply.stop:
+      if self._crash_at is not None and reply.version >= self._crash_at:
+        os._exit(1)  # TEST-ONLY (--debug_crash_learner): the process dies as a kill -9 would end it
       grad_sum, loss_sum, model_state = self.learner.compute(reply.params, reply.position)
       reply = ray.get(server.push.remote(me, reply.version, reply.position, grad_sum, loss_sum, model_state))
     return self.learner.jobs
