@@ -60,8 +60,8 @@ _DEBUG_SLOW = flags.DEFINE_string(
     'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine; with runtime=ray, '
     'learner I). "" for none.')
 _DEBUG_DELAY = flags.DEFINE_string(
-    'debug_delay', '', 'TEST-ONLY, runtime=ray: "K:S", each job of each learner sleeps S seconds with probability '
-    'K / workers (transient delays, harness/ray_runtime/worker.py). "" for none.')
+    'debug_delay', '', 'TEST-ONLY, runtime=ray: "K:S", at each job index K learners drawn at random sleep S seconds '
+    'once (transient delays, harness/ray_runtime/worker.py). "" for none.')
 _DEBUG_CRASH = flags.DEFINE_string(
     'debug_crash_learner', '', 'TEST-ONLY, runtime=ray: "I:T", learner I\'s process exits once it holds a model of '
     'version >= T, in its first life (Ray restarts it; harness/ray_runtime/worker.py). "" for none.')

@@ -211,6 +211,7 @@ class Driver:
       log.info('%s on Ray: a server and %d learners (%g CPU, %g GPU each); compiling on every actor',
                self.config.algorithm.name, self.config.workers, wanted['worker_cpus'], wanted['worker_gpus'])
       self.wait_until_ready(server, learners)
+      self.evaluator.measure(ray.get(server.snapshot.remote()))  # compiles the evaluation before the clock starts
       ray.get(server.start.remote())
       self.start_wall = time.time()
       works = {learner.work.remote(server): i for i, learner in enumerate(learners)}

@@ -82,20 +82,27 @@ class ServerCore:
     self._evaluator = evaluation.make_evaluator(run)
     self.current = jax.device_get(self._consensus(self.state))
     self._zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(self.state.params))
+    self._grad_sums = jax.tree.map(np.copy, self._zeros)  # (P, ...) host buffers of the update's gradient sums
+    self._rows: set[int] = set()
     self._begin()
 
   def _begin(self) -> None:
-    self._grad_sums = None  # (P, ...) host arrays, made at the first push of an update
+    """Empties the update's sums: the rows its pushes wrote (the (P, ...) buffers are kept, not reallocated)."""
+    for total in jax.tree.leaves(self._grad_sums):
+      total[sorted(self._rows)] = 0
+    self._rows: set[int] = set()
     self._loss_sums = np.zeros(self.config.workers, np.float64)
     self._losses: list[float] = []
     self._model_states: dict[int, Any] = {}
 
   def add(self, learner: int, grad_sum, loss_sum: float, model_state) -> None:
     """A taken gradient: its sum over the job's micro-batches joins the learner's row of this update."""
-    if self._grad_sums is None:
-      self._grad_sums = jax.tree.map(np.copy, self._zeros)
     for total, g in zip(jax.tree.leaves(self._grad_sums), jax.tree.leaves(grad_sum)):
-      total[learner] += np.asarray(g, total.dtype)
+      if learner in self._rows:
+        total[learner] += np.asarray(g, total.dtype)
+      else:
+        total[learner] = g
+    self._rows.add(learner)
     self._loss_sums[learner] += float(loss_sum)
     self._losses.append(float(loss_sum) / self.config.microbatches)
     if jax.tree.leaves(model_state):
@@ -104,7 +111,7 @@ class ServerCore:
   def apply(self, schedule: ps.ServerSchedule) -> dict[str, float]:
     """Applies one update from the gradients `add`ed since the last one; returns its measurements."""
     per_worker, uniform = rules_base.split(schedule)
-    grad_sums = self._zeros if self._grad_sums is None else self._grad_sums
+    grad_sums = self._grad_sums
     state = self.state
     if self._model_states:  # models with batch statistics: a learner's latest pushed ones
       rows = jax.device_get(state.model_state)
@@ -298,6 +305,10 @@ class ServerActor:
 
   def drain(self):
     return self.server.drain()
+
+  def snapshot(self):
+    """The evaluation's snapshot of the current model (`ServerCore.snapshot`)."""
+    return self.server.core.snapshot()
 
   def stop(self):
     """`Server.stop`; the pushes that wait for an update get their stop now."""

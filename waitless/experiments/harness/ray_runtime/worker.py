@@ -43,6 +43,7 @@ class DebugHooks(NamedTuple):
   delay_s: float = 0.0         # S of --debug_delay
   crash_learner: int = -1      # I of --debug_crash_learner (-1: none)
   crash_at_version: int = 0    # T: it exits once it holds a model of version >= T
+  base_s: float = 0.0          # every learner sleeps this per micro-batch (emulated compute, benchmarks)
 
 
 NO_HOOKS = DebugHooks()
@@ -60,7 +61,6 @@ class Learner:
     self._gradient = jax.jit(lambda params, model_state, batch, rng: gradient(params, None, model_state, batch,
                                                                                job, rng))
     self._key = jax.random.fold_in(jax.random.key(self.config.seed), learner)
-    self._delays = np.random.default_rng([self.config.seed, 7, learner])
     self.jobs = 0
     initial = setup.init_state(run)
     self.model_state = jax.device_get(jax.tree.map(lambda x: x[learner], initial.model_state))
@@ -83,16 +83,18 @@ class Learner:
   def compute(self, params, position: int) -> tuple[Any, float, Any]:
     """(gradient sum over the job's micro-batches, their loss sum, the model state after them) on the host."""
     grad_sum, loss_sum, model_state = jax.device_get(self._compute(params, position))
+    self._sleep(self.jobs)
     self.jobs += 1
-    self._sleep()
     self.model_state = model_state
     return grad_sum, float(loss_sum), model_state
 
-  def _sleep(self) -> None:
-    s = self.hooks
-    seconds = s.slow_s * self.config.microbatches if self.learner == s.slow_learner else 0.0
-    if s.delayed_per_job and self._delays.random() < s.delayed_per_job / self.config.workers:
-      seconds += s.delay_s
+  def _sleep(self, job: int) -> None:
+    s, m = self.hooks, self.config.microbatches
+    seconds = s.base_s * m + (s.slow_s * m if self.learner == s.slow_learner else 0.0)
+    if s.delayed_per_job:  # the same draw on every learner: K of the P learners' job `job` are delayed
+      chosen = np.random.default_rng([self.config.seed, 7, job]).choice(self.config.workers, s.delayed_per_job,
+                                                                         replace=False)
+      seconds += s.delay_s if self.learner in chosen else 0.0
     if seconds > 0:
       time.sleep(seconds)
 
