@@ -33,6 +33,7 @@ import numpy as np
 
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import mnist1d
+from waitless.experiments.harness.ray_runtime import driver
 from waitless.experiments.harness.ray_runtime import server as server_lib
 
 _UPDATES = flags.DEFINE_integer('updates', 300, 'Server updates per measurement.')
@@ -101,7 +102,7 @@ def time_ray(actor, gradient, updates: int) -> float:
 def main(argv):
   del argv
   import ray  # pylint: disable=g-import-not-at-top
-  ray.init(num_cpus=2, include_dashboard=False, logging_level='ERROR', log_to_driver=False)
+  driver.start_local(num_cpus=2)
   print(f'{jax.devices()[0].device_kind}; P = {WORKERS} learners (async), {_UPDATES.value} updates per figure, '
         f'median of {_ROUNDS.value} interleaved rounds')
   print('| model | parameters | jit (ms) | direct (ms) | ray (ms) | ray / jit | ray / direct | Ray layer (ms) |')

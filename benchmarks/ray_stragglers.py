@@ -60,6 +60,10 @@ _DELAY_S = flags.DEFINE_float('delay_s', 0.08, 'delayed: seconds of the one lear
 _TARGET_ACCURACY = flags.DEFINE_float('target_accuracy', 0.9, 'Evaluation accuracy target.')
 _TARGET_LOSS = flags.DEFINE_float('target_loss', 0.3, 'Training loss target.')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for every run\'s figures ("" for none).')
+_FIGURE = flags.DEFINE_string('figure', '', 'PNG of the tables: real and predicted time per update and to the '
+                              'accuracy target, per algorithm and scenario ("" for none).')
+_FROM_JSON = flags.DEFINE_string('from_json', '', 'Print the tables (and draw --figure) from an earlier --out '
+                                 'instead of running.')
 
 WORKERS = 4
 SLOW_LEARNER = 3
@@ -124,11 +128,10 @@ def spread(values) -> str:
   return f'{np.median(values):.3g} [{min(values):.3g}, {max(values):.3g}]'
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.ERROR)
+def run_all() -> list[dict]:
+  """Every (scenario, seed, algorithm) run, `async` first in each seed (it measures the speeds)."""
   import ray  # pylint: disable=g-import-not-at-top
-  ray.init(num_cpus=2, include_dashboard=False, logging_level='ERROR', log_to_driver=False)
+  driver.start_local(num_cpus=2)
   results = []
   for scenario in _SCENARIOS.value:
     hooks = hooks_for(scenario)
@@ -147,18 +150,59 @@ def main(argv):
               f'{run["predicted_update_s"] * 1e3:.1f}), time to acc {run["time_to_accuracy"]} '
               f'({time.time() - begin:.0f} s)', flush=True)
   ray.shutdown()
-  if _OUT.value:
-    with open(_OUT.value, 'w') as f:
-      json.dump(results, f, indent=1)
-  for scenario in _SCENARIOS.value:
+  return results
+
+
+def draw(results: list[dict], path: str) -> None:
+  """Per scenario: real and predicted ms per update, and seconds to the accuracy target (medians, min-max bars)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import atomic_files  # pylint: disable=g-import-not-at-top
+  scenarios = list(dict.fromkeys(r['scenario'] for r in results))
+  algorithms = list(dict.fromkeys(r['algorithm'] for r in results))
+  fig, axes = plt.subplots(2, len(scenarios), figsize=(5.5 * len(scenarios), 7), squeeze=False)
+  x = np.arange(len(algorithms))
+  for col, scenario in enumerate(scenarios):
+    for row, (real_key, label) in enumerate((('update_s', 'ms per server update'),
+                                             ('time_to_accuracy', 's to accuracy target'))):
+      ax = axes[row, col]
+      for shift, predicted in ((-0.2, False), (0.2, True)):
+        medians, lows, highs = [], [], []
+        for arg in algorithms:
+          runs = [r for r in results if r['scenario'] == scenario and r['algorithm'] == arg]
+          if real_key == 'update_s':
+            values = [(r['predicted_update_s'] if predicted else r['update_s']) * 1e3 for r in runs]
+          else:
+            values = [(r['updates_to_accuracy'] * r['predicted_update_s'] if predicted else r['time_to_accuracy'])
+                      for r in runs if r['updates_to_accuracy'] is not None]
+          values = values or [np.nan]
+          medians.append(np.median(values))
+          lows.append(np.median(values) - min(values))
+          highs.append(max(values) - np.median(values))
+        ax.bar(x + shift, medians, 0.4, yerr=[lows, highs], capsize=3,
+               label='simulator, measured speeds' if predicted else 'real (Ray, 4 learners)',
+               color='tab:orange' if predicted else 'tab:blue')
+      ax.set_xticks(x, algorithms, rotation=20)
+      ax.set_yscale('log')
+      ax.set_ylabel(label)
+      ax.set_title(f'{scenario}: {label}')
+      ax.legend(fontsize=8)
+  fig.tight_layout()
+  atomic_files.save_figure(fig, path, dpi=110)
+  plt.close(fig)
+
+
+def print_tables(results: list[dict]) -> None:
+  for scenario in list(dict.fromkeys(r['scenario'] for r in results)):
     slowdown = (f'learner {SLOW_LEARNER} +{_SLOW_S.value * 1e3:g} ms' if scenario == 'slowed'
                 else f'one learner per job index +{_DELAY_S.value * 1e3:g} ms')
     print(f'\n{scenario}: {WORKERS} learners, base {_BASE_S.value * 1e3:g} ms per job, {slowdown}; '
-          f'{_SEEDS.value} seeds, median [min, max]')
+          f'{len({r["seed"] for r in results})} seeds, median [min, max]')
     print(f'| algorithm | ms per update | predicted | predicted / real | time to acc >= {_TARGET_ACCURACY.value} (s) '
           f'| predicted | time to loss <= {_TARGET_LOSS.value} (s) | final acc |')
     print('| --- | --- | --- | --- | --- | --- | --- | --- |')
-    for arg in _ALGORITHMS.value:
+    for arg in list(dict.fromkeys(r['algorithm'] for r in results)):
       runs = [r for r in results if r['scenario'] == scenario and r['algorithm'] == arg]
       real = [r['update_s'] * 1e3 for r in runs]
       pred = [r['predicted_update_s'] * 1e3 for r in runs]
@@ -168,6 +212,22 @@ def main(argv):
       print(f'| {arg} | {spread(real)} | {spread(pred)} | {spread(ratio)} | '
             f'{spread([r["time_to_accuracy"] for r in runs])} | {spread(pred_acc)} | '
             f'{spread([r["time_to_loss"] for r in runs])} | {spread([r["final_accuracy"] for r in runs])} |')
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.ERROR)
+  if _FROM_JSON.value:
+    with open(_FROM_JSON.value) as f:
+      results = json.load(f)
+  else:
+    results = run_all()
+  if _OUT.value:
+    with open(_OUT.value, 'w') as f:
+      json.dump(results, f, indent=1)
+  print_tables(results)
+  if _FIGURE.value:
+    draw(results, _FIGURE.value)
 
 
 if __name__ == '__main__':

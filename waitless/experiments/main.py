@@ -211,6 +211,8 @@ def main(argv):
     compilation_cache.enable(shared_flags.COMPILATION_CACHE.value)
   on_ray = config.get('runtime') == 'ray'
   processes = 1 if on_ray else _join_processes(config)  # Ray runs join no jax.distributed mesh
+  if on_ray:  # the driver evaluates beside the learners: on a GPU they share, it must not take 75% of it
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   try:
     if on_ray:
       slowdown.parse_slow(_DEBUG_SLOW.value, config.workers)  # learners, checked before Ray starts

@@ -66,8 +66,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         lambda v: 0 < v <= 1)
   errors.require_number(config.progress_every_s, 'progress_every_s', 'must be a number of seconds > 0',
                         lambda v: v > 0)
-  errors.require(config.workers % config.devices == 0, 'workers', config.workers,
-                 f'must be a multiple of devices={config.devices}')
+  errors.require(config.workers % config.devices == 0 or ray_config.is_ray(config), 'workers', config.workers,
+                 f'must be a multiple of devices={config.devices}')  # on Ray every learner has its own device
   errors.require(config.batch_size % config.microbatches == 0, 'microbatches', config.microbatches,
                  f'must divide batch_size={config.batch_size}')
   opt = config.optimizer

@@ -35,8 +35,7 @@ SLOW = worker.DebugHooks(slow_learner=3, slow_s=0.02)
 
 
 def setUpModule():
-  import ray  # pylint: disable=g-import-not-at-top
-  ray.init(num_cpus=2, include_dashboard=False, logging_level='ERROR')
+  driver.start_local(num_cpus=2)
 
 
 def tearDownModule():

@@ -4,6 +4,7 @@ checkpoint."""
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -53,6 +54,27 @@ class BadInputTest(parameterized.TestCase):
     self.assertNotIn('Traceback', proc.stderr)
     self.assertLess(time.time() - start, 60)
     self.assertFalse(os.path.exists(os.path.join(workdir, 'checkpoints')))
+
+
+class ClusterTest(absltest.TestCase):
+
+  @pytest.mark.slow
+  def test_joins_a_running_cluster_and_leaves_it_running(self):
+    # The cluster's token reaches the driver the way Ray's docs say: RAY_AUTH_TOKEN in its environment.
+    port, env = 26379, {**os.environ, 'RAY_AUTH_MODE': 'token', 'RAY_AUTH_TOKEN': secrets.token_hex(16)}
+    head = subprocess.Popen(['ray', 'start', '--head', f'--port={port}', '--num-cpus=2', '--include-dashboard=false',
+                             '--block'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+      workdir = self.create_tempdir().full_path
+      proc = subprocess.run(_command('kasync,k=2,runtime=ray,workers=4,num_steps=30', f'--ray_address=127.0.0.1:{port}',
+                                     workdir=workdir), cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+      self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+      with open(os.path.join(workdir, 'summary.json')) as f:
+        self.assertEqual(json.load(f)['steps'], 30)
+      self.assertIsNone(head.poll(), 'the run stopped the cluster it joined')
+    finally:
+      head.send_signal(signal.SIGTERM)
+      head.wait(timeout=60)
 
 
 class KillTest(absltest.TestCase):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import socket
 import time
 import warnings
@@ -55,6 +56,26 @@ POLL_S = 0.05
 START_TIMEOUT_S = 600.0  # actors start, import JAX and compile: minutes on a busy cluster
 
 
+# log_to_driver=False: a learner's own errors reach the driver as exceptions; its process's stderr (and the raylet's
+# report of a learner it lost, which the driver says in one line) would bury the run's lines.
+_OPTIONS = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
+
+
+def start_local(**options) -> None:
+  """Starts a local Ray for this process (`ray.init` with `options`), with a token of its own.
+
+  Ray 2.60 authenticates a local cluster with a token kept in one file per user (~/.ray/auth_token), which
+  every new local cluster rewrites: two runs on one machine then lock each other out. A random token in this
+  process's environment (RAY_AUTH_TOKEN, inherited by the cluster's processes) keeps each run's cluster its own.
+  """
+  import ray  # pylint: disable=g-import-not-at-top
+  os.environ['RAY_AUTH_MODE'] = 'token'
+  os.environ['RAY_AUTH_TOKEN'] = secrets.token_hex(16)
+  with warnings.catch_warnings():  # Ray starts its processes with fork + exec: nothing of JAX runs in the child
+    warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
+    ray.init(**{**_OPTIONS, **options})
+
+
 def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
   """Joins the Ray cluster at `address` (HOST:PORT of its head, or 'auto'), or starts a local one; returns
   whether this process started it (and so stops it). An address that does not answer within `timeout_s`
@@ -62,13 +83,8 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
   import ray  # pylint: disable=g-import-not-at-top  # only a Ray run pays for it
   if ray.is_initialized():
     return False
-  # log_to_driver=False: a learner's own errors reach the driver as exceptions; its process's stderr (and the raylet's
-  # report of a learner it lost, which the driver says in one line) would bury the run's lines.
-  options = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
   if not address:
-    with warnings.catch_warnings():  # Ray starts its processes with fork + exec: nothing of JAX runs in the child
-      warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
-      ray.init(**options)
+    start_local()
     return True
   if address != 'auto':
     host, _, port = address.rpartition(':')
@@ -80,7 +96,7 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
           f'--ray_address={address} does not answer within {timeout_s:g} s ({e}): start the cluster with `ray '
           'start --head` and pass its address, or leave --ray_address unset for a local Ray') from e
   try:
-    ray.init(address=address, **options)
+    ray.init(address=address, **_OPTIONS)
   except (ConnectionError, RuntimeError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise ray_config.RayUnavailable(f'--ray_address={address}: {reason}') from e
@@ -112,8 +128,10 @@ def check_resources(config, wanted: dict[str, float]) -> None:
 
 
 def _runtime_env() -> dict[str, Any]:
-  """Environment variables the actors need: this process's import path and JAX's precision."""
-  env = {'TF_CPP_MIN_LOG_LEVEL': os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2')}
+  """Environment variables the actors need: this process's import path, JAX's precision, and no preallocation of
+  a GPU's memory (JAX takes 75% of it at start by default: learners sharing a GPU, `ray.worker_gpus` < 1, and a
+  server beside them would not fit)."""
+  env = {'TF_CPP_MIN_LOG_LEVEL': os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'), 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'}
   if os.environ.get('PYTHONPATH'):
     env['PYTHONPATH'] = os.environ['PYTHONPATH']
   if jax.config.jax_enable_x64:
