@@ -36,9 +36,18 @@ def is_ray(config: ml_collections.ConfigDict) -> bool:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises errors.ConfigError for a runtime the algorithm cannot use, or bad `ray.*` fields."""
+  """Raises errors.ConfigError for a runtime the algorithm cannot use, or bad `ray.*` fields (checked whatever
+  the runtime: a config file's mistake is news before someone adds runtime=ray)."""
   runtime = config.get('runtime', 'spmd')
   errors.require(runtime in RUNTIMES, 'runtime', runtime, f'one of {", ".join(RUNTIMES)}')
+  r = config.get('ray')
+  if r is not None:
+    if r.worker_cpus is not None:
+      errors.require_number(r.worker_cpus, 'ray.worker_cpus', 'must be a number > 0, or unset (the cluster\'s CPUs '
+                            'shared among the learners)', lambda v: v > 0)
+    for field in ('worker_gpus', 'server_cpus'):
+      errors.require_number(r[field], f'ray.{field}', 'must be a number >= 0', lambda v: v >= 0)
+    errors.require_int(r.max_restarts, 'ray.max_restarts', 0)
   if runtime != 'ray':
     return
   name = config.algorithm.name
@@ -47,13 +56,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
                  f'{name}: use runtime=spmd for it')
   errors.require(config.stragglers.kind != 'measured', 'stragglers.kind', config.stragglers.kind,
                  'is not used with runtime=ray (its time is always measured): leave the default')
-  r = config.ray
-  if r.worker_cpus is not None:
-    errors.require_number(r.worker_cpus, 'ray.worker_cpus', 'must be a number > 0, or unset (the cluster\'s CPUs '
-                          'shared among the learners)', lambda v: v > 0)
-  for field in ('worker_gpus', 'server_cpus'):
-    errors.require_number(r[field], f'ray.{field}', 'must be a number >= 0', lambda v: v >= 0)
-  errors.require_int(r.max_restarts, 'ray.max_restarts', 0)
 
 
 def server_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
