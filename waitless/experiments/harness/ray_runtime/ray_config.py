@@ -59,9 +59,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def server_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The config the server and the learners build their pieces from: one device each, `sync` as K-sync K = P."""
+  """The config the server and the learners build their pieces from: one device each, `sync` as K-sync K = P,
+  K-sync's late jobs discarded on arrival (`cluster/rules/ksync.py`'s `cancel`: what the server does)."""
   c = config.copy_and_resolve_references()
   c.devices = 1
   if c.algorithm.name == AS_KSYNC:
-    c.algorithm = ml_collections.ConfigDict({'name': 'ksync', 'k': c.workers})
+    c.algorithm = ml_collections.ConfigDict({'name': 'ksync', 'k': c.workers, 'cancel': 'on_arrival'})
+  if c.algorithm.name == 'ksync':  # what the server does; the time rule then predicts the runtime
+    c.algorithm.cancel = 'on_arrival'
   return c
