@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
 import socket
 import time
 import warnings
@@ -62,18 +61,12 @@ _OPTIONS = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_dri
 
 
 def start_local(**options) -> None:
-  """Starts a local Ray for this process (`ray.init` with `options`), with a token of its own.
-
-  Ray 2.60 authenticates a local cluster with a token kept in one file per user (~/.ray/auth_token), which
-  every new local cluster rewrites: two runs on one machine then lock each other out. A random token in this
-  process's environment (RAY_AUTH_TOKEN, inherited by the cluster's processes) keeps each run's cluster its own.
-  """
+  """Starts a local Ray for this process (`ray.init` with `options`): a new cluster of its own (address 'local'),
+  even where `ray start` left a cluster, or its address file, behind."""
   import ray  # pylint: disable=g-import-not-at-top
-  os.environ['RAY_AUTH_MODE'] = 'token'
-  os.environ['RAY_AUTH_TOKEN'] = secrets.token_hex(16)
   with warnings.catch_warnings():  # Ray starts its processes with fork + exec: nothing of JAX runs in the child
     warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
-    ray.init(**{**_OPTIONS, **options})
+    ray.init(address='local', **{**_OPTIONS, **options})
 
 
 def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
@@ -250,6 +243,7 @@ class Driver:
     errors.require(not waiting, 'workers', self.config.workers,
                    f'{len(waiting)} of the {len(pending)} actors did not start within {timeout_s:g} s; the Ray '
                    f'cluster has {ray.available_resources()} free: other jobs may hold the rest')
+    ray.get([learner.connect.remote(server) for learner in learners])
 
   def drive(self, server, learners, works: dict, stop_requests: preemption.StopRequests) -> dict[str, Any]:
     """Drains the server until its last update is recorded; watches the learners."""

@@ -85,6 +85,15 @@ class ServerCore:
     self._grad_sums = jax.tree.map(np.copy, self._zeros)  # (P, ...) host buffers of the update's gradient sums
     self._rows: set[int] = set()
     self._begin()
+    self._compile()
+
+  def _compile(self) -> None:
+    """Compiles the update before the clock starts (on a copy of the state: the result is thrown away)."""
+    nobody = ps.schedule(self.config.workers, 1, self.config.microbatches, np.zeros(self.config.workers, np.int32))
+    per_worker, uniform = rules_base.split(nobody)
+    scratch = jax.tree.map(jnp.copy, self.state)
+    jax.block_until_ready(self._update(scratch, self._grad_sums, self._loss_sums.astype(np.float32), per_worker,
+                                       {k: np.asarray(v) for k, v in uniform.items()}))
 
   def _begin(self) -> None:
     """Empties the update's sums: the rows its pushes wrote (the (P, ...) buffers are kept, not reallocated)."""

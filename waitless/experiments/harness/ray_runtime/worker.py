@@ -112,6 +112,11 @@ class LearnerActor:
   def ready(self) -> int:
     return self.learner.learner
 
+  def connect(self, server) -> int:
+    """One call to the server before the clock starts: its first call opens the connection (tens of ms)."""
+    import ray  # pylint: disable=g-import-not-at-top
+    return ray.get(server.ready.remote())
+
   def work(self, server) -> int:
     """Fetch, compute, push until the server says stop; returns the jobs this actor computed."""
     import ray  # pylint: disable=g-import-not-at-top  # only inside a Ray worker process
