@@ -61,16 +61,52 @@ _VALIDATE_ONLY = flags.DEFINE_bool(
     'training; launch/multiprocess_cpu.sh runs this once before it starts its processes.')
 _DEBUG_SLOW = flags.DEFINE_string(
     'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
-    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
+    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine; with runtime=ray, '
+    'learner I). "" for none.')
+_DEBUG_DELAY = flags.DEFINE_string(
+    'debug_delay', '', 'TEST-ONLY, runtime=ray: "K:S", at each job index K learners drawn at random sleep S seconds '
+    'once (transient delays, harness/ray_runtime/worker.py). "" for none.')
+_DEBUG_CRASH = flags.DEFINE_string(
+    'debug_crash_learner', '', 'TEST-ONLY, runtime=ray: "I:T", learner I\'s process exits once it holds a model of '
+    'version >= T, in its first life (Ray restarts it; harness/ray_runtime/worker.py). "" for none.')
+_RAY_ADDRESS = flags.DEFINE_string(
+    'ray_address', None, 'runtime=ray: HOST:PORT of a running Ray cluster\'s head (`ray start --head`), or "auto"; '
+    'unset: a local Ray starts and stops with the run.')
+
+
+def _train_on_ray(config, workdir, stop_requests):
+  """A `runtime=ray` run (`ray_runtime.driver`), or with --seeds=N > 1 its N seeds one after another, each in
+  `WORKDIR/seed<S>` ({workdir: summary or the failure it stopped with})."""
+  from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness.ray_runtime import driver  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness.ray_runtime import worker  # pylint: disable=g-import-not-at-top
+  hooks = worker.DebugHooks(*slowdown.parse_slow(_DEBUG_SLOW.value, config.workers),
+                            *slowdown.parse_delay(_DEBUG_DELAY.value, config.workers),
+                            *slowdown.parse_crash(_DEBUG_CRASH.value, config.workers))
+  train = lambda c, w: driver.train_and_evaluate(c, w, stop_requests, _RAY_ADDRESS.value, hooks)  # pylint: disable=unnecessary-lambda-assignment
+  if shared_flags.SEEDS.value == 1:
+    return train(config, workdir)
+  outcomes = {}
+  for i in range(shared_flags.SEEDS.value):
+    seeded = config.copy_and_resolve_references()
+    seeded.seed = config.seed + i
+    seed_dir = os.path.join(workdir, f'seed{seeded.seed}')
+    try:
+      outcomes[seed_dir] = train(seeded, seed_dir)
+    except (loop_lib.TrainingDiverged, loop_lib.ClusterStalled) as e:
+      outcomes[seed_dir] = e
+  return outcomes
 
 
 def _train(config, workdir, stop_requests, loss_hook=None):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
   replicas (`setup.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
-  from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
-  from waitless.experiments.harness import train
   from waitless.experiments.harness import validation
   validation.check_seeds(config.seed, shared_flags.SEEDS.value)
+  if config.get('runtime') == 'ray':
+    return _train_on_ray(config, workdir, stop_requests)
+  from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
+  from waitless.experiments.harness import train
   if shared_flags.SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests, loss_hook)
   configs = []
@@ -197,13 +233,28 @@ def main(argv):
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import workdir as workdir_lib
   from waitless.experiments.harness import workdir_lock
+  from waitless.experiments.harness.ray_runtime import ray_config  # no JAX import
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if shared_flags.COMPILATION_CACHE.value:
     compilation_cache.enable(shared_flags.COMPILATION_CACHE.value)
-  processes = _join_processes(config)
+  on_ray = config.get('runtime') == 'ray'
+  processes = 1 if on_ray else _join_processes(config)  # Ray runs join no jax.distributed mesh
+  if on_ray:  # the driver evaluates beside the learners: on a GPU they share, it must not take 75% of it
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   try:
-    loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
+    if on_ray:
+      slowdown.parse_slow(_DEBUG_SLOW.value, config.workers)  # learners, checked before Ray starts
+      slowdown.parse_delay(_DEBUG_DELAY.value, config.workers)
+      slowdown.parse_crash(_DEBUG_CRASH.value, config.workers)
+      loss_hook = None
+    else:
+      ray_only = {'--debug_delay': _DEBUG_DELAY.value, '--debug_crash_learner': _DEBUG_CRASH.value,
+                  '--ray_address': _RAY_ADDRESS.value}
+      given = [name for name, value in ray_only.items() if value]
+      errors.require(not given, ', '.join(given), ', '.join(ray_only[n] for n in given),
+                     'for runtime=ray runs only (add runtime=ray to the config argument)')
+      loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -215,7 +266,7 @@ def main(argv):
   try:
     summary = _run(config, shared_flags.WORKDIR.value, stop_requests, loss_hook)
   except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
-          workdir_lock.WorkdirBusy) as e:
+          workdir_lock.WorkdirBusy, ray_config.RayUnavailable) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except loop_lib.TrainingDiverged as e:

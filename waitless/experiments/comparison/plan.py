@@ -241,6 +241,9 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
           config = base.copy_and_resolve_references()
           config.seed = first_seed + i
           validation.validate(config)
+          errors.require(config.runtime != 'ray', 'runtime', config.runtime,
+                         'experiments.compare trains lock-step replica programs (runtime=spmd); run a Ray run with '
+                         'experiments.main (--seeds for several seeds), or compare the simulated family')
           if sim_time is not None:
             errors.require(not config.stragglers.calibrate, 'stragglers.calibrate', True,
                            'a --sim_time budget needs the configured times (calibration rescales them at run time)')

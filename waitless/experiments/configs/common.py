@@ -21,6 +21,7 @@ from ml_collections import config_dict
 from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
+from waitless.experiments.harness.ray_runtime import ray_config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -56,6 +57,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.warmup_steps = 0          # linear warmup from 0
   c.optimizer.decay_factor = 0.1        # step schedule: multiply at each boundary
   c.optimizer.decay_boundaries = (0.5, 0.75)  # step schedule: fractions of num_steps
+
+  c.runtime = 'spmd'           # spmd: one lock-step shard_map program; ray: the parameter-server family on Ray actors
+  c.ray = ray_config.default_config()  # runtime=ray: what each actor reserves (experiments/harness/ray_runtime/)
 
   c.stragglers = cluster_factory.default_stragglers_config()  # compute-time model (cluster/)
   c.network = cluster_factory.default_network_config()        # network model (cluster/)

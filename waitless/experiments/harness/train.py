@@ -83,6 +83,9 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; every unfinished replica
       finished its block and checkpointed, and the same call resumes them.
   """
+  for config in configs:  # the Ray runtime has its own loop (`ray_runtime.driver`); this one is lock-step
+    errors.require(config.get('runtime', 'spmd') != 'ray', 'runtime', config.get('runtime'),
+                   'runs through experiments.main (ray_runtime.driver.train_and_evaluate), not the lock-step loop')
   finished = [atomic_files.read_json(os.path.join(w, 'summary.json')) for w in workdirs]
   if any(s is not None for s in finished):  # as they finished: a rerun must not train them again, nor rewrite them
     for config, workdir, summary in zip(configs, workdirs, finished):

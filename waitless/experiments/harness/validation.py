@@ -10,6 +10,7 @@ from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
 from waitless.experiments.harness import measured_time
+from waitless.experiments.harness.ray_runtime import ray_config
 from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 
@@ -76,8 +77,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         lambda v: 0 < v <= 1)
   errors.require_number(config.progress_every_s, 'progress_every_s', 'must be a number of seconds > 0',
                         lambda v: v > 0)
-  errors.require(config.workers % config.devices == 0, 'workers', config.workers,
-                 f'must be a multiple of devices={config.devices}')
+  errors.require(config.workers % config.devices == 0 or ray_config.is_ray(config), 'workers', config.workers,
+                 f'must be a multiple of devices={config.devices}')  # on Ray every learner has its own device
   errors.require(config.batch_size % config.microbatches == 0, 'microbatches', config.microbatches,
                  f'must divide batch_size={config.batch_size}')
   opt = config.optimizer
@@ -109,6 +110,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   unknown = sorted(set(config.algorithm.keys()) - set(spec.defaults) - {'name'})
   errors.require(not unknown, 'algorithm', ', '.join(unknown),
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')
+  ray_config.validate(config)  # a runtime that cannot run the algorithm is the news, not its other fields
   measured_time.validate(config)  # first: a refused algorithm is the news, not its other fields
   spec.validate(config)
   cluster_factory.validate(config)
