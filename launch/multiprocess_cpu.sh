@@ -7,8 +7,9 @@
 #   bash launch/multiprocess_cpu.sh 2 --config=experiments/configs/digits.py:sync --workdir=/tmp/digits_2p
 #
 # Every process gets the same flags plus --coordinator_address=127.0.0.1:PORT --num_processes=N
-# --process_id=I. The script waits for all of them; if one fails (or is killed) it stops the others and
-# exits with that process's status, otherwise 0. Rerunning the same command resumes from the last checkpoint.
+# --process_id=I, after one `experiments.main --validate_only` has checked the config and flags (a bad one is
+# one line, status 2, and no process starts). The script waits for all of them; if one fails (or is killed) it
+# stops the others and exits with that process's status, otherwise 0. Rerunning the same command resumes from the last checkpoint.
 # Environment: PORT (coordinator port; default a free one), GRACE_S (seconds between SIGTERM and SIGKILL
 # for the survivors; default 5), PYTHON (default python of the active venv, else .venv after setup).
 set -uo pipefail
@@ -33,6 +34,9 @@ PYTHON="${PYTHON:-python}"
 GRACE_S="${GRACE_S:-5}"
 PORT="${PORT:-$("$PYTHON" -c 'from waitless.experiments.harness.distributed import free_port; print(free_port())')}" || exit 1
 ADDRESS="127.0.0.1:$PORT"
+
+# A bad config or flag: one line, once, before any process starts (each would print it, after seconds of start-up).
+"$PYTHON" -m waitless.experiments.main "$@" --num_processes="$N" --validate_only || exit $?
 
 pids=()
 declare -A running=()  # process index -> pid, until its exit status is collected

@@ -65,6 +65,17 @@ class ReadmeTest(absltest.TestCase):
     np.testing.assert_allclose(w, np.broadcast_to(w[0], w.shape), rtol=1e-6)  # the last step was an outer step
     np.testing.assert_allclose(w[0], [1.0, -2.0, 0.5], atol=0.1)  # and it learned the problem
 
+  def test_library_matcha_example(self):
+    namespace = _run_example(LIBRARY, 'library-matcha-example')
+    np.testing.assert_allclose(np.asarray(namespace['w']).mean(axis=0), [1.0, -2.0, 0.5], atol=0.05)
+
+  def test_library_measured_step_example(self):
+    namespace = _run_example(LIBRARY, 'library-measured-step-example')
+    self.assertEqual(np.asarray(namespace['params']).shape, (4, 3))
+    self.assertLess(float(namespace['mean_loss']), 1e-2)
+    counts = np.asarray(namespace['step'].last_counts)
+    self.assertTrue(((counts >= 1) & (counts <= 4)).all(), counts)
+
   def test_readme_is_the_first_screen(self):
     text = _read(README)
     self.assertLessEqual(len(text.splitlines()), 250)

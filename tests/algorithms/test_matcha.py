@@ -65,6 +65,13 @@ class MatchaMathTest(parameterized.TestCase):
       ('five_on_one_odd_ring', {'workers': 5, 'devices': 1, 'algorithm.alpha': 0.3}),
       ('two_workers', {'workers': 2, 'devices': 2, 'algorithm.budget': 0.4}),
       ('one_worker', {'workers': 1, 'devices': 1}),
+      # The paper's base graphs (issue 39), seeded: vmapped on several devices, and one worker per device.
+      ('erdos_renyi_eight_on_four', {'workers': 8, 'devices': 4, 'algorithm.graph': 'erdos_renyi',
+                                     'algorithm.edge_probability': 0.4, 'algorithm.graph_seed': 3}),
+      ('geometric_six_on_two', {'workers': 6, 'devices': 2, 'algorithm.graph': 'geometric',
+                                'algorithm.radius': 0.6, 'optimizer.momentum': 0.9}),
+      ('geometric_eight_on_eight', {'workers': 8, 'devices': 8, 'algorithm.graph': 'geometric',
+                                    'algorithm.graph_seed': 1}),
   )
   def test_matches_sequential_gossip_loop(self, overrides):
     iterations, block = 12, 4
@@ -72,8 +79,12 @@ class MatchaMathTest(parameterized.TestCase):
       config = _f64('matcha', **{'stragglers.kind': 'exponential', **overrides})
       traj = harness.run_iterations(config, iterations, block=block)
     p, m = config.workers, config.microbatches
-    matchings = ring_matchings(p)
-    alpha = config.algorithm.alpha or matcha.ring_plan(p, config.algorithm.budget).alpha
+    graph = matcha.base_graph(config)
+    if graph.kind == 'ring':
+      matchings = ring_matchings(p)
+    else:  # the plan's matchings, as edge lists (the graph itself: GraphTest)
+      matchings = [[(i, j) for i, j in enumerate(t) if i < j] for t in matcha.plan(p, 0.5, graph=graph).partners]
+    alpha = config.algorithm.alpha or matcha.plan(p, config.algorithm.budget, graph=graph).alpha
     models = [list(reference.unpack(traj.initial_params, i)) for i in range(p)]
     opts = [reference.MomentumSGD(config.optimizer.learning_rate, config.optimizer.momentum) for _ in range(p)]
     seen = set()
@@ -217,15 +228,26 @@ class PlanTest(parameterized.TestCase):
     plan = matcha.ring_plan(p, 1.0)
     self.assertEqual(plan.probabilities, (1.0,) * len(plan.partners))
     eig = np.linalg.eigvalsh(sum(matcha.laplacian(t) for t in plan.partners))
-    np.testing.assert_allclose(plan.alpha, 2 / (eig[1] + eig[-1]), rtol=1e-7)
+    np.testing.assert_allclose(plan.alpha, 2 / (eig[1] + eig[-1]), rtol=1e-12)  # solved exactly, not to 1e-8
     self.assertLess(plan.rho, 1)
 
   def test_two_workers_alpha_is_a_half_and_rho_one_minus_p(self):
     # One edge, p = C_b: E[W^T W] - J = 1 - 4 alpha p + 4 alpha^2 p on the difference direction.
     for budget in (0.2, 0.7):
       plan = matcha.ring_plan(2, budget)
-      np.testing.assert_allclose(plan.alpha, 0.5, atol=1e-7)
+      np.testing.assert_allclose(plan.alpha, 0.5, atol=1e-12)
       np.testing.assert_allclose(plan.rho, 1 - budget, atol=1e-12)
+
+  @parameterized.parameters((8, 0.3), (5, 0.6), (16, 0.5), (7, 0.9))
+  def test_alpha_is_where_rhos_slopes_change_sign(self, p, budget):
+    # The optimality condition, in float64: rho falls to the left of alpha and rises to its right, both by more
+    # than rounding 1e-9 away (a search on rho's values stopped about 1e-8 from it).
+    plan = matcha.ring_plan(p, budget)
+    laps = [matcha.laplacian(t) for t in plan.partners]
+    mean, second = matcha._contraction(laps, plan.probabilities, matcha._complement_of_ones(p))
+    for step in (1e-9, 1e-6):
+      self.assertLess(matcha._slopes(mean, second, plan.alpha - step)[0], 0)
+      self.assertGreater(matcha._slopes(mean, second, plan.alpha + step)[1], 0)
 
   @parameterized.parameters((8, 0.3), (5, 0.6), (16, 0.5))
   def test_alpha_minimises_rho(self, p, budget):
@@ -243,6 +265,57 @@ class PlanTest(parameterized.TestCase):
       w = np.eye(p) - plan.alpha * sum(lap for lap, pj in zip(laps, plan.probabilities) if rng.random() < pj)
       mean += w.T @ w
     np.testing.assert_allclose(np.linalg.eigvalsh(mean / draws - j)[-1], plan.rho, atol=0.02)
+
+
+class GraphTest(parameterized.TestCase):
+  """The base graphs: seeded, connected, what their kind says, decomposed into matchings that cover them."""
+
+  @parameterized.parameters(('erdos_renyi', 8), ('erdos_renyi', 16), ('geometric', 8), ('geometric', 16))
+  def test_a_random_graph_is_seeded_connected_and_covered_by_its_matchings(self, kind, p):
+    graph = matcha.BaseGraph(kind, seed=2, edge_probability=0.4, radius=0.5)
+    edges = graph.edges(p)
+    self.assertEqual(edges, matcha.BaseGraph(kind, seed=2, edge_probability=0.4, radius=0.5).edges(p))
+    self.assertNotEqual(edges, matcha.BaseGraph(kind, seed=3, edge_probability=0.4, radius=0.5).edges(p))
+    self.assertTrue(all(0 <= u < v < p for u, v in edges))
+    lap = sum(matcha.laplacian(t) for t in matcha.decompose(edges, p))
+    self.assertGreater(np.linalg.eigvalsh(lap)[1], 1e-9)  # connected: lambda_2 > 0
+    covered = sorted((i, j) for t in matcha.decompose(edges, p) for i, j in enumerate(t) if i < j)
+    self.assertEqual(covered, sorted(edges))  # every edge in exactly one matching
+    if kind == 'geometric':  # an edge exactly where two of the stream's points are within the radius
+      rng = np.random.default_rng([2, matcha.GRAPH_STREAM])
+      while True:
+        points = rng.random((p, 2))
+        near = [(u, v) for u in range(p) for v in range(u + 1, p) if np.hypot(*(points[u] - points[v])) <= 0.5]
+        if matcha._connected(near, p):
+          break
+      self.assertEqual(list(edges), near)
+
+  def test_edge_density_follows_the_probability(self):
+    counts = [len(matcha.BaseGraph('erdos_renyi', seed=s, edge_probability=0.3).edges(16)) for s in range(40)]
+    self.assertAlmostEqual(np.mean(counts) / 120, 0.3, delta=0.04)  # 120 pairs; connected draws lean denser
+
+  def test_the_ring_is_the_default_and_its_plan_unchanged(self):
+    self.assertEqual(matcha.SPEC.defaults['graph'], 'ring')
+    self.assertEqual(matcha.plan(8, 0.5), matcha.ring_plan(8, 0.5))
+    self.assertEqual(matcha.BaseGraph().edges(8), matcha.ring_edges(8))
+
+  def test_the_time_rule_uses_the_same_matchings(self):
+    graph = matcha.BaseGraph('geometric', seed=1)
+    rule = matcha_rule.MatchingGossip(budget=0.5, seed=0, graph=graph)
+    chosen = matcha.plan(8, 0.5, graph=graph)
+    self.assertLen(rule.activations(8, 0), len(chosen.partners))
+    draws = np.mean([rule.activations(8, t) for t in range(4000)], axis=0)
+    np.testing.assert_allclose(draws, chosen.probabilities, atol=0.03)
+
+  @parameterized.named_parameters(
+      ('unknown', 'matcha,graph=torus', 'algorithm.graph', 'must be one of ring, erdos_renyi, geometric'),
+      ('too_sparse', 'matcha,graph=erdos_renyi,edge_probability=0.01', 'algorithm.edge_probability',
+       'no connected erdos_renyi graph of 8 workers in 1000 draws: raise it'),
+      ('radius_too_small', 'matcha,graph=geometric,radius=0.01', 'algorithm.radius', 'no connected geometric'),
+      ('bad_seed', 'matcha,graph_seed=-1', 'algorithm.graph_seed', 'integer >= 0'))
+  def test_bad_graph_is_one_line(self, arg, field, message):
+    with self.assertRaisesRegex(errors.ConfigError, f'^{field}=.* is not allowed: .*{message}'):
+      validation.validate(harness.synthetic_config(arg, workers=8, devices=4))
 
 
 class MatchingGossipRuleTest(parameterized.TestCase):

@@ -40,6 +40,10 @@ class ValidateTest(parameterized.TestCase):
       ('slow_kind_without_slow', {'kind': 'slow_workers'}, 'stragglers.slow_fraction', 'needs'),
       ('delayed_too_many', {'delayed_workers': 9}, 'stragglers.delayed_workers', r'0\.\.8'),
       ('delay_negative', {'delay_s': -1.0}, 'stragglers.delay_s', '>= 0'),
+      # 1e308 overflowed the clock's sums and read as workers that never finish (issue 39).
+      ('delay_overflows', {'delayed_workers': 2, 'delay_s': 1e308}, 'stragglers.delay_s', r'<= 1e\+06'),
+      ('base_overflows', {'base_s': 1e300}, 'stragglers.base_s', r'<= 1e\+06'),
+      ('overhead_overflows', {'overhead_s': 1e300}, 'stragglers.overhead_s', r'<= 1e\+06'),
       ('random_delay_without_workers', {'kind': 'random_delay', 'delay_s': 0.3}, 'stragglers.delayed_workers',
        '>= 1'),
       ('trace_missing', {'kind': 'trace', 'trace_path': '/no/such/file.npy'}, 'stragglers.trace_path',

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,7 @@ def _without_wall(report):
   for group in report['algorithms'] + report['sweep']:
     group['figures'].pop('wall_time')
   report.pop('png', None)
+  report.pop('intervals_png', None)
   return report
 
 
@@ -102,6 +104,17 @@ class ParseTest(parameterized.TestCase):
       with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
         compare_plan.parse_sweeps([bad])
 
+  @parameterized.named_parameters(
+      ('seed', 'seed=0,1', 'seed is none: give the number of seeds with --seeds'),
+      ('straggler_field', 'stragglers.overhead_s=0,0.001', 'stragglers.overhead_s is a setting of the simulated'),
+      ('network_field', 'optimizer.learning_rate:network.alpha_s=0.1:0,0.2:1e-3', 'network.alpha_s is a setting'),
+      ('cluster_profile', 'cluster.profile=a,b', 'cluster.profile is a setting'))
+  def test_a_sweep_chooses_hyperparameters_not_seeds_or_clusters(self, spec, message):
+    # Issue 39: --sweep=seed=0,1 picked "the best seed" (and trained seed 1 twice); a cluster field "the best
+    # cluster" per entry.
+    with self.assertRaisesRegex(errors.ConfigError, rf'^--sweep=.* is not allowed: .*{message}'):
+      compare_plan.parse_sweeps([spec])
+
   def test_slugs_are_directory_names(self):
     self.assertEqual(compare_plan.slug('ksync,k=6'), 'ksync_k=6')
     self.assertEqual(compare_plan.slug('wagma,stragglers.slow_workers=(0,1)'), 'wagma_stragglers.slow_workers=_0_1')
@@ -117,6 +130,10 @@ class PlanTest(absltest.TestCase):
     config_common.override_duration(main_config, {'num_steps': 7})
     config_common.validate_duration(main_config)
     self.assertIsNone(main_config.num_epochs)
+
+  def test_seeds_beyond_the_programs_range_are_refused_naming_seeds(self):
+    with self.assertRaisesRegex(errors.ConfigError, r'--seeds=3 is not allowed: the last seed'):
+      compare_plan.plan(digits.get_config, ['sync'], [()], 3, '/cmp', overrides={'seed': 2**31 - 2})
 
   def test_workdirs_seeds_and_precedence(self):
     root = '/cmp'
@@ -231,6 +248,21 @@ class BudgetTest(parameterized.TestCase):
     # The config's checkpoint period, or a longer one: at most about CHECKPOINTS_PER_RUN saves in the run.
     self.assertGreaterEqual(got['checkpoint_every'], digits.get_config(entry).checkpoint_every)
     self.assertLessEqual(got['num_steps'] // got['checkpoint_every'], sim_budget.CHECKPOINTS_PER_RUN)
+
+  def test_a_budget_beyond_max_steps_is_refused_before_the_clock_runs_that_far(self):
+    # Issue 39: --sim_time beyond 10^7 iterations was refused only after the clock had run 10^7 of them.
+    blocks = []
+    real = cluster_factory.make_clock
+    def counting_clock(*args, **kwargs):
+      clock = real(*args, **kwargs)
+      next_block = clock.next_block
+      clock.next_block = lambda n: blocks.append(n) or next_block(n)
+      return clock
+    with mock.patch.object(sim_budget.cluster_factory, 'make_clock', side_effect=counting_clock):
+      with self.assertRaisesRegex(errors.ConfigError, r'--sim_time=.* is more than 1e\+07 iterations'):
+        compare_plan.plan(digits.get_config, ['sync'], [()], 1, '/tmp/unused', sim_time=1e7, evals=5)
+    self.assertLessEqual(sum(blocks), 10_000)
+    self.assertEqual(sim_budget.steps_for_sim_time(digits.get_config('sync'), 1e7, max_steps=3000), 3000)
 
   def test_the_sweep_points_of_a_seed_ask_its_clock_once(self):
     calls = []
@@ -349,6 +381,19 @@ class ReportTest(absltest.TestCase):
     self.assertEqual(json.load(open(os.path.join(root, 'comparison.json')))['targets']['accuracy'], 0.9)
     self.assertTrue(os.path.getsize(os.path.join(root, 'comparison.png')) > 10_000)
 
+  def test_the_table_says_which_runs_the_loss_target_came_from(self):
+    # Issue 39: the note gave the rule for "runs that reached the target accuracy" when none did and the level
+    # came from all runs.
+    root = self.create_tempdir().full_path
+    runs = self._runs(root)
+    for accuracy, says, lowest in ((0.9, 'of the runs that reached the target accuracy', 0.25),
+                                   (0.99, 'no run reached the target accuracy, so it is the highest of the lowest '
+                                    'eval losses of all the runs that did not diverge', 0.3)):
+      report = report_lib.write_report(runs, root, 'test', target_accuracy=accuracy)
+      self.assertAlmostEqual(report['targets']['loss'], lowest)
+      self.assertIn(f'Target loss {lowest:.4g} (derived: ', open(os.path.join(root, 'comparison.md')).read())
+      self.assertIn(says, open(os.path.join(root, 'comparison.md')).read())
+
   def test_unfinished_and_diverged_runs_are_marked(self):
     root = self.create_tempdir().full_path
     runs, _ = compare_plan.plan(digits.get_config, ['sync', 'async'], [()], 1, root)
@@ -416,11 +461,14 @@ def _compare_command(root, extra=()):
           '--config.stragglers.slow_fraction=0.25', '--config.stragglers.slow_factor=3.0', *extra]
 
 
-class CommandLineTest(absltest.TestCase):
+class CommandLineTest(parameterized.TestCase):
 
   def test_a_bad_config_is_one_line_and_exit_2(self):
     for args, message in ((['--algorithms=sync', '--config.workers=6'], 'sync: workers=6 is not allowed'),
                           (['--algorithms=sync', '--seeds=2', '--tuning_seeds=2'], '--tuning_seeds=2 is not allowed'),
+                          # Issue 39: ignored silently without a sweep.
+                          (['--algorithms=sync', '--seeds=2', '--tuning_seeds=1'],
+                           '--tuning_seeds=1 is not allowed: the tuning seeds choose each entry\'s --sweep point'),
                           (['--algorithms=sync', '--confidence=1.0'], '--confidence=1.0 is not allowed'),
                           (['--algorithms=ksync', '--sweep=k:optimizer.learning_rate=2:0.1,4:0.2'],
                            '--sweep=.* moves k .*changes the compiled program of ksync.* together with '
@@ -475,6 +523,27 @@ class CommandLineTest(absltest.TestCase):
       json.dump({'steps': 2}, f)
     with self.assertRaisesRegex(metrics_io.CutLog, 'metrics.jsonl is cut at line 2 although its run finished'):
       statistics.read_run(run)
+
+  @parameterized.named_parameters(
+      ('missing', None, 'is missing or empty although its run finished'),
+      ('ends_early', [{'step': 2, 'sim_time': 0.2, 'eval_accuracy': 0.5}], 'ends at step 2 but summary.json says'),
+      ('other_final_eval', [{'step': 4, 'sim_time': 0.4, 'eval_accuracy': 0.5}],
+       'its last eval accuracy is 0.5 at step 4, summary.json says 0.9'))
+  def test_a_finished_run_whose_files_disagree_is_refused_not_counted_as_a_miss(self, rows, message):
+    # Issue 39: a deleted metrics.jsonl made a run that reached its target "missed the target".
+    workdir = self.create_tempdir().full_path
+    with open(os.path.join(workdir, compare_runs.SUMMARY_FILE), 'w') as f:
+      json.dump({'steps': 4, 'final_eval_accuracy': 0.9, 'time_to_target': 0.3}, f)
+    if rows is not None:
+      with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in rows)
+    run = compare_plan.PlannedRun('sync', (), 0, workdir, digits.get_config('sync'))
+    with self.assertRaisesRegex(metrics_io.CutLog, f'^{re.escape(workdir)}/metrics.jsonl .*{message}.*'
+                                'remove that run\'s workdir'):
+      statistics.read_run(run)
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:  # consistent: read
+      f.write(json.dumps({'step': 4, 'sim_time': 0.4, 'eval_accuracy': 0.9}) + '\n')
+    self.assertLen(statistics.read_run(run)['rows'], 1)
 
   def test_a_torn_summary_or_failure_record_is_an_unfinished_run(self):
     workdir = self.create_tempdir().full_path

@@ -1,5 +1,7 @@
 """The `ALGORITHM[,key=value...]` config argument and the shipped configs."""
 
+import importlib
+
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -44,6 +46,40 @@ class ConfigArgTest(parameterized.TestCase):
                                     for module in (digits, synthetic) for name in registry.names()])
   def test_every_algorithm_gives_a_valid_config(self, module, name):
     validation.validate(module.get_config(name))
+
+  @parameterized.named_parameters(*[(f'{w}_{p}', w, p) for w in ('digits', 'synthetic', 'mnist1d', 'cifar10',
+                                                                  'cifar100', 'imagenet', 'wmt', 'digits_stale')
+                                      for p in common.STRAGGLER_PRESETS])
+  def test_every_workload_offers_the_straggler_presets(self, workload, preset):
+    # Issue 39: digits.py:sync,stragglers=heterogeneous failed with "must be of type ConfigDict" (mnist1d only).
+    module = importlib.import_module(f'waitless.experiments.configs.{workload}')
+    config = module.get_config(f'sync,stragglers={preset}')
+    validation.validate(config)
+    base = config.stragglers.base_s
+    if preset == 'heterogeneous':
+      self.assertEqual((config.stragglers.slow_fraction, config.stragglers.delayed_workers), (0.25, 1))
+      self.assertAlmostEqual(config.stragglers.delay_s, 3 * base)
+    if preset == 'sqrt':
+      self.assertLen(config.stragglers.worker_factors, config.workers)
+    with self.assertRaisesRegex(errors.ConfigError, '^stragglers=.bogus. is not allowed: a preset: homogeneous, '
+                                'heterogeneous, sqrt'):
+      module.get_config('sync,stragglers=bogus')
+
+  def test_a_seed_beyond_the_programs_range_is_one_line(self):
+    # Issue 39: 10**20, or 2**63 - 1 with --seeds=2, was an OverflowError traceback; 2**31 silently became a
+    # negative seed in the replicas' program.
+    config = digits.get_config('sync')
+    for seed in (10**20, 2**63 - 1, 2**31, -1):
+      config.seed = seed
+      with self.assertRaisesRegex(errors.ConfigError, rf'^seed={seed} is not allowed: must be an integer in '
+                                  r'0\.\.2147483647'):
+        validation.validate(config)
+    config.seed = 2**31 - 1
+    validation.validate(config)
+    validation.check_seeds(2**31 - 1, 1)
+    with self.assertRaisesRegex(errors.ConfigError, r'^--seeds=2 is not allowed: the last seed, config.seed \+ 1 = '
+                                r'2147483648, must be <= 2147483647'):
+      validation.check_seeds(2**31 - 1, 2)
 
 
 if __name__ == '__main__':

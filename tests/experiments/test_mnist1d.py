@@ -11,6 +11,7 @@ from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.experiments.harness import train
 from waitless.experiments.harness import validation
+from waitless.experiments.configs import common as config_common
 from waitless.experiments.configs import mnist1d
 
 
@@ -26,7 +27,7 @@ class Mnist1dConfigTest(parameterized.TestCase):
 
   @parameterized.parameters(*registry.names())
   def test_every_registered_algorithm_is_accepted(self, name):
-    for preset in mnist1d.STRAGGLER_PRESETS:
+    for preset in config_common.STRAGGLER_PRESETS:
       config = mnist1d.get_config(f'{name},stragglers={preset}')
       validation.validate(config)
       self.assertEqual(config.algorithm.name, name)

@@ -70,7 +70,7 @@ class SimulateTest(parameterized.TestCase):
       simulate.simulate(config, iterations=5, nbytes=1.0)
 
 
-class CommandLineTest(absltest.TestCase):
+class CommandLineTest(parameterized.TestCase):
 
   def _run(self, *args):
     return subprocess.run([sys.executable, '-m', 'waitless.experiments.simulate', *args], cwd=ROOT, capture_output=True,
@@ -106,6 +106,21 @@ class CommandLineTest(absltest.TestCase):
     self.assertEqual(out.returncode, 2)
     self.assertRegex(out.stderr, r"cluster\.profile='nowhere' is not allowed: unknown profile; shipped: .*dgx_h100")
     self.assertNotIn('Traceback', out.stderr)
+
+  @parameterized.named_parameters(
+      ('not_a_number', ['--config=experiments/configs/digits.py:sync', '--config.optimizer.learning_rate=abc'],
+       'learning_rate'),
+      ('unknown_key', ['--config=experiments/configs/digits.py:sync,nosuch=1'], 'nosuch'),
+      ('unknown_algorithm', ['--config=experiments/configs/digits.py:nosuch'], 'algorithm.name'),
+      ('infinite_rate', ['--config=experiments/configs/digits.py:sync,stragglers.rate=inf'], 'stragglers.rate'))
+  def test_a_bad_config_argument_is_one_line_and_status_2(self, args, field):
+    # Issue 39: simulate printed absl's traceback and "FATAL Flags parsing error", exit 1, where main and compare
+    # give one line.
+    out = self._run(*args, '--iterations=5', '--model_bytes=10')
+    self.assertEqual(out.returncode, 2, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    self.assertLen(lines, 1, out.stderr)
+    self.assertRegex(lines[0], f'^error: .*{field}')
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -84,10 +85,11 @@ class TrainTest(parameterized.TestCase):
     train.train_and_evaluate(config, full)
     crashed = self.create_tempdir().full_path
     train.train_and_evaluate(config, crashed)
-    # As if the process died just after step 20's checkpoint: later checkpoints never happened.
+    # As if the process died just after step 20's checkpoint: later checkpoints and the summary never happened.
     for name in os.listdir(os.path.join(crashed, 'checkpoints')):
       if name.isdigit() and int(name) > 20:
         shutil.rmtree(os.path.join(crashed, 'checkpoints', name))
+    os.remove(os.path.join(crashed, 'summary.json'))
     train.train_and_evaluate(config, crashed)
     self.assertEqual(_summary_without_wall(crashed), _summary_without_wall(full))
     self.assertEqual(_strip_wall(metrics_io.read_rows(crashed)), _strip_wall(metrics_io.read_rows(full)))
@@ -167,12 +169,42 @@ class TrainTest(parameterized.TestCase):
     self.assertAlmostEqual(summary['sim_time'], 10 * seconds, places=9)  # constant model, ideal network
     self.assertEqual(summary['param_norm'], _summary_without_wall(plain)['param_norm'])
 
+  def test_calibration_fits_the_overhead_from_two_micro_batch_sizes(self):
+    # Issue 39: it timed one size, so the per-call overhead stayed whatever the config said.
+    config = lambda: harness.synthetic_config('sync', num_steps=10, eval_every=10, microbatches=2,  # pylint: disable=unnecessary-lambda-assignment
+                                              **{'stragglers.calibrate': True})
+    line = lambda run, *_: 0.002 + 1e-4 * run.config.batch_size / run.config.microbatches  # pylint: disable=unnecessary-lambda-assignment
+    workdir = self.create_tempdir().full_path
+    with mock.patch.object(train, '_seconds_per_microbatch', side_effect=line):
+      summary = train.train_and_evaluate(config(), workdir)
+    with open(os.path.join(workdir, 'calibration.json')) as f:
+      saved = json.load(f)
+    size = config().batch_size // 2
+    self.assertEqual(saved['sizes'], [size, size // 2])  # the config's, and half of it
+    self.assertAlmostEqual(saved['overhead_s'], 0.002, places=12)
+    self.assertAlmostEqual(saved['seconds_per_microbatch'], 0.002 + 1e-4 * size, places=12)
+    self.assertAlmostEqual(summary['sim_time'], 10 * 2 * saved['seconds_per_microbatch'], places=9)  # m = 2 calls
+    # Times that do not grow with the size (noise on a tiny model): the configured overhead is kept.
+    workdir = self.create_tempdir().full_path
+    with mock.patch.object(train, '_seconds_per_microbatch', side_effect=[0.003, 0.004]):
+      train.train_and_evaluate(config(), workdir)
+    with open(os.path.join(workdir, 'calibration.json')) as f:
+      self.assertNotIn('overhead_s', json.load(f))
+
   def test_a_workdir_with_an_unreadable_config_is_refused_in_one_line(self):
     workdir = self.create_tempdir().full_path
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write('{"algorithm": {"na')
     with self.assertRaisesRegex(workdir_lib.WorkdirConflict, 'unreadable config.json .*use a new --workdir'):
       workdir_lib.check_workdir(workdir, harness.synthetic_config('sync', num_steps=5, eval_every=5))
+
+  def test_every_field_of_summary_json_is_documented(self):
+    # Issue 39: `replicas` was missing from the table of outputs.
+    summary = train.train_and_evaluate(harness.synthetic_config('sync', num_steps=2, eval_every=2),
+                                       self.create_tempdir().full_path)
+    with open(os.path.join(ROOT, 'docs', 'experiments.md')) as f:
+      row = next(line for line in f if line.startswith('| `summary.json` |'))
+    self.assertEqual([k for k in summary if f'`{k}`' not in row], [])
 
   def test_a_workdir_with_another_config_is_refused(self):
     workdir = self.create_tempdir().full_path

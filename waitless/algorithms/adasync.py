@@ -33,7 +33,9 @@ def validate(config) -> None:
   # The loop reports the training loss to the clock after each block of <= steps_per_call iterations; the
   # first report is F(W_0), so K can only change from the third block on.
   # With num_epochs (num_steps None) this is checked on the resolved config (experiments/harness/setup.py:build).
-  errors.require(config.num_steps is None or config.num_steps > 2 * config.steps_per_call, 'num_steps',
+  # On the Ray runtime the server sees the loss of every update: no blocks.
+  blocks = config.get('runtime', 'spmd') != 'ray'
+  errors.require(not blocks or config.num_steps is None or config.num_steps > 2 * config.steps_per_call, 'num_steps',
                  config.num_steps,
                  f'adasync needs > 2 x steps_per_call={config.steps_per_call} iterations: the training loss '
                  'reaches the clock once per block, and K adapts only after two reports (no loss signal otherwise)')

@@ -11,7 +11,20 @@ Trade-offs in Distributed SGD", AISTATS 2018.
 
 from __future__ import annotations
 
+from waitless import config_errors as errors
 from waitless.algorithms import parameter_server as ps
 
 
-SPEC = ps.make_spec('ksync', {'k': 4}, ps.validate_k, ps.one_job, several_jobs=False, fresh_views=ps.always_fresh)
+# When the slower learners stop (the time rule's choice, `cluster/rules/ksync.py`): `immediate` (the paper) or
+# `on_arrival` (a real runtime, the Ray runtime's server: a late job is discarded when it arrives).
+CANCEL = ('immediate', 'on_arrival')
+
+
+def validate(config) -> None:
+  ps.validate_k(config)
+  errors.require(config.algorithm.cancel in CANCEL, 'algorithm.cancel', config.algorithm.cancel,
+                 f'one of {", ".join(CANCEL)}')
+
+
+SPEC = ps.make_spec('ksync', {'k': 4, 'cancel': 'immediate'}, validate, ps.one_job, several_jobs=False,
+                    fresh_views=ps.always_fresh)

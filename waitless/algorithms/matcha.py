@@ -1,8 +1,9 @@
 """MATCHA: decentralized SGD whose gossip graph is decomposed into matchings, each used with a probability.
 
-The base graph (here the ring of D-PSGD) is split into disjoint matchings G_1..G_J with Laplacians L_j
-(`decompose`: a proper edge colouring). Iteration k activates matching j with probability p_j, independently,
-B_j(k) ~ Bernoulli(p_j), and worker i, U_i its inner optimizer with its local state, does
+The base graph (`BaseGraph`: the ring of D-PSGD by default; a seeded Erdos-Renyi or random geometric graph, the
+kinds of the paper's experiments and of its authors' code) is split into disjoint matchings G_1..G_J with
+Laplacians L_j (`decompose`: a proper edge colouring). Iteration k activates matching j with probability p_j,
+independently, B_j(k) ~ Bernoulli(p_j), and worker i, U_i its inner optimizer with its local state, does
     W_i <- W_i + U_i(g_i(W_i))                                  (a local step)
     W_i <- W_i - alpha * sum_{j: B_j(k) = 1, i matched in G_j} (W_i - W_{partner_j(i)})
 i.e. X <- W(k) (X + U), W(k) = I - alpha sum_j B_j(k) L_j, the paper's x_{k+1} = W(k) (x_k - eta g(x_k)),
@@ -19,8 +20,8 @@ mean of the two neighbours and oneself); alpha = 1/2 for P = 2.
 The authors solve both problems with cvxpy (JYWa/MATCHA, graph_manager.py, `MatchaProcessor.getProbability` /
 `getAlpha`); here, without that dependency, the first is
 Kelley's cutting-plane method (an LP in scipy per cut, lambda_2 being the minimum of the linear functions
-x^T L(p) x over unit x orthogonal to 1) and the second a bounded scalar minimisation (rho is convex in
-alpha). Both are deterministic.
+x^T L(p) x over unit x orthogonal to 1) and the second a bisection on rho's exact one-sided derivatives (rho is
+convex in alpha), to float64 rounding. Both are deterministic.
 
 Activations are drawn on the host by the time rule (`MatchingGossip`) from a stream keyed by (config seed,
 iteration), independent of the clock's compute-time stream: the same seed gives MATCHA the straggler trace it
@@ -61,6 +62,69 @@ def ring_edges(workers: int) -> tuple[tuple[int, int], ...]:
   if workers == 2:
     return ((0, 1),)
   return tuple((i, (i + 1) % workers) for i in range(workers))
+
+
+GRAPHS = ('ring', 'erdos_renyi', 'geometric')
+GRAPH_STREAM = 0x4752  # keys a base graph's draws apart from any other stream of the same seed
+MAX_GRAPH_DRAWS = 1000  # draws of a random graph before its parameters are called too sparse to connect P workers
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseGraph:
+  """The graph MATCHA decomposes into matchings.
+
+  Attributes:
+    kind: 'ring' (D-PSGD's, the default); 'erdos_renyi' (each pair of workers an edge with `edge_probability`);
+      'geometric' (workers at uniform points of the unit square, an edge between two within `radius`). The two
+      random kinds are the paper's base graphs (Wang et al. 2019, Fig. 1 and A.3; JYWa/MATCHA's `select_graph`
+      holds fixed draws of them).
+    seed: the random graphs' seed (not the run's: every seed of a comparison gossips over the same graph). The
+      first connected draw of numpy's generator seeded by (seed, GRAPH_STREAM) is the graph.
+    edge_probability: erdos_renyi's.
+    radius: geometric's.
+  """
+  kind: str = 'ring'
+  seed: int = 0
+  edge_probability: float = 0.5
+  radius: float = 0.5
+
+  def edges(self, workers: int) -> tuple[tuple[int, int], ...]:
+    """The edges (u, v), u < v (the ring's in `ring_edges` order), of a connected graph on `workers`.
+
+    Raises:
+      ValueError: no connected draw in MAX_GRAPH_DRAWS (the graph's parameter is too small for P workers).
+    """
+    if self.kind == 'ring':
+      return ring_edges(workers)
+    rng = np.random.default_rng([self.seed, GRAPH_STREAM])
+    pairs = [(u, v) for u in range(workers) for v in range(u + 1, workers)]
+    for _ in range(MAX_GRAPH_DRAWS):
+      if self.kind == 'erdos_renyi':
+        keep = rng.random(len(pairs)) < self.edge_probability
+      else:
+        points = rng.random((workers, 2))
+        keep = np.array([np.hypot(*(points[u] - points[v])) <= self.radius for u, v in pairs], bool)
+      edges = tuple(pair for pair, k in zip(pairs, keep) if k)
+      if _connected(edges, workers):
+        return edges
+    what = (f'edge_probability={self.edge_probability}' if self.kind == 'erdos_renyi'
+            else f'radius={self.radius}')
+    raise ValueError(f'{what} gives no connected {self.kind} graph of {workers} workers in {MAX_GRAPH_DRAWS} draws')
+
+
+def _connected(edges: Sequence[tuple[int, int]], workers: int) -> bool:
+  """Whether the graph reaches every worker from worker 0 (one worker: trivially)."""
+  reached, frontier = {0}, [0]
+  neighbours = [[] for _ in range(workers)]
+  for u, v in edges:
+    neighbours[u].append(v)
+    neighbours[v].append(u)
+  while frontier:
+    for w in neighbours[frontier.pop()]:
+      if w not in reached:
+        reached.add(w)
+        frontier.append(w)
+  return len(reached) == workers
 
 
 def decompose(edges: Sequence[tuple[int, int]], workers: int) -> tuple[tuple[int, ...], ...]:
@@ -179,12 +243,24 @@ def contraction_factor(laplacians: Sequence[np.ndarray], probabilities, alpha: f
   return float(np.linalg.eigvalsh(np.eye(len(mean)) - 2.0 * alpha * mean + alpha * alpha * second)[-1])
 
 
+def _slopes(mean: np.ndarray, second: np.ndarray, alpha: float) -> tuple[float, float]:
+  """The left and right derivatives of rho at alpha: the extreme eigenvalues of d/dalpha (-2 alpha E[L] + alpha^2 S)
+  = 2 (alpha S - E[L]) restricted to the top eigenspace of E[W^T W] - 11^T/P (one slope where it is simple)."""
+  values, vectors = np.linalg.eigh(np.eye(len(mean)) - 2.0 * alpha * mean + alpha * alpha * second)
+  top = vectors[:, values >= values[-1] - 1e-12 * max(1.0, abs(values[-1]))]
+  slopes = np.linalg.eigvalsh(top.T @ (2.0 * (alpha * second - mean)) @ top)
+  return float(slopes[0]), float(slopes[-1])
+
+
 def mixing_weight(laplacians: Sequence[np.ndarray], probabilities: np.ndarray) -> float:
   """alpha minimising rho(alpha) = lambda_max(E[W^T W] - 11^T/P) (authors' getAlpha; `contraction_factor`).
 
   On the complement of 1, E[W^T W] - 11^T/P = I - 2 alpha E[L] + alpha^2 S, S = E[L]^2 + 2 sum_j p_j (1 - p_j) L_j
-  (a matching has L_j^2 = 2 L_j), convex in alpha. Along the top eigenvector of E[L] (eigenvalue e) it is at
-  least (1 - alpha e)^2, which is >= 1 = rho(0) from alpha = 2 / e on: the minimiser lies in [0, 2 / e].
+  (a matching has L_j^2 = 2 L_j): a maximum of quadratics in alpha, convex. Along the top eigenvector of E[L]
+  (eigenvalue e) it is at least (1 - alpha e)^2, which is >= 1 = rho(0) from alpha = 2 / e on: the minimiser lies
+  in [0, 2 / e]. Solved by bisection on the sign of rho's exact one-sided derivatives (`_slopes`: where the top
+  eigenvalue is simple, x^T 2 (alpha S - E[L]) x of its eigenvector), to the last bits of float64: a search on
+  rho's values stops at about the square root of the rounding (1e-8) where rho is flat around its minimum.
 
   Args:
     laplacians: the matchings' L_j.
@@ -193,16 +269,25 @@ def mixing_weight(laplacians: Sequence[np.ndarray], probabilities: np.ndarray) -
   Returns:
     alpha (0 where no matching is ever active).
   """
-  from scipy import optimize  # pylint: disable=g-import-not-at-top
   if not laplacians:
     return 0.0
-  mean, _ = _contraction(laplacians, probabilities, _complement_of_ones(laplacians[0].shape[0]))
+  mean, second = _contraction(laplacians, probabilities, _complement_of_ones(laplacians[0].shape[0]))
   top = float(np.linalg.eigvalsh(mean)[-1])
   if top <= 0:
     return 0.0
-  found = optimize.minimize_scalar(lambda a: contraction_factor(laplacians, probabilities, a), bounds=(0.0, 2.0 / top),
-                                   method='bounded', options={'xatol': 1e-12})
-  return float(found.x)
+  low, high = 0.0, 2.0 / top
+  while high - low > 4 * np.finfo(float).eps * high:
+    middle = 0.5 * (low + high)
+    if middle in (low, high):
+      break
+    left, right = _slopes(mean, second, middle)
+    if left > 0:     # rho increases on both sides: the minimiser is below
+      high = middle
+    elif right < 0:  # rho decreases on both sides: above
+      low = middle
+    else:            # 0 is a subgradient: the minimiser (a kink, or a flat bottom)
+      return middle
+  return 0.5 * (low + high)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,20 +307,26 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def ring_matchings(workers: int, budget: float):
-  """(partner tables, Laplacians, probabilities) of the ring: the LP runs once per (P, budget), whatever alpha."""
-  partners = decompose(ring_edges(workers), workers)
+def matchings(workers: int, budget: float, graph: BaseGraph = BaseGraph()):
+  """(partner tables, Laplacians, probabilities) of `graph`: the LP runs once per (P, budget, graph), whatever
+  alpha."""
+  partners = decompose(graph.edges(workers), workers)
   laps = [laplacian(m) for m in partners]
   return partners, laps, activation_probabilities(laps, budget)
 
 
 @functools.lru_cache(maxsize=64)
-def ring_plan(workers: int, budget: float, alpha: Optional[float] = None) -> Plan:
-  """MATCHA's plan on the ring of `workers` (the paper's alpha unless `alpha` is given)."""
-  partners, laps, probs = ring_matchings(workers, budget)
+def plan(workers: int, budget: float, alpha: Optional[float] = None, graph: BaseGraph = BaseGraph()) -> Plan:
+  """MATCHA's plan on `graph` over `workers` (the paper's alpha unless `alpha` is given)."""
+  partners, laps, probs = matchings(workers, budget, graph)
   alpha = mixing_weight(laps, probs) if alpha is None else float(alpha)
   return Plan(partners=partners, probabilities=tuple(float(x) for x in probs), alpha=alpha,
               rho=contraction_factor(laps, probs, alpha))
+
+
+def ring_plan(workers: int, budget: float, alpha: Optional[float] = None) -> Plan:
+  """MATCHA's plan on the ring of `workers` (`plan` with the default graph)."""
+  return plan(workers, budget, alpha)
 
 
 def check_plan(budget, alpha) -> None:
@@ -255,18 +346,20 @@ class MatchaState(NamedTuple):
 
 
 def matcha(inner: optax.GradientTransformation, budget: float = 0.5, alpha: Optional[float] = None,
-           axis_name: collectives.AxisName = None) -> optax.GradientTransformationExtraArgs:
-  """A local step of `inner`, then a gossip over the matchings of the ring that this iteration activates.
+           axis_name: collectives.AxisName = None, graph: BaseGraph = BaseGraph()
+           ) -> optax.GradientTransformationExtraArgs:
+  """A local step of `inner`, then a gossip over the matchings of `graph` that this iteration activates.
 
   Args:
     inner: the optimizer U, applied by each worker to its own gradient with its own state.
-    budget: C_b in (0, 1], the expected share of D-PSGD's communication.
+    budget: C_b in (0, 1], the expected share of the base graph's communication (D-PSGD's on the ring).
     alpha: the mixing weight; None: the paper's. See the module docstring.
     axis_name: the worker axes; None for one worker (then there is no matching and this is `inner`).
+    graph: the base graph (`BaseGraph`; default the ring).
 
   Returns:
     A transformation whose `update(grads, state, params, *, schedule, **extra)` reads `schedule.active`, the
-    bitmask of the active matchings (bit j: matching j of `ring_plan(P, budget)`), drawn on the host
+    bitmask of the active matchings (bit j: matching j of `plan(P, budget, graph=graph)`), drawn on the host
     (`MatchingGossip.activations`), and moves each worker's params to its new params.
 
   Example:
@@ -285,17 +378,17 @@ def matcha(inner: optax.GradientTransformation, budget: float = 0.5, alpha: Opti
       raise ValueError('matcha needs schedule.active, the matchings this iteration activates (drawn on the host '
                        'by MatchingGossip.activations)')
     stepped, inner_state = spec.local_step('matcha', inner, grads, state.inner, params)
-    plan = ring_plan(collectives.num_workers(axis_name), float(budget), alpha)
+    chosen = plan(collectives.num_workers(axis_name), float(budget), alpha, graph)
     active = jnp.asarray(schedule.active, jnp.int32)
     pull = None  # sum over active matchings of (W_i - W_partner)
-    for j, partners in enumerate(plan.partners):
+    for j, partners in enumerate(chosen.partners):
       received = lax.cond((active >> j) & 1 == 1,
                           lambda x, partners=partners: collectives.matching_exchange(x, axis_name, partners),
                           lambda x: x, stepped)
       diff = jax.tree.map(jnp.subtract, stepped, received)
       pull = diff if pull is None else jax.tree.map(jnp.add, pull, diff)
     new_params = stepped if pull is None else jax.tree.map(
-        lambda w, d: w - jnp.asarray(plan.alpha, w.dtype) * d, stepped, pull)
+        lambda w, d: w - jnp.asarray(chosen.alpha, w.dtype) * d, stepped, pull)
     updates = jax.tree.map(lambda new, old: new - old, new_params, params)
     return updates, MatchaState(inner=inner_state)
 
@@ -309,19 +402,39 @@ class MatchaSchedule(NamedTuple):
   UNIFORM = ('active',)
 
 
+def base_graph(config) -> BaseGraph:
+  """The config's `BaseGraph` (`algorithm.graph`, `graph_seed`, `edge_probability`, `radius`)."""
+  a = config.algorithm
+  return BaseGraph(kind=a.graph, seed=int(a.graph_seed), edge_probability=float(a.edge_probability),
+                   radius=float(a.radius))
+
+
 def validate(config):
   a = config.algorithm
   errors.require_number(a.budget, 'algorithm.budget', 'must be a number in (0, 1]: the expected share of the '
-                        "ring's matchings active per iteration (1: every one, D-PSGD)", lambda b: 0 < b <= 1)
+                        "base graph's matchings active per iteration (1: every one; on the ring, D-PSGD)",
+                        lambda b: 0 < b <= 1)
+  errors.require(a.graph in GRAPHS, 'algorithm.graph', a.graph, f'must be one of {", ".join(GRAPHS)}')
+  errors.require_int(a.graph_seed, 'algorithm.graph_seed', 0)
+  errors.require_number(a.edge_probability, 'algorithm.edge_probability', 'must be a number in (0, 1]',
+                        lambda v: 0 < v <= 1)
+  errors.require_number(a.radius, 'algorithm.radius', 'must be a number in (0, 1.5] (the unit square)',
+                        lambda v: 0 < v <= 1.5)
+  graph = base_graph(config)
+  try:
+    graph.edges(config.workers)
+  except ValueError as e:
+    field = 'algorithm.edge_probability' if a.graph == 'erdos_renyi' else 'algorithm.radius'
+    raise errors.ConfigError(field, a[field.split('.')[1]], f'{e}: raise it') from None
   if a.alpha is None:
     return
   errors.require_number(a.alpha, 'algorithm.alpha', "must be None (the paper's mixing weight) or a number > 0",
                         lambda v: v > 0)
-  plan = ring_plan(config.workers, float(a.budget), float(a.alpha))
-  errors.require(plan.rho < 1, 'algorithm.alpha', a.alpha,
-                 f'makes the gossip diverge on the ring of {config.workers} workers at budget {a.budget} '
-                 f"(rho = {plan.rho:.3g} >= 1); the paper's alpha is "
-                 f'{ring_plan(config.workers, float(a.budget)).alpha:.4g}')
+  chosen = plan(config.workers, float(a.budget), float(a.alpha), graph)
+  errors.require(chosen.rho < 1, 'algorithm.alpha', a.alpha,
+                 f'makes the gossip diverge on the {a.graph} graph of {config.workers} workers at budget {a.budget} '
+                 f"(rho = {chosen.rho:.3g} >= 1); the paper's alpha is "
+                 f'{plan(config.workers, float(a.budget), graph=graph).alpha:.4g}')
 
 
 SPEC = spec.AlgorithmSpec(
@@ -329,7 +442,12 @@ SPEC = spec.AlgorithmSpec(
     defaults={
         'budget': 0.5,  # C_b in (0, 1]: expected share of the ring's matchings active per iteration (1: D-PSGD)
         'alpha': None,  # mixing weight; None: the paper's, minimising ||E[W^T W] - 11^T/P||
+        'graph': 'ring',  # base graph: ring | erdos_renyi | geometric (`BaseGraph`)
+        'graph_seed': 0,  # the random graphs' seed (one graph for every seed of a comparison)
+        'edge_probability': 0.5,  # erdos_renyi: each pair an edge with this probability
+        'radius': 0.5,  # geometric: workers at uniform points of the unit square, an edge within this distance
     },
     build=lambda config, inner, axis_name: matcha(inner, budget=config.algorithm.budget,
-                                                  alpha=config.algorithm.alpha, axis_name=axis_name),
+                                                  alpha=config.algorithm.alpha, axis_name=axis_name,
+                                                  graph=base_graph(config)),
     validate=validate)

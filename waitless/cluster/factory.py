@@ -32,6 +32,9 @@ DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lo
 # (`experiments/harness/measured_time.py`); the rule is driven by a clock on which every worker takes `base_s` per
 # micro-batch, so it gives its synchronous schedule (every worker finishes its m micro-batches).
 MEASURED = 'measured'
+# The longest time one micro-batch's fields may give (11.6 days): beyond, a sum of iterations overflows float64
+# (1e308 read as "never finishes": a failed worker) or loses the clock's sub-second resolution.
+MAX_SECONDS = 1e6
 STRAGGLER_KINDS = DISTRIBUTIONS + ('slow_workers', 'random_delay', MEASURED)
 NETWORK_KINDS = ('ideal', 'alpha_beta')
 
@@ -159,15 +162,19 @@ def validate(config: ml_collections.ConfigDict) -> None:
   get = lambda name: _get(s, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
   kind = get('kind')
   errors.require(kind in STRAGGLER_KINDS, 'stragglers.kind', kind, f'known: {", ".join(STRAGGLER_KINDS)}')
-  errors.require_number(get('base_s'), 'stragglers.base_s', 'must be a number > 0', lambda v: v > 0)
+  errors.require_number(get('base_s'), 'stragglers.base_s', f'must be a number > 0 and <= {MAX_SECONDS:g} (seconds)',
+                        lambda v: 0 < v <= MAX_SECONDS)
   errors.require(isinstance(get('calibrate'), bool), 'stragglers.calibrate', get('calibrate'), 'must be a bool')
-  errors.require_number(get('overhead_s'), 'stragglers.overhead_s', 'must be a number >= 0 (seconds per call)',
-                        lambda v: v >= 0)
+  errors.require_number(get('overhead_s'), 'stragglers.overhead_s',
+                        f'must be a number >= 0 and <= {MAX_SECONDS:g} (seconds per call)',
+                        lambda v: 0 <= v <= MAX_SECONDS)
   # Every parameter is checked, also those the chosen kind does not read: a typo is caught either way.
   errors.require_number(get('rate'), 'stragglers.rate', 'must be a number > 0 (1/seconds)', lambda v: v > 0)
-  errors.require_number(get('shift_s'), 'stragglers.shift_s', 'must be a number >= 0', lambda v: v >= 0)
+  errors.require_number(get('shift_s'), 'stragglers.shift_s', f'must be a number >= 0 and <= {MAX_SECONDS:g} (seconds)',
+                        lambda v: 0 <= v <= MAX_SECONDS)
   errors.require_number(get('shape'), 'stragglers.shape', 'must be a number > 0', lambda v: v > 0)
-  errors.require_number(get('scale'), 'stragglers.scale', 'must be a number > 0 (seconds)', lambda v: v > 0)
+  errors.require_number(get('scale'), 'stragglers.scale', f'must be a number > 0 and <= {MAX_SECONDS:g} (seconds)',
+                        lambda v: 0 < v <= MAX_SECONDS)
   errors.require_number(get('sigma'), 'stragglers.sigma', 'must be a number >= 0', lambda v: v >= 0)
   if kind == 'trace':
     compute_lib.load_trace(get('trace_path'), p)
@@ -192,7 +199,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   delayed = get('delayed_workers')
   errors.require(_is_int(delayed) and 0 <= delayed <= p, 'stragglers.delayed_workers', delayed,
                  f'must be an integer in 0..{p} (workers)')
-  errors.require_number(get('delay_s'), 'stragglers.delay_s', 'must be a number >= 0', lambda v: v >= 0)
+  errors.require_number(get('delay_s'), 'stragglers.delay_s', f'must be a number >= 0 and <= {MAX_SECONDS:g} (seconds)',
+                        lambda v: 0 <= v <= MAX_SECONDS)
   if kind == 'random_delay':
     errors.require(delayed >= 1, 'stragglers.delayed_workers', delayed, 'kind=random_delay needs >= 1')
     errors.require(get('delay_s') > 0, 'stragglers.delay_s', get('delay_s'), 'kind=random_delay needs > 0')

@@ -7,8 +7,6 @@ seed), pixels scaled to [0, 1] then standardised with the training split's per-p
 from __future__ import annotations
 
 import numpy as np
-from sklearn import datasets as sk_datasets
-from sklearn import model_selection
 
 from waitless.data import base
 from waitless.data import in_memory
@@ -18,6 +16,10 @@ SPLIT_SEED = 0
 
 def load_arrays(test_fraction: float = 0.2):
   """(train, test) dicts with `image` float32 (n, 64) and `label` int32 (n,)."""
+  # scikit-learn only when the digits are loaded: importing it costs about 0.6 s that no other workload (nor a
+  # Ray actor of another one) should pay.
+  from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
+  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
   digits = sk_datasets.load_digits()
   x = digits.data.astype(np.float32) / 16.0
   y = digits.target.astype(np.int32)

@@ -36,15 +36,18 @@ worker)), whatever the algorithm. Random compute distributions (`exponential`, `
 clock's seeded generator in the order a time rule asks, so there the algorithms see the same distribution but
 not the same draws; use `trace` to replay one measured table for all.
 
-Writes in WORKDIR: `comparison.md` (the table), `comparison.json` (the same figures, per run and per
-algorithm) and `comparison.png` (eval loss and accuracy against simulated time and against steps, one line per
-algorithm at its best value, the median over the reporting seeds, shaded by the pointwise bootstrap interval of
-that median). Figures over seeds (`experiments.comparison.statistics`): medians with `--confidence` (0.95) bootstrap
-intervals, a seed that misses a target censored at its budget (never dropped), the probability of beating
-`--baseline` on paired seeds with its interval, and a verdict (faster / slower / tied). Times to target are
-interpolated linearly between the two evaluations around the crossing (never quantised by `eval_every`);
-`time_to_target_at_eval` is the quantised value of summary.json. Exit statuses as in `experiments.main`:
-2 for a bad flag or config, 75 after SIGTERM / Ctrl-C (rerun to resume).
+Writes in WORKDIR: `comparison.md` (the table), `comparison.json` (the same figures, per run and per algorithm),
+`comparison.png` (eval loss and accuracy against simulated time and against steps, one line per algorithm at its
+best value, the median over the reporting seeds, shaded by the pointwise bootstrap interval of that median; at most
+six entries a row of panels, the baseline in every row) and `comparison_intervals.png` (the median time to target
+per entry with its interval, sorted, coloured by verdict, the baseline marked, beside the probability of beating the
+baseline: rliable's interval plot). The terminal gets the verdict table and these files' paths; the notes and the
+list of runs are in comparison.md. Figures over seeds (`experiments.comparison.statistics`): medians with
+`--confidence` (0.95) bootstrap intervals, a seed that misses a target censored at its budget (never dropped), the
+probability of beating `--baseline` on paired seeds with its interval, and a verdict (faster / slower / tied). Times
+to target are interpolated linearly between the two evaluations around the crossing (never quantised by
+`eval_every`); `time_to_target_at_eval` is the quantised value of summary.json. Exit statuses as in
+`experiments.main`: 2 for a bad flag or config, 75 after SIGTERM / Ctrl-C (rerun to resume).
 """
 
 from __future__ import annotations
@@ -96,6 +99,9 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   statistics.check_options(shared_flags.SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
+  errors.require(not _TUNING_SEEDS.value or bool(_SWEEP.value), '--tuning_seeds', _TUNING_SEEDS.value,
+                 'the tuning seeds choose each entry\'s --sweep point; without a sweep there is nothing to choose '
+                 'and every seed reports: leave it 0')
   if _TARGET_LOSS.value is not None:
     errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0', lambda v: v > 0)
   devices = shared_flags.CONFIG.value.devices
@@ -105,6 +111,9 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   common_pairs = [p for p in common.split_arg(arg) if '=' in p]
   text = _ALGORITHMS.value
   entries = compare_plan.parse_entries(text)
+  # The default baseline may be absent (a comparison without sync); one given by name must be an entry.
+  errors.require(_BASELINE.value in entries or not flags.FLAGS['baseline'].present, '--baseline', _BASELINE.value,
+                 f'must be one of the entries: {", ".join(entries)}')
   everything = any(part.strip() == 'all' for part in re.split('[;,]', text))
   overrides = dict(config_flags.get_override_values(flags.FLAGS['config']))
   runs, skipped = compare_plan.plan(
@@ -127,6 +136,16 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
     except workdir_lib.WorkdirConflict as e:
       raise workdir_lib.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
                                   'same flags, or give the new one its own --workdir)') from e
+  from waitless.experiments.harness import workdir_lock  # pylint: disable=g-import-not-at-top
+  lock = workdir_lock.WorkdirLock(root)  # a second comparison on this workdir would train every run twice
+  try:
+    return _run_and_report(runs, root, path, skipped)
+  finally:
+    lock.release()
+
+
+def _run_and_report(runs, root: str, path: str, skipped: dict[str, str]) -> dict[str, Any]:
+  """Trains the unfinished runs, then writes the report."""
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
         f'{len(set(r.sweep for r in runs))} sweep points x {shared_flags.SEEDS.value} seeds) in {root}',
         file=sys.stderr)
@@ -159,12 +178,13 @@ def main(argv):
   from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir_lock  # pylint: disable=g-import-not-at-top
   root = shared_flags.WORKDIR.value
   preemption.exit_before_training()
   try:
     report = _compare(config_flags.get_config_filename(flags.FLAGS['config']), root)
   except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
-          metrics_io.CutLog) as e:
+          metrics_io.CutLog, workdir_lock.WorkdirBusy) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except preemption.Preempted as e:
@@ -173,11 +193,7 @@ def main(argv):
   except KeyboardInterrupt as e:
     print(f'interrupted: rerun the same command to resume in {root}', file=sys.stderr)
     sys.exit(preemption.exit_code(e))
-  with open(os.path.join(root, 'comparison.md')) as f:
-    print(f.read())
-  print(f'table: {os.path.join(root, "comparison.md")}')
-  if report.get('png'):
-    print(f'plot: {report["png"]}')
+  print(report_lib.terminal(report, root))  # ends with the verdict table and the files' paths
 
 
 if __name__ == '__main__':

@@ -8,6 +8,8 @@ package does not, so a FILE that does not exist is looked up inside the installe
 from __future__ import annotations
 
 import os
+import re
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -50,3 +52,27 @@ def resolve_argv(argv: list[str], flag: str = 'config') -> list[str]:
 def _resolve_value(value: str) -> str:
   path, colon, arg = value.partition(':')
   return resolve(path) + colon + arg
+
+
+def _one_line(message: str) -> str:
+  """The last line of a (possibly traceback-laden) message, without its exception class prefix."""
+  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+  match = re.match(r'^[\w.]*(?:Error|Exception): (.*)$', lines[-1]) if lines else None
+  return match.group(1) if match else (lines[-1] if lines else message)
+
+
+def parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
+  """absl's parser for a program with a `--config` flag (`config`): a bad one (unknown algorithm, unknown key, a
+  value of the wrong type, a missing file) is one line, exit 2."""
+  try:
+    argv = flags.FLAGS(resolve_argv(argv))
+    if config.value is not None:
+      config.value.get('workers')  # config_flags defers load errors to the first access
+  except Exception as e:  # pylint: disable=broad-except
+    print(f'error: {_one_line(str(e))}', file=sys.stderr)
+    sys.exit(2)
+  if len(argv) > 1:  # e.g. the rest of a config argument cut by a line break: never run without it
+    print(f'error: unexpected argument(s) {" ".join(argv[1:])!r}: only flags are accepted (a line break inside '
+          '--config=FILE:ARG?)', file=sys.stderr)
+    sys.exit(2)
+  return argv

@@ -54,19 +54,59 @@ _DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Join a multi-process run
                                  '(SLURM, Open MPI, Cloud TPU pod).')
 _HEARTBEAT = flags.DEFINE_integer('heartbeat_timeout_s', distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
                                   'Multi-process: seconds without a heartbeat after which a process counts as '
-                                  'dead and the run stops.')
+                                  'dead and the run stops; also the longest a checkpoint save (its write and its '
+                                  'barrier) may take.')
+_VALIDATE_ONLY = flags.DEFINE_bool(
+    'validate_only', False, 'Check the config and the flags (a bad one: one line, status 2) and exit without '
+    'training; launch/multiprocess_cpu.sh runs this once before it starts its processes.')
 _DEBUG_SLOW = flags.DEFINE_string(
     'debug_slow_process', '', 'TEST-ONLY: "I:S", process I sleeps S seconds in every micro-batch it computes (a '
-    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine). "" for none.')
+    'slower device, harness/slowdown.py; for testing stragglers.kind=measured on one machine; with runtime=ray, '
+    'learner I). "" for none.')
+_DEBUG_DELAY = flags.DEFINE_string(
+    'debug_delay', '', 'TEST-ONLY, runtime=ray: "K:S", at each job index K learners drawn at random sleep S seconds '
+    'once (transient delays, harness/ray_runtime/worker.py). "" for none.')
+_DEBUG_CRASH = flags.DEFINE_string(
+    'debug_crash_learner', '', 'TEST-ONLY, runtime=ray: "I:T", learner I\'s process exits once it holds a model of '
+    'version >= T, in its first life (Ray restarts it; harness/ray_runtime/worker.py). "" for none.')
+_RAY_ADDRESS = flags.DEFINE_string(
+    'ray_address', None, 'runtime=ray: HOST:PORT of a running Ray cluster\'s head (`ray start --head`), or "auto"; '
+    'unset: a local Ray starts and stops with the run.')
+
+
+def _train_on_ray(config, workdir, stop_requests):
+  """A `runtime=ray` run (`ray_runtime.driver`), or with --seeds=N > 1 its N seeds one after another, each in
+  `WORKDIR/seed<S>` ({workdir: summary or the failure it stopped with})."""
+  from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness.ray_runtime import driver  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness.ray_runtime import worker  # pylint: disable=g-import-not-at-top
+  hooks = worker.DebugHooks(*slowdown.parse_slow(_DEBUG_SLOW.value, config.workers),
+                            *slowdown.parse_delay(_DEBUG_DELAY.value, config.workers),
+                            *slowdown.parse_crash(_DEBUG_CRASH.value, config.workers))
+  train = lambda c, w: driver.train_and_evaluate(c, w, stop_requests, _RAY_ADDRESS.value, hooks)  # pylint: disable=unnecessary-lambda-assignment
+  if shared_flags.SEEDS.value == 1:
+    return train(config, workdir)
+  outcomes = {}
+  for i in range(shared_flags.SEEDS.value):
+    seeded = config.copy_and_resolve_references()
+    seeded.seed = config.seed + i
+    seed_dir = os.path.join(workdir, f'seed{seeded.seed}')
+    try:
+      outcomes[seed_dir] = train(seeded, seed_dir)
+    except (loop_lib.TrainingDiverged, loop_lib.ClusterStalled) as e:
+      outcomes[seed_dir] = e
+  return outcomes
 
 
 def _train(config, workdir, stop_requests, loss_hook=None):
   """One run (`train_and_evaluate`: its summary; a failure is raised), or with --seeds=N > 1 the N seeds' runs as
   replicas (`setup.plan_groups`, then `train.train_group`: {workdir: summary or the failure it stopped with})."""
+  from waitless.experiments.harness import validation
+  validation.check_seeds(config.seed, shared_flags.SEEDS.value)
+  if config.get('runtime') == 'ray':
+    return _train_on_ray(config, workdir, stop_requests)
   from waitless.experiments.harness import setup  # imported after XLA_FLAGS is set
   from waitless.experiments.harness import train
-  from waitless import config_errors as errors
-  errors.require_int(shared_flags.SEEDS.value, '--seeds', 1)
   if shared_flags.SEEDS.value == 1:
     return train.train_and_evaluate(config, workdir, stop_requests, loss_hook)
   configs = []
@@ -118,6 +158,10 @@ def _is_jax_runtime_error(e: BaseException) -> bool:
   return isinstance(e, jax.errors.JaxRuntimeError)
 
 
+def _first_line(e: BaseException) -> str:
+  return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
 def _watch_peers(stop_requests, workdir):
   """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
@@ -127,6 +171,23 @@ def _watch_peers(stop_requests, workdir):
       timeout_s=_HEARTBEAT.value / 2, completed_step=lambda: stop_requests.completed_step, workdir=workdir)
   watchdog.start()
   return watchdog
+
+
+def _validate_only(config) -> None:
+  """--validate_only: what every process would check before training, once (exit 2 with one line if bad)."""
+  from waitless import config_errors as errors
+  from waitless.experiments.harness import validation
+  try:
+    settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                         auto=_DISTRIBUTED.value, heartbeat_timeout_s=_HEARTBEAT.value)
+    processes = settings.num_processes if settings and settings.num_processes else 1
+    distributed.host_devices_per_process(config.devices, processes)
+    slowdown.parse_slow(_DEBUG_SLOW.value, processes)
+    validation.validate(config)
+    validation.check_seeds(config.seed, shared_flags.SEEDS.value)
+  except errors.ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
 
 
 def _join_processes(config) -> int:
@@ -157,6 +218,9 @@ def main(argv):
   from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
   common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
   common.mark_explicit(config, config_flags.get_override_values(flags.FLAGS['config']))
+  if _VALIDATE_ONLY.value:
+    _validate_only(config)
+    return
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
   handler = std_logging.StreamHandler(sys.stderr)
   handler.setFormatter(std_logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))
@@ -169,13 +233,29 @@ def main(argv):
   from waitless.experiments.harness import loop as loop_lib
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import workdir as workdir_lib
+  from waitless.experiments.harness import workdir_lock
+  from waitless.experiments.harness.ray_runtime import ray_config  # no JAX import
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
   if shared_flags.COMPILATION_CACHE.value:
     compilation_cache.enable(shared_flags.COMPILATION_CACHE.value)
-  processes = _join_processes(config)
+  on_ray = config.get('runtime') == 'ray'
+  processes = 1 if on_ray else _join_processes(config)  # Ray runs join no jax.distributed mesh
+  if on_ray:  # the driver evaluates beside the learners: on a GPU they share, it must not take 75% of it
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   try:
-    loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
+    if on_ray:
+      slowdown.parse_slow(_DEBUG_SLOW.value, config.workers)  # learners, checked before Ray starts
+      slowdown.parse_delay(_DEBUG_DELAY.value, config.workers)
+      slowdown.parse_crash(_DEBUG_CRASH.value, config.workers)
+      loss_hook = None
+    else:
+      ray_only = {'--debug_delay': _DEBUG_DELAY.value, '--debug_crash_learner': _DEBUG_CRASH.value,
+                  '--ray_address': _RAY_ADDRESS.value}
+      given = [name for name, value in ray_only.items() if value]
+      errors.require(not given, ', '.join(given), ', '.join(ray_only[n] for n in given),
+                     'for runtime=ray runs only (add runtime=ray to the config argument)')
+      loss_hook = slowdown.loss_hook(*slowdown.parse_slow(_DEBUG_SLOW.value, processes))
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -183,9 +263,11 @@ def main(argv):
     handler.setFormatter(std_logging.Formatter(
         f'%(asctime)s [process {distributed.process_index()}] %(message)s', '%H:%M:%S'))
     watchdog = _watch_peers(stop_requests, shared_flags.WORKDIR.value)
+    absl_logging.get_absl_logger().addFilter(checkpointing.background_error_filter)  # reported in one line below
   try:
     summary = _run(config, shared_flags.WORKDIR.value, stop_requests, loss_hook)
-  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError) as e:
+  except (errors.ConfigError, workdir_lib.WorkdirConflict, checkpointing.UnusableWorkdir, FileNotFoundError,
+          workdir_lock.WorkdirBusy, ray_config.RayUnavailable) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   except loop_lib.TrainingDiverged as e:
@@ -201,11 +283,15 @@ def main(argv):
     print(f'interrupted: rerun the same command to resume from the last checkpoint in {shared_flags.WORKDIR.value}',
           file=sys.stderr)
     sys.exit(preemption.exit_code(e))
+  except TimeoutError as e:  # a checkpoint's barrier that a peer never reached (checkpointing.Checkpointer)
+    if watchdog is None:
+      raise
+    watchdog.report(f'a checkpoint barrier timed out after {_HEARTBEAT.value}s ({_first_line(e)}), a peer process '
+                    'is stuck')
   except RuntimeError as e:  # jax.errors.JaxRuntimeError: in a multi-process run, a collective lost its peer
     if watchdog is None or not _is_jax_runtime_error(e):
       raise
-    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-    watchdog.report(f'a collective failed ({first}), a peer process probably died')
+    watchdog.report(f'a collective failed ({_first_line(e)}), a peer process probably died')
   finally:
     if watchdog is not None:
       watchdog.finish()

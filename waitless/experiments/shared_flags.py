@@ -6,8 +6,6 @@ No JAX import: a program sets `--config.devices` host devices (`force_host_devic
 from __future__ import annotations
 
 import os
-import re
-import sys
 
 from absl import flags
 
@@ -36,23 +34,6 @@ def force_host_devices(count: int) -> None:
   os.environ['XLA_FLAGS'] = ' '.join(existing + [flag])
 
 
-def _one_line(message: str) -> str:
-  """The last line of a (possibly traceback-laden) message, without its exception class prefix."""
-  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-  match = re.match(r'^[\w.]*(?:Error|Exception): (.*)$', lines[-1]) if lines else None
-  return match.group(1) if match else (lines[-1] if lines else message)
-
-
 def parse_flags(argv):
   """absl's parser; a bad --config (unknown algorithm, unknown key, missing file) is one line, exit 2."""
-  try:
-    argv = flags.FLAGS(config_paths.resolve_argv(argv))
-    CONFIG.value.get('workers')  # config_flags defers load errors to the first access
-  except Exception as e:  # pylint: disable=broad-except
-    print(f'error: {_one_line(str(e))}', file=sys.stderr)
-    sys.exit(2)
-  if len(argv) > 1:  # e.g. the rest of a config argument cut by a line break: never run without it
-    print(f'error: unexpected argument(s) {" ".join(argv[1:])!r}: only flags are accepted (a line break inside '
-          '--config=FILE:ARG?)', file=sys.stderr)
-    sys.exit(2)
-  return argv
+  return config_paths.parse_flags(argv, CONFIG)

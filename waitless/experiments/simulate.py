@@ -132,4 +132,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=lambda argv: flags.FLAGS(config_paths.resolve_argv(argv)))
+  app.run(main, flags_parser=lambda argv: config_paths.parse_flags(argv, _CONFIG))

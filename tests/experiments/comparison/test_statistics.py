@@ -10,6 +10,7 @@ from absl.testing import parameterized
 import numpy as np
 
 from waitless import config_errors as errors
+from waitless.experiments.comparison import plots
 from waitless.experiments.comparison import report as report_lib
 from waitless.experiments.comparison import statistics
 from waitless.experiments.comparison.plan import PlannedRun
@@ -312,14 +313,14 @@ class PlotTest(absltest.TestCase):
       with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
         f.write(''.join(json.dumps({'step': i, 'sim_time': float(i), 'eval_loss': s * i}) + '\n' for i in (1, 2, 3)))
       records.append({'workdir': workdir})
-    grid, median, low, high = report_lib._curves({'runs': records}, 'sim_time', 'eval_loss', 0.95)
+    grid, median, low, high = plots._curve(records, 'sim_time', 'eval_loss', 0.95)
     np.testing.assert_array_equal(grid, [1.0, 2.0, 3.0])
     np.testing.assert_allclose(median, 4.0 * grid)
     values = np.outer(scale, grid)
     self.assertTrue(np.all(low > values.min(0)), 'not the lowest seed')   # seven seeds: narrower than min-max
     self.assertTrue(np.all(high < values.max(0)), 'not the highest seed')
     self.assertTrue(np.all((low <= median) & (median <= high)))
-    one = report_lib._curves({'runs': records[:1]}, 'sim_time', 'eval_loss', 0.95)
+    one = plots._curve(records[:1], 'sim_time', 'eval_loss', 0.95)
     self.assertEqual((one[2], one[3]), (None, None))
 
 

@@ -175,6 +175,24 @@ class SettingsTest(parameterized.TestCase):
                      '(each process holds devices / processes)')
 
 
+  def test_the_launcher_validates_once_before_starting_processes(self):
+    # Issue 39: each process printed the config error, after seconds of start-up, and the launcher ended with
+    # "rerun the same command to resume".
+    workdir = os.path.join(self.create_tempdir().full_path, 'w')
+    for args, message in (
+        (['--config=experiments/configs/digits.py:sync', '--config.stragglers.slow_fraction=2'],
+         'error: stragglers.slow_fraction=2.0 is not allowed: must be a fraction in [0, 1]'),
+        (['--config=experiments/configs/digits.py:sync,devices=3'],
+         'error: devices=3 is not allowed: must be a multiple of the 2 processes (each process holds devices / '
+         'processes)'),
+        (['--config=experiments/configs/digits.py:sync', '--seeds=0'], 'error: --seeds=0 is not allowed: must be '
+         'an integer >= 1')):
+      result = _launch(2, [*args, f'--workdir={workdir}'], timeout=60)
+      self.assertEqual(result.returncode, 2, result.stderr)
+      self.assertEqual(result.stderr.strip(), message)
+      self.assertNotIn('[multiprocess_cpu] process', result.stdout + result.stderr)
+      self.assertFalse(os.path.exists(workdir))
+
 @pytest.mark.slow
 class MultiProcessTest(parameterized.TestCase):
 
@@ -208,6 +226,21 @@ class MultiProcessTest(parameterized.TestCase):
       for key in ('train_loss', 'eval_loss', 'eval_accuracy', 'l2_params', 'l2_grads'):
         if key in ref:
           np.testing.assert_allclose(row[key], ref[key], rtol=RTOL, atol=ATOL, err_msg=f'{key} at {row["step"]}')
+
+  def test_replicas_checkpoint_on_two_processes(self):
+    # Issue 39: the replicas' concurrent saves of one step met at one orbax barrier ("already ongoing", SIGABRT)
+    # or hung; each seed must end as it ends on one process.
+    config = '--config=experiments/configs/digits.py:sync,num_steps=40,checkpoint_every=20,eval_every=20'
+    one = self.create_tempdir().full_path
+    two = self.create_tempdir().full_path
+    single = _main([config, '--seeds=2', f'--workdir={one}'])
+    self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+    multi = _launch(2, [config, '--seeds=2', f'--workdir={two}'], timeout=240)
+    self.assertEqual(multi.returncode, 0, multi.stderr[-3000:])
+    self.assertNotRegex(multi.stderr, C_ABORT)
+    for seed in ('seed0', 'seed1'):
+      self.assertSameSummary(os.path.join(two, seed), os.path.join(one, seed))
+      self.assertEqual(_finished_checkpoints(os.path.join(two, seed)), [20, 40])
 
   def test_a_killed_process_stops_the_other_and_a_rerun_resumes(self):
     config = ('--config=experiments/configs/digits.py:sync,num_steps=120,checkpoint_every=20,eval_every=40,'

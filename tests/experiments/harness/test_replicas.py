@@ -1,6 +1,7 @@
 """Replicas: several runs in one compiled program give each run the trajectory and the files it has alone."""
 
 import os
+import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -128,6 +129,21 @@ class TrainGroupTest(parameterized.TestCase):
     for a, b in zip(full, stopped):
       self.assertEqual(test_train._summary_without_wall(a), test_train._summary_without_wall(b))
       self.assertEqual(test_train._strip_wall(metrics_io.read_rows(a)), test_train._strip_wall(metrics_io.read_rows(b)))
+
+  def test_a_rerun_over_finished_replicas_keeps_their_summaries(self):
+    # Issue 39: `main --seeds=3` rerun over finished seeds rewrote their wall_time.
+    configs = self._configs()
+    root = self.create_tempdir().full_path
+    workdirs = [os.path.join(root, f'r{i}') for i in range(2)]
+    first = train.train_group(configs, workdirs)
+    written = [open(os.path.join(w, 'summary.json')).read() for w in workdirs]
+    time.sleep(0.05)
+    again = train.train_group(configs, workdirs)
+    self.assertEqual([open(os.path.join(w, 'summary.json')).read() for w in workdirs], written)
+    self.assertEqual([s['wall_time'] for s in again], [s['wall_time'] for s in first])
+    configs[0].optimizer.learning_rate = 0.5  # another run in a finished workdir is still refused
+    with self.assertRaisesRegex(train.workdir_lib.WorkdirConflict, 'optimizer'):
+      train.train_group(configs, workdirs)
 
   def test_a_replica_a_checkpoint_ahead_goes_back_to_the_common_one(self):
     # A kill between the replicas' saves leaves one of them a checkpoint ahead: the group resumes from the step

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, TYPE_CHECKING
+from typing import Any, Mapping, Optional, TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +22,16 @@ from waitless.cluster.rules import parameter_server as ps
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
+
+
+def adapted_k(k0: int, initial_loss: Optional[float], latest_loss: Optional[float], cap: int, current: int) -> int:
+  """min(cap, max(1, round(K0 sqrt(F(W_0) / F(W_t))))), or `current` until both losses are known and positive.
+
+  The simulated clock's rule (`AdaSync`) and the Ray runtime's server both adapt K with it.
+  """
+  if initial_loss is not None and latest_loss is not None and initial_loss > 0 and latest_loss > 0:
+    return min(cap, max(1, int(round(k0 * math.sqrt(initial_loss / latest_loss)))))
+  return current
 
 
 # The variants AdaSync can adapt, with their time rules.
@@ -91,11 +101,8 @@ class AdaSync(rules.TimeRule):
 
   def _next_k(self, clock: 'Clock', state: dict[str, Any]) -> int:
     """K at the next adjustment: the same at every adjustment until the next loss is reported."""
-    f0, f = state['initial_loss'], state['latest_loss']
-    if f0 is not None and f is not None and f0 > 0 and f > 0:
-      k = int(round(self.k0 * math.sqrt(f0 / f)))
-      return min(clock.workers - clock.lost_workers, max(1, k))
-    return state['k']
+    return adapted_k(self.k0, state['initial_loss'], state['latest_loss'], clock.workers - clock.lost_workers,
+                     state['k'])
 
   def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
     state = self._state(clock)

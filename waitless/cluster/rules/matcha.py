@@ -23,9 +23,10 @@ ACTIVATION_STREAM = 0x4D41  # keys the activation draws apart from any other str
 
 
 @functools.lru_cache(maxsize=64)
-def _tables(workers: int, budget: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(partner index (J, P), matched float64 (J, P), p (J,)) of `ring_plan(workers, budget)` (no alpha needed)."""
-  partners, _, probs = matcha.ring_matchings(workers, budget)
+def _tables(workers: int, budget: float, graph: matcha.BaseGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(partner index (J, P), matched float64 (J, P), p (J,)) of `plan(workers, budget, graph=graph)` (no alpha
+  needed)."""
+  partners, _, probs = matcha.matchings(workers, budget, graph)
   table = np.asarray(partners, np.int64).reshape(len(partners), workers)
   return table, (table != np.arange(workers)).astype(np.float64), np.asarray(probs, np.float64)
 
@@ -34,8 +35,9 @@ def _tables(workers: int, budget: float) -> tuple[np.ndarray, np.ndarray, np.nda
 class MatchingGossip(synchronous.WaitsForEveryone):
   """MATCHA (`matcha`): per iteration only the active matchings exchange, each pair waiting for each other.
 
-  The matchings and their probabilities are `ring_plan(P, budget)`'s. Worker i finishes its gradient at
-  c_i = start_i + sum_k X_{i,k}; in the active matchings A(k) its partners are partner_j(i), j in A(k):
+  The matchings and their probabilities are `plan(P, budget, graph=graph)`'s (the ring by default). Worker i
+  finishes its gradient at c_i = start_i + sum_k X_{i,k}; in the active matchings A(k) its partners are
+  partner_j(i), j in A(k):
       end_i = max(c_i, max_{j in A(k)} c_{partner_j(i)}) + a_i p2p(M),   a_i = #{j in A(k): i matched in j}
       Idle: end_i - a_i p2p(M) - c_i.
   As in D-PSGD's `RingGossip` (of which budget 1 on the ring is this rule exactly), a worker's exchanges run
@@ -49,6 +51,7 @@ class MatchingGossip(synchronous.WaitsForEveryone):
   budget: float = 0.5
   seed: int = 0
   microbatches: int = 1
+  graph: matcha.BaseGraph = matcha.BaseGraph()
 
   schedule_type = MatchaSchedule
   reports = {'active_matchings': 'mean'}
@@ -59,14 +62,14 @@ class MatchingGossip(synchronous.WaitsForEveryone):
     matcha.check_plan(self.budget, None)
 
   def activations(self, workers: int, iteration: int) -> np.ndarray:
-    """bool (J,): the matchings of `ring_plan(workers, budget)` active at `iteration`."""
-    _, _, probabilities = _tables(workers, float(self.budget))
+    """bool (J,): the matchings of `plan(workers, budget, graph=graph)` active at `iteration`."""
+    _, _, probabilities = _tables(workers, float(self.budget), self.graph)
     draws = np.random.default_rng([self.seed, ACTIVATION_STREAM, iteration]).random(len(probabilities))
     return draws < probabilities
 
   def _gossip(self, finished: np.ndarray, on: np.ndarray, ready: np.ndarray, count: np.ndarray) -> None:
     """ready_i = max(c_i, c of i's active partners); count_i = a_i (in place)."""
-    table, matched, _ = _tables(len(finished), float(self.budget))
+    table, matched, _ = _tables(len(finished), float(self.budget), self.graph)
     ready[:] = finished
     count[:] = 0.0
     for j in np.flatnonzero(on):
@@ -112,6 +115,6 @@ class MatchingGossip(synchronous.WaitsForEveryone):
 
 def time_rule(config):
   return MatchingGossip(budget=float(config.algorithm.budget), seed=int(config.seed),
-                        microbatches=config.microbatches)
+                        microbatches=config.microbatches, graph=matcha.base_graph(config))
 
 

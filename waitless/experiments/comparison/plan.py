@@ -68,6 +68,8 @@ def parse_sweeps(specs: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
     if not sep or not all(keys) or not values:
       raise errors.ConfigError('--sweep', spec, 'expected KEY=V1,V2,... (e.g. optimizer.learning_rate=0.05,0.1) '
                                'or KEY1:KEY2=A1:B1,A2:B2,...')
+    for k in keys:
+      _require_hyperparameter(k, spec)
     axis = []
     for value in values:
       parts = value.split(':') if len(keys) > 1 else [value]
@@ -84,6 +86,21 @@ def parse_sweeps(specs: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
                                'values in one --sweep')
     axes.append(axis)
   return [tuple(pair for group in point for pair in group) for point in itertools.product(*axes)]
+
+
+CLUSTER_SECTIONS = ('stragglers', 'network', 'cluster')  # the simulated cluster: a setting, never a choice
+
+
+def _require_hyperparameter(key: str, spec: str) -> None:
+  """Raises ConfigError naming --sweep for a key a sweep must not choose: the seed (a paired trial: --seeds) or
+  a field of the simulated cluster (a setting of the comparison: the "best cluster" is not a result)."""
+  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  if key == 'seed':
+    raise errors.ConfigError('--sweep', spec, 'a sweep chooses hyper-parameters and seed is none: give the number '
+                             'of seeds with --seeds')
+  if key.split('.', 1)[0] in CLUSTER_SECTIONS:
+    raise errors.ConfigError('--sweep', spec, f'{key} is a setting of the simulated cluster, not a hyper-parameter '
+                             'to choose: run one comparison per value (--config.FIELD=V, each with its own --workdir)')
 
 
 def config_path(config, key: str) -> str:
@@ -220,10 +237,14 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
         base = get_config(arg)
         _apply_overrides(base, overrides or {}, named)
         first_seed, cadence_steps = base.seed, None
+        validation.check_seeds(first_seed, seeds)
         for i in range(seeds):
           config = base.copy_and_resolve_references()
           config.seed = first_seed + i
           validation.validate(config)
+          errors.require(config.runtime != 'ray', 'runtime', config.runtime,
+                         'experiments.compare trains lock-step replica programs (runtime=spmd); run a Ray run with '
+                         'experiments.main (--seeds for several seeds), or compare the simulated family')
           if sim_time is not None:
             errors.require(not config.stragglers.calibrate, 'stragglers.calibrate', True,
                            'a --sim_time budget needs the configured times (calibration rescales them at run time)')

@@ -1,23 +1,28 @@
-"""A comparison's report: comparison.md (the table), comparison.json (the figures), comparison.png (the curves).
+"""A comparison's report: comparison.md (the table), comparison.json (the figures), comparison_intervals.png (the
+time to target per entry) and comparison.png (the curves), and what `experiments.compare` prints (`terminal`).
 
 The figures and their definitions (medians with bootstrap intervals, censoring, probability of improvement,
-verdicts, tuning seeds) are `experiments.comparison.statistics`'; the table states them in its notes, the plot shows
-each entry's median curve over the reporting seeds shaded by the pointwise bootstrap interval of that median.
+verdicts, tuning seeds) are `experiments.comparison.statistics`'; the table states them in its notes; the pictures
+are `experiments.comparison.plots`'.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 from typing import Any, Optional, Sequence
 
 from waitless.experiments.harness import atomic_files
+from waitless.experiments.comparison import plots
 from waitless.experiments.comparison import statistics
 from waitless.experiments.comparison.plan import PlannedRun
 from waitless.experiments.comparison.plan import sweep_label
 
 log = logging.getLogger('waitless')
+
+MARKDOWN = 'comparison.md'
+INTERVALS_PNG = 'comparison_intervals.png'
+CURVES_PNG = 'comparison.png'
 
 
 def _number(figure: dict[str, Any], name: str, fmt: str, scale: float = 1.0) -> str:
@@ -92,22 +97,13 @@ def _sweep_row(group: dict[str, Any], label: str) -> list[str]:
           *_figures(group)]
 
 
-def _seeds(seeds: Sequence[int]) -> str:
-  """'seeds 0-4' or 'seeds 0, 2' or 'seed 3'."""
-  if len(seeds) == 1:
-    return f'seed {seeds[0]}'
-  if list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
-    return f'seeds {seeds[0]}-{seeds[-1]}'
-  return 'seeds ' + ', '.join(str(s) for s in seeds)
-
-
 def seeds_note(report: dict[str, Any]) -> str:
   """Which seeds chose each entry's sweep point and which are reported."""
   s = report['seeds']
-  reporting = f'{len(s["reporting"])} reporting seed(s) ({_seeds(s["reporting"])})'
+  reporting = f'{len(s["reporting"])} reporting seed(s) ({plots.seeds_text(s["reporting"])})'
   if s['tuning']:
-    return (f'Tuning: {_seeds(s["tuning"])} chose each entry\'s sweep point; every figure of this table is over '
-            f'the other {reporting}.')
+    return (f'Tuning: {plots.seeds_text(s["tuning"])} chose each entry\'s sweep point; every figure of this table '
+            f'is over the other {reporting}.')
   if s['sweeping']:
     return (f'Figures over {reporting}. Each entry\'s sweep point was chosen on these same seeds (no '
             '--tuning_seeds): that selection is optimistic, the chosen point\'s figures favour it.')
@@ -118,8 +114,12 @@ def _notes(report: dict[str, Any], loss_target: str) -> list[str]:
   t = report['targets']
   level = f'{report["confidence"]:.0%}'
   base = report['baseline'] or '(no baseline)'
-  loss_note = (' (derived: the highest of the lowest eval losses of the runs that reached the target accuracy, '
-               'a level each of them reached)') if t['loss_derived'] else ''
+  loss_note = {
+      'reached': ' (derived: the highest of the lowest eval losses of the runs that reached the target accuracy, '
+                 'a level each of them reached)',
+      'all': ' (derived: no run reached the target accuracy, so it is the highest of the lowest eval losses of all '
+             'the runs that did not diverge, a level each of them reached)',
+  }.get(t.get('loss_derived_from'), ' (derived: no run has an eval loss)' if t['loss_derived'] else '')
   return [
       seeds_note(report), '',
       f'Times: median over seeds [{level} interval: {report["interval"]}]. A seed that misses a target is '
@@ -143,27 +143,37 @@ def _notes(report: dict[str, Any], loss_target: str) -> list[str]:
       f'to target accuracy (then the lowest final loss).', '']
 
 
+def _columns(report: dict[str, Any], loss_target: str) -> tuple[list[str], list[str]]:
+  """The time-to-target column and the columns after the verdicts."""
+  times = [f'time to acc >= {report["targets"]["accuracy"]:g} (s)']
+  rest = [f'time to loss <= {loss_target} (s)', 'final acc', 'final loss', 'sim time (s)', 'idle', 'staleness',
+          'bytes', 'speed-up']
+  return times, rest
+
+
+def _main_table(report: dict[str, Any], loss_target: str) -> list[str]:
+  """The verdict table: one row per entry at its chosen point, fastest first."""
+  base = report['baseline'] or '(no baseline)'
+  times, rest = _columns(report, loss_target)
+  header = ['algorithm', *times, f'P(beats {base})', f'vs {base}', 'vs best', *rest]
+  rows = [_row(a, a['entry'] + (f' @ {sweep_label(a["best_sweep"].items())}' if a['best_sweep'] else ''),
+               report['baseline']) for a in report['algorithms']]
+  return _table(header, rows)
+
+
 def markdown(report: dict[str, Any], title: str) -> str:
   """The table of `summarize`'s report."""
   t = report['targets']
   loss_target = f'{t["loss"]:.4g}' if t['loss'] is not None else '-'
   base = report['baseline'] or '(no baseline)'
-  times = [f'time to acc >= {t["accuracy"]:g} (s)']
-  rest = [f'time to loss <= {loss_target} (s)', 'final acc', 'final loss', 'sim time (s)', 'idle', 'staleness',
-          'bytes', 'speed-up']
-  header = ['algorithm', *times, f'P(beats {base})', f'vs {base}', 'vs best', *rest]
-  lines = [f'# {title}', '', *_notes(report, loss_target)]
-  rows = []
-  for a in report['algorithms']:
-    label = a['entry'] + (f' @ {sweep_label(a["best_sweep"].items())}' if a['best_sweep'] else '')
-    rows.append(_row(a, label, report['baseline']))
-  lines += _table(header, rows)
+  times, rest = _columns(report, loss_target)
+  lines = [f'# {title}', '', *_notes(report, loss_target), *_main_table(report, loss_target)]
   if report['seeds']['sweeping']:
     chosen_on = report['seeds']['tuning'] or report['seeds']['reporting']
     which = 'tuning' if report['seeds']['tuning'] else 'reporting'
     lines += ['', '## Every sweep point', '',
-              f'Over the {which} {_seeds(chosen_on)}: the figures each entry\'s point was chosen on (the lowest '
-              'median time to target accuracy, censored seeds included, then the lowest median final loss); '
+              f'Over the {which} {plots.seeds_text(chosen_on)}: the figures each entry\'s point was chosen on (the '
+              'lowest median time to target accuracy, censored seeds included, then the lowest median final loss); '
               f'speed-up against {base} at its chosen point on the same seeds.', '']
     lines += _table(['algorithm', *times, *rest], [_sweep_row(g, f'{g["entry"]} @ {sweep_label(g["sweep"].items())}')
                                                     for g in report['sweep']])
@@ -182,86 +192,6 @@ def markdown(report: dict[str, Any], title: str) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
   return ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
-
-
-def _curves(group: dict[str, Any], x: str, key: str, confidence: float):
-  """(grid, median, low, high) of `key` against `x` over the group's seeds, low and high the pointwise bootstrap
-  interval of the median (None with one seed); None when no run has `key`."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
-  series = []
-  for record in group['runs']:
-    rows = [r for r in metrics_io.read_rows(record['workdir']) if r.get(key) is not None and math.isfinite(r[key])]
-    if rows:
-      series.append((np.array([r[x] for r in rows], float), np.array([r[key] for r in rows], float)))
-  if not series:
-    return None
-  end = min(s[0][-1] for s in series)  # where every seed has data
-  grid = np.unique(np.concatenate([s[0][s[0] <= end] for s in series]))
-  values = np.stack([np.interp(grid, xs, ys) for xs, ys in series])
-  if len(series) < 2:
-    return grid, values[0], None, None
-  low, high = statistics.median_interval(values, confidence, axis=0, n_resamples=statistics.PLOT_RESAMPLES)
-  return grid, np.median(values, axis=0), low, high
-
-
-def plot(report: dict[str, Any], path: str, title: str) -> Optional[str]:
-  """comparison.png: eval loss and accuracy against simulated time (top) and steps (bottom)."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    log.info('matplotlib is not installed: no comparison.png')
-    return None
-  groups = {(g['entry'], tuple(sorted(g['sweep'].items()))): g for g in _with_runs(report)}
-  fig, axes = plt.subplots(2, 2, figsize=(15, 9.5))
-  colors = plt.get_cmap('tab10')  # ten colours, then the same ten dashed: no two lines alike up to 20
-  seeds = len(report['seeds']['reporting'])
-  for i, a in enumerate(report['algorithms']):
-    group = groups[(a['entry'], tuple(sorted(a['sweep'].items())))]
-    short = ','.join(f'{k.rsplit(".", 1)[-1]}={v}' for k, v in (a['best_sweep'] or {}).items())
-    label = a['entry'] + (f' ({short})' if short else '')
-    style = dict(color=colors(i % 10), ls=('-', '--', ':')[i // 10 % 3], lw=1.8)
-    for row, x in enumerate(('sim_time', 'step')):
-      for col, key in enumerate(('eval_loss', 'eval_accuracy')):
-        curve = _curves(group, x, key, report['confidence'])
-        if curve is None:
-          continue
-        grid, median, low, high = curve
-        ax = axes[row][col]
-        ax.plot(grid, median, **style, label=label if (row, col) == (0, 0) else None)
-        if low is not None:
-          ax.fill_between(grid, low, high, color=style['color'], alpha=0.15, lw=0)
-  t = report['targets']
-  steps = [r['steps'] for r in report['runs'] if r.get('steps')]
-  if steps and max(steps) > 5 * min(steps):  # a --sim_time budget: from tens to thousands of iterations
-    axes[1][0].set_xscale('log')
-    axes[1][1].set_xscale('log')
-  for row, x_label in enumerate(('simulated time (s)', 'steps (iterations)' + (
-      ', log scale' if axes[1][0].get_xscale() == 'log' else ''))):
-    loss_ax, acc_ax = axes[row]
-    loss_ax.set_yscale('log')
-    loss_ax.set_ylabel('eval loss (log scale)')
-    acc_ax.set_ylabel('eval accuracy')
-    if t['loss'] is not None:
-      loss_ax.axhline(t['loss'], color='grey', ls=':', lw=1)
-    acc_ax.axhline(t['accuracy'], color='grey', ls=':', lw=1)
-    acc_ax.set_ylim(top=1.0)
-    for ax in (loss_ax, acc_ax):
-      ax.set_xlabel(x_label)
-      ax.grid(alpha=0.3)
-  which = _seeds(report['seeds']['reporting'])
-  spread_note = (f'median of {seeds} reporting seeds ({which}), shaded: the pointwise {report["confidence"]:.0%} '
-                 f'bootstrap interval of the median ({statistics.PLOT_RESAMPLES} resamples)' if seeds > 1
-                 else f'one reporting seed ({which})')
-  fig.suptitle(f'{title}\n{spread_note}; dotted: targets', fontsize=12)
-  fig.tight_layout()
-  fig.legend(loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=10, frameon=False,
-             title='fastest to target first')
-  atomic_files.save_figure(fig, path, dpi=110, bbox_inches='tight')
-  plt.close(fig)
-  return path
 
 
 def _with_runs(report):
@@ -287,8 +217,28 @@ def write_report(runs: Sequence[PlannedRun], root: str, title: str, target_accur
   if skipped:
     text += '\n## Not run\n\n' + ''.join(f'- {e}: {why}\n' for e, why in skipped.items())
   os.makedirs(root, exist_ok=True)
-  atomic_files.write_text(os.path.join(root, 'comparison.md'), text)
+  atomic_files.write_text(os.path.join(root, MARKDOWN), text)
   atomic_files.write_json(os.path.join(root, 'comparison.json'), report, indent=1)
-  report['png'] = plot(report, os.path.join(root, 'comparison.png'), title)
+  groups = {(g['entry'], tuple(sorted(g['sweep'].items()))): g for g in _with_runs(report)}
+  runs_of = lambda a: groups[(a['entry'], tuple(sorted(a['sweep'].items())))]['runs']  # pylint: disable=unnecessary-lambda-assignment
+  report['intervals_png'] = plots.intervals(report, os.path.join(root, INTERVALS_PNG), title)
+  report['png'] = plots.curves(report, runs_of, os.path.join(root, CURVES_PNG), title)
   return report
+
+
+def terminal(report: dict[str, Any], root: str) -> str:
+  """What `experiments.compare` prints at its end: the title, the seeds, the verdict table, the entries not run,
+  and the paths of the files (the notes, every sweep point and the list of runs are in comparison.md)."""
+  t = report['targets']
+  lines = [f'# {report["title"]}', '', seeds_note(report), '',
+           *_main_table(report, f'{t["loss"]:.4g}' if t['loss'] is not None else '-'), '']
+  lines += [f'not run: {entry}: {why}' for entry, why in report['skipped'].items()]
+  files = [(MARKDOWN, f'the table, its notes{", every sweep point" if report["seeds"]["sweeping"] else ""} and '
+                      f'the {len(report["runs"])} runs'),
+           ('comparison.json', 'every figure, interval and verdict'),
+           (INTERVALS_PNG, 'time to target per entry, with intervals and verdicts'),
+           (CURVES_PNG, 'loss and accuracy curves')]
+  written = {INTERVALS_PNG: report.get('intervals_png'), CURVES_PNG: report.get('png')}
+  lines += [f'{what}: {os.path.join(root, name)}' for name, what in files if written.get(name, True)]
+  return '\n'.join(lines)
 

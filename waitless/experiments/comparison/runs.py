@@ -6,7 +6,6 @@ an interrupted run resumes from its checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -21,22 +20,11 @@ SUMMARY_FILE = 'summary.json'
 log = logging.getLogger('waitless')
 
 
-def read_json(path: str) -> Optional[dict]:
-  """The JSON object in `path`, or None if it is missing or does not read back (a file torn by a crash of a
-  version that wrote it in place: the run is then not finished, and runs again from its checkpoint)."""
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return value if isinstance(value, dict) else None
-
-
 def run_status(workdir: str) -> Optional[str]:
   """'finished', 'diverged' or 'stalled' when the run needs no more work; None otherwise."""
-  if read_json(os.path.join(workdir, SUMMARY_FILE)) is not None:
+  if atomic_files.read_json(os.path.join(workdir, SUMMARY_FILE)) is not None:
     return 'finished'
-  failed = read_json(os.path.join(workdir, FAILED_FILE))
+  failed = atomic_files.read_json(os.path.join(workdir, FAILED_FILE))
   if failed is not None and failed.get('status') in ('diverged', 'stalled'):
     return failed['status']
   return None
@@ -76,6 +64,16 @@ class _Progress(logging.Filter):
     return True
 
 
+def workdirs_text(workdirs: Sequence[str]) -> str:
+  """A program's workdirs in a short line: the one, or how many under their common directory."""
+  if len(workdirs) == 1:
+    return workdirs[0]
+  common = os.path.commonpath(workdirs)
+  names = [os.path.relpath(w, common) for w in workdirs]
+  shown = ', '.join(names) if len(names) <= 3 else f'{names[0]} .. {names[-1]}'
+  return f'{len(workdirs)} runs in {common}/ ({shown})'
+
+
 def format_duration(seconds: float) -> str:
   seconds = max(0, int(round(seconds)))
   return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
@@ -111,7 +109,7 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
     for i, group in enumerate(groups):
       progress.index = i
       steps = max(r.config.num_steps for r in group)
-      log.info('-> %s, %d steps  (comparison ETA %s)', ', '.join(r.workdir for r in group), steps,
+      log.info('-> %s, %d steps  (comparison ETA %s)', workdirs_text([r.workdir for r in group]), steps,
                progress.overall_eta())
       start = time.time()
       stop_requests = (stop_requests_factory or preemption.StopRequests)()

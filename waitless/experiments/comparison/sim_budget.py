@@ -27,7 +27,8 @@ def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
 
   Drives the run's own seeded clock (`cluster.factory.make_clock`), nothing compiles: exact where the schedules
   do not depend on the training (every compute model; not AdaSync, whose K follows the loss: there the clock
-  runs at K0 and the real run may end later).
+  runs at K0 and the real run may end later). Without `max_steps`, a budget that the clock's pace so far puts
+  beyond twice MAX_STEPS returns MAX_STEPS at once (refused by the caller) instead of running the clock that far.
   """
   nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
   clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
@@ -49,6 +50,8 @@ def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
     if len(reached):
       return step + int(reached[0]) + 1
     step += len(block.duration)
+    if max_steps is None and block.sim_time[-1] > 0 and step * sim_time / block.sim_time[-1] > 2 * limit:
+      return limit  # at this pace far beyond MAX_STEPS: the caller refuses it now, not after 10^7 iterations
   return limit
 
 

@@ -34,8 +34,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from waitless.experiments.comparison.plan import PlannedRun
+from waitless.experiments.harness import atomic_files
 from waitless.experiments.comparison.runs import SUMMARY_FILE
-from waitless.experiments.comparison.runs import read_json
 from waitless.experiments.comparison.runs import run_status
 
 INTERPOLATION = 'linear interpolation between the two evaluations around the crossing'
@@ -59,12 +59,18 @@ def crossing(rows: Sequence[dict[str, Any]], key: str, target: float, above: boo
 
 
 def read_run(run: PlannedRun) -> dict[str, Any]:
-  """The run's rows and summary (None while unfinished) and its status."""
+  """The run's rows and summary (None while unfinished) and its status.
+
+  Raises:
+    metrics_io.CutLog: the run finished but its metrics.jsonl is cut, missing or disagrees with summary.json.
+  """
   from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
-  summary = read_json(os.path.join(run.workdir, SUMMARY_FILE))
+  summary = atomic_files.read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
-  return {'rows': metrics_io.read_rows(run.workdir, complete=status == 'finished'), 'summary': summary,
-          'status': status}
+  rows = metrics_io.read_rows(run.workdir, complete=status == 'finished')
+  if status == 'finished':
+    metrics_io.check_finished_log(run.workdir, rows, summary)
+  return {'rows': rows, 'summary': summary, 'status': status}
 
 
 def run_figures(rows: Sequence[dict[str, Any]], summary: Optional[dict[str, Any]], target_accuracy: float,
@@ -300,9 +306,9 @@ def _speedups(group: dict[str, Any], base_figures: Optional[dict[str, Any]]) -> 
   return out
 
 
-def _derived_target_loss(read, target_accuracy: float) -> Optional[float]:
+def _derived_target_loss(read, target_accuracy: float) -> tuple[Optional[float], Optional[str]]:
   """A loss level every run that reached the target accuracy reached (all runs if none did): the highest of
-  their lowest eval losses."""
+  their lowest eval losses, and which runs it was derived from ('reached' or 'all'; None without a level)."""
   lows, successful = [], []
   for _, d in read:
     evals = [r for r in d['rows'] if r.get('eval_loss') is not None and math.isfinite(r['eval_loss'])]
@@ -310,8 +316,8 @@ def _derived_target_loss(read, target_accuracy: float) -> Optional[float]:
       lows.append(min(r['eval_loss'] for r in evals))
       successful.append(crossing(evals, 'eval_accuracy', target_accuracy, True)[0] is not None)
   if any(successful):
-    lows = [v for v, ok in zip(lows, successful) if ok]
-  return max(lows) if lows else None
+    return max(v for v, ok in zip(lows, successful) if ok), 'reached'
+  return (max(lows), 'all') if lows else (None, None)
 
 
 def _choose(groups: Sequence[dict[str, Any]], seeds: Sequence[int], confidence: float) -> None:
@@ -353,9 +359,9 @@ def summarize(runs: Sequence[PlannedRun], target_accuracy: float, target_loss: O
   seeds = sorted({run.seed for run in runs})
   check_options(len(seeds), tuning_seeds, confidence)
   read = [(run, read_run(run)) for run in runs]
-  derived = target_loss is None
+  derived, derived_from = target_loss is None, None
   if derived:
-    target_loss = _derived_target_loss(read, target_accuracy)
+    target_loss, derived_from = _derived_target_loss(read, target_accuracy)
   groups: dict[tuple[str, tuple], dict[str, Any]] = {}
   for run, data in read:
     group = groups.setdefault((run.entry, run.sweep), {'entry': run.entry, 'sweep': dict(run.sweep), 'runs': []})
@@ -378,7 +384,8 @@ def summarize(runs: Sequence[PlannedRun], target_accuracy: float, target_loss: O
              for g in groups.values() for r in g['runs']]
   order = {run.workdir: i for i, run in enumerate(runs)}
   per_run.sort(key=lambda r: order[r['workdir']])
-  return {'targets': {'accuracy': target_accuracy, 'loss': target_loss, 'loss_derived': derived},
+  return {'targets': {'accuracy': target_accuracy, 'loss': target_loss, 'loss_derived': derived,
+                      'loss_derived_from': derived_from},
           'time_to_target': INTERPOLATION, 'baseline': baseline if base is not None else None,
           'confidence': confidence, 'interval': INTERVAL,
           'seeds': {'all': seeds, 'tuning': tuning, 'reporting': reporting, 'sweeping': sweeping,

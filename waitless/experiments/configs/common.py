@@ -21,6 +21,7 @@ from ml_collections import config_dict
 from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
+from waitless.experiments.harness.ray_runtime import ray_config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -56,6 +57,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.warmup_steps = 0          # linear warmup from 0
   c.optimizer.decay_factor = 0.1        # step schedule: multiply at each boundary
   c.optimizer.decay_boundaries = (0.5, 0.75)  # step schedule: fractions of num_steps
+
+  c.runtime = 'spmd'           # spmd: one lock-step shard_map program; ray: the parameter-server family on Ray actors
+  c.ray = ray_config.default_config()  # runtime=ray: what each actor reserves (experiments/harness/ray_runtime/)
 
   c.stragglers = cluster_factory.default_stragglers_config()  # compute-time model (cluster/)
   c.network = cluster_factory.default_network_config()        # network model (cluster/)
@@ -186,8 +190,41 @@ def split_arg(arg: str | None) -> list[str]:
   return [p.strip() for p in parts if p.strip()]
 
 
+# `stragglers=NAME` in the config argument of every workload: compute-time presets applied before the other
+# pairs (a `stragglers.FIELD=...` pair wins, wherever it is written). Each is a function of the workload's
+# `stragglers.base_s` (seconds per micro-batch) and the workers the argument asks for (its `workers=` if any, else
+# the workload's; a later `--config.workers` flag does not resize a per-worker preset: validation names the
+# mismatch) returning `config.stragglers` fields.
+STRAGGLER_PRESETS = {
+    'homogeneous': lambda base_s, workers: {},
+    # A quarter of the workers twice as slow, and at every iteration one random worker delayed by three
+    # micro-batches (30 ms on the default 10 ms).
+    'heterogeneous': lambda base_s, workers: {'slow_fraction': 0.25, 'slow_factor': 2.0, 'delayed_workers': 1,
+                                              'delay_s': round(3 * base_s, 12)},
+    # Worker i's compute times scaled by sqrt(i + 1): a fixed, arbitrary heterogeneity (Ringmaster ASGD's setting).
+    'sqrt': lambda base_s, workers: {'worker_factors': tuple(math.sqrt(i + 1) for i in range(workers))},
+}
+
+
+def _apply_straggler_presets(config: ml_collections.ConfigDict, parts: list[str]) -> list[str]:
+  """Applies the `stragglers=NAME` parts of a config argument (STRAGGLER_PRESETS); returns the other parts."""
+  presets = [p.split('=', 1)[1].strip() for p in parts if p.partition('=')[0].strip() == 'stragglers']
+  rest = [p for p in parts if p.partition('=')[0].strip() != 'stragglers']
+  workers = config.workers
+  for part in rest:
+    key, _, raw = part.partition('=')
+    if key.strip() == 'workers':
+      workers = _literal(raw.strip())
+  for name in presets:
+    errors.require(name in STRAGGLER_PRESETS, 'stragglers', name, f'a preset: {", ".join(STRAGGLER_PRESETS)}')
+    for key, value in STRAGGLER_PRESETS[name](config.stragglers.base_s, workers).items():
+      config.stragglers[key] = value
+  return rest
+
+
 def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-  """Selects the algorithm named first in `arg` (with its registry defaults) and applies `key=value` pairs."""
+  """Selects the algorithm named first in `arg` (with its registry defaults), applies its `stragglers=NAME`
+  presets (STRAGGLER_PRESETS), then its `key=value` pairs."""
   parts = split_arg(arg)
   name = parts[0] if parts else config.algorithm.name
   if '=' in name:
@@ -198,7 +235,7 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
     if key != 'name' and key in algorithm:
       algorithm[key] = value
   config.algorithm = algorithm
-  for part in parts[1:]:
+  for part in _apply_straggler_presets(config, parts[1:]):
     if '=' not in part:
       raise errors.ConfigError('config argument', part, 'expected key=value')
     key, raw = part.split('=', 1)

@@ -49,23 +49,9 @@ worker, Adam, batch 100, 6,000+ steps):
 
 from __future__ import annotations
 
-import math
-
 import ml_collections
 
-from waitless import config_errors as errors
 from waitless.experiments.configs import common
-
-# `stragglers=NAME` in the config argument: compute-time presets applied before the other overrides (a later
-# `stragglers.FIELD=...` wins). A preset is a dict of `config.stragglers` fields, or a function of the number
-# of workers the config argument asks for (its `workers=` if any, else the workload's) returning one.
-STRAGGLER_PRESETS = {
-    'homogeneous': {},
-    'heterogeneous': {'slow_fraction': 0.25, 'slow_factor': 2.0, 'delayed_workers': 1, 'delay_s': 0.03},
-    # Worker i's compute times scaled by sqrt(i + 1): a fixed, arbitrary heterogeneity (Ringmaster ASGD's setting).
-    'sqrt': lambda workers: {'worker_factors': tuple(math.sqrt(i + 1) for i in range(workers))},
-}
-
 
 def workload_config() -> ml_collections.ConfigDict:
   """The MNIST-1D workload before the config argument is applied."""
@@ -96,34 +82,5 @@ def workload_config() -> ml_collections.ConfigDict:
   return config
 
 
-def apply_straggler_preset(config: ml_collections.ConfigDict, name: str,
-                           workers: int | None = None) -> ml_collections.ConfigDict:
-  """Sets `config.stragglers` fields to preset `name` (see STRAGGLER_PRESETS) for `workers` (default: config's)."""
-  if name not in STRAGGLER_PRESETS:
-    raise errors.ConfigError('stragglers', name, f'a preset: {", ".join(STRAGGLER_PRESETS)}')
-  preset = STRAGGLER_PRESETS[name]
-  if callable(preset):
-    preset = preset(config.workers if workers is None else workers)
-  for key, value in preset.items():
-    config.stragglers[key] = value
-  return config
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  presets, rest = [], []
-  for part in common.split_arg(arg):
-    key, _, value = part.partition('=')
-    if key.strip() == 'stragglers':
-      presets.append(value.strip())
-    else:
-      rest.append(part)
-  rest = ','.join(rest)
-  for name in presets:
-    errors.require(name in STRAGGLER_PRESETS, 'stragglers', name, f'a preset: {", ".join(STRAGGLER_PRESETS)}')
-  # A per-worker preset (`sqrt`) is sized for the workers the argument asks for, wherever `workers=` is written;
-  # a later `--config.workers` flag does not resize it: validation then names the length mismatch.
-  workers = common.apply_arg(workload_config(), rest).workers if presets else None
-  config = workload_config()
-  for name in presets:
-    apply_straggler_preset(config, name, workers)
-  return common.apply_arg(config, rest)
+  return common.apply_arg(workload_config(), arg)

@@ -1,4 +1,4 @@
-"""Result files written atomically: a kill leaves the old file or the new one, never a torn one.
+"""Result files written atomically (a kill leaves the old file or the new one, never a torn one), and read back.
 
 Each writer writes `<path>.tmp` in the same directory and renames it over `path` (`os.replace`, atomic on POSIX
 file systems), so a reader (a rerun that skips finished runs, a plotting script) sees a complete file or none.
@@ -19,6 +19,17 @@ def write_text(path: str, text: str) -> None:
 
 def write_json(path: str, value: Any, indent: Optional[int] = None) -> None:
   write_text(path, json.dumps(value, indent=indent))
+
+
+def read_json(path: str) -> Optional[dict]:
+  """The JSON object in `path`, or None if it is missing or does not read back (a file torn by a crash of a
+  version that wrote it in place: its run is then not finished, and runs again from its checkpoint)."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return value if isinstance(value, dict) else None
 
 
 def save_figure(figure, path: str, **savefig_kwargs) -> None:

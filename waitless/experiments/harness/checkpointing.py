@@ -5,9 +5,14 @@ for its own shards) and `meta` (JSON: step, per-worker data positions, the clust
 wall time so far, the first time the target accuracy was reached, the last metrics window). Saves are
 asynchronous; an interrupted save is never the one restored (orbax finalises a step atomically).
 
-A checkpoint that orbax finalised but that cannot be read back (a truncated or corrupted file, a disk error)
-is reported in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored.
-Before anything trains, `check_writable` makes sure the workdir can take a checkpoint at all.
+Orbax checks only its index files: flipped bytes in an array's data read back as other numbers. So each save
+writes a checksum of the state's content into `meta` (`state_checksum`, computed on the devices, the same on every
+process), and one of `meta` itself; a restore recomputes both and compares. A checkpoint that orbax finalised but
+that cannot be read back or does not match its checksums (a truncated or corrupted file, a disk error) is reported
+in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored. (A checkpoint
+written before the checksums existed is restored unchecked.)
+Before anything trains, `check_writable` makes sure the workdirs can take the checkpoints at all (all the runs
+of a group together).
 """
 
 from __future__ import annotations
@@ -16,12 +21,16 @@ import json
 import logging
 import os
 import shutil
-from typing import Any, Callable, Optional
+import zlib
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+
+from waitless.experiments.harness import distributed
 
 log = logging.getLogger('waitless')
 
@@ -30,35 +39,117 @@ class UnusableWorkdir(ValueError):
   """The workdir cannot hold the run's outputs (read-only, or not enough free space for a checkpoint)."""
 
 
-def check_writable(workdir: str, checkpoint_bytes: float = 0.0) -> None:
-  """Raises UnusableWorkdir (one line) unless `workdir` takes a file (and has room for two checkpoints)."""
-  probe = os.path.join(workdir, f'.write_probe_{jax.process_index()}')
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    with open(probe, 'wb') as f:
-      f.write(b'\0' * 4096)
-    os.remove(probe)
-  except OSError as e:
-    raise UnusableWorkdir(f'workdir {workdir} is not writable ({e.strerror or e}): use another --workdir') from e
+def check_writable(workdirs: Sequence[str], checkpoint_bytes: float = 0.0) -> None:
+  """Raises UnusableWorkdir (one line) unless every one of `workdirs` takes a file and each filesystem has room for
+  two checkpoints of `checkpoint_bytes` of every run written there (the runs of a group write theirs at once)."""
+  devices: dict[int, list[str]] = {}
+  for workdir in workdirs:
+    probe = os.path.join(workdir, f'.write_probe_{jax.process_index()}')
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      with open(probe, 'wb') as f:
+        f.write(b'\0' * 4096)
+      os.remove(probe)
+      devices.setdefault(os.stat(workdir).st_dev, []).append(workdir)
+    except OSError as e:
+      raise UnusableWorkdir(f'workdir {workdir} is not writable ({e.strerror or e}): use another --workdir') from e
   if checkpoint_bytes <= 0:
     return
-  free = shutil.disk_usage(workdir).free
-  needed = 2.0 * checkpoint_bytes + (1 << 20)  # the kept checkpoint and the one being written, plus metadata
-  if free < needed:
-    raise UnusableWorkdir(f'workdir {workdir} has {free / 1e6:.1f} MB free but two checkpoints of this run need '
-                          f'about {needed / 1e6:.1f} MB: free some space or use another --workdir')
+  for runs in devices.values():
+    free = shutil.disk_usage(runs[0]).free
+    needed = len(runs) * (2.0 * checkpoint_bytes + (1 << 20))  # the kept checkpoint, the one being written, metadata
+    if free < needed:
+      whose = 'this run' if len(runs) == 1 else f'each of the {len(runs)} runs of this group written there'
+      raise UnusableWorkdir(f'workdir {runs[0]} has {free / 1e6:.1f} MB free but two checkpoints of {whose} need '
+                            f'about {needed / 1e6:.1f} MB: free some space, use another --workdir'
+                            + ('' if len(runs) == 1 else ' or fewer replicas (--max_replicas)'))
+
+
+def background_error_filter(record: logging.LogRecord) -> bool:
+  """False for orbax's log of a failed background save (a traceback at ERROR): the same error is raised again
+  at the next save or wait (`Checkpointer`), where the program reports it in one line."""
+  return 'in background save thread' not in record.getMessage()
 
 
 # One program copies the whole state (per-leaf `jnp.copy` compiles one program per leaf shape).
 _copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
 
+class CorruptCheckpoint(ValueError):
+  """A checkpoint read back other content than was saved (its checksums do not match)."""
+
+
+def _words(x: jax.Array) -> jax.Array:
+  """The bit patterns of `x` as a flat uint32 vector (8-byte values as two words each)."""
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32).ravel()
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).ravel()
+
+
+@jax.jit
+def _leaf_sums(tree) -> jax.Array:
+  """Per leaf a Fletcher-style pair (sum of the words, sum of the words times their position), modulo 2**32:
+  a changed word changes the first, a moved or swapped one the second."""
+  sums = []
+  for leaf in jax.tree.leaves(tree):
+    words = _words(leaf)
+    position = jnp.arange(1, words.size + 1, dtype=jnp.uint32)
+    sums.append(jnp.stack([jnp.sum(words, dtype=jnp.uint32), jnp.sum(words * position, dtype=jnp.uint32)]))
+  return jnp.stack(sums) if sums else jnp.zeros((0, 2), jnp.uint32)
+
+
+def state_checksum(state: Any) -> str:
+  """A checksum of the content of `state` (its leaves' bits, in tree order), equal on every process."""
+  sums = _leaf_sums(state)
+  local = np.asarray(sums.addressable_data(0))  # replicated: every process holds the whole result
+  return format(zlib.crc32(local.astype('<u4').tobytes()), '08x')
+
+
+CHECKSUM_KEYS = ('state_checksum', 'meta_checksum')  # what a save adds to `meta`, and a restore removes
+
+
+def _meta_checksum(meta: dict[str, Any]) -> str:
+  body = {k: v for k, v in meta.items() if k != 'meta_checksum'}
+  return format(zlib.crc32(json.dumps(body, sort_keys=True).encode()), '08x')
+
+
+def check_restored(state: Any, meta: dict[str, Any]) -> None:
+  """Raises CorruptCheckpoint (one line) if `state` or `meta` differ from what their checkpoint's save wrote."""
+  if 'meta_checksum' in meta and meta['meta_checksum'] != _meta_checksum(meta):
+    raise CorruptCheckpoint('its meta item does not match its checksum')
+  if 'state_checksum' in meta and meta['state_checksum'] != state_checksum(state):
+    raise CorruptCheckpoint('its state does not match the checksum written with it')
+
+
+def barrier_prefix(directory: str) -> str:
+  """The prefix of orbax's barrier keys for the checkpoints in `directory`: equal on every process (they run the
+  same command), different for each workdir.
+
+  Orbax names a save's barriers after its step ('async_write_complete.20'): the replicas of a group save the same
+  step at once, and with one key they met at one barrier ("already ongoing": an abort, or a hang).
+  """
+  return 'waitless_' + format(zlib.crc32(os.path.normpath(directory).encode()), '08x')
+
+
 class Checkpointer:
+  """One run's orbax checkpoints in `directory` (the newest `max_to_keep` kept).
+
+  In a multi-process run its barriers are keyed by `barrier_prefix(directory)`, and a save's barrier that a peer
+  never reaches fails after the run's heartbeat timeout (`CheckpointBarrierTimeout` at the next save or wait)
+  rather than orbax's 20 minutes.
+  """
 
   def __init__(self, directory: str, max_to_keep: int = 2):
     self._manager = ocp.CheckpointManager(
         os.path.abspath(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=barrier_prefix(directory)),
+            async_options=ocp.options.AsyncOptions(timeout_secs=distributed.heartbeat_timeout_s())))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -76,15 +167,22 @@ class Checkpointer:
     # The same for `meta`: the save serialises it later, and the loop keeps mutating what it holds (the metrics
     # window's sums). A JSON copy now is what the checkpoint means: the state of the loop at `step`.
     meta = json.loads(json.dumps(meta))
+    meta['state_checksum'] = state_checksum(state)
+    meta['meta_checksum'] = _meta_checksum(meta)
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int, like_state: Any) -> tuple[Any, dict[str, Any]]:
-    """The state (with `like_state`'s structure, shapes and shardings) and meta saved at `step`."""
+    """The state (with `like_state`'s structure, shapes and shardings) and meta saved at `step`.
+
+    Raises:
+      CorruptCheckpoint: what was read back does not match the checksums written with it.
+    """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return restored['state'], restored['meta']
+    check_restored(restored['state'], restored['meta'])
+    return restored['state'], {k: v for k, v in restored['meta'].items() if k not in CHECKSUM_KEYS}
 
   def restore_step(self, step: int, like_state: Any,
                    quarantine: Optional[Callable[[int], None]] = None) -> Optional[tuple[Any, dict]]:

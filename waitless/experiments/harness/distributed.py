@@ -158,6 +158,8 @@ def initialize(settings: Settings | None) -> int:
   """
   if settings is None:
     return 1
+  global _heartbeat_timeout_s
+  _heartbeat_timeout_s = settings.heartbeat_timeout_s
   import jax  # pylint: disable=g-import-not-at-top
   # gloo is JAX's cross-process collective on CPU (and its default); only the environment
   # (JAX_CPU_COLLECTIVES_IMPLEMENTATION=mpi) chooses another.
@@ -186,6 +188,14 @@ def initialize(settings: Settings | None) -> int:
   log.info('process %d of %d joined the run (coordinator %s)', process_index(), count,
            settings.coordinator_address or 'auto-detected')
   return count
+
+
+_heartbeat_timeout_s = DEFAULT_HEARTBEAT_TIMEOUT_S  # of the run this process joined (`initialize`)
+
+
+def heartbeat_timeout_s() -> int:
+  """Seconds after which a silent peer counts as dead in the run this process joined (the default if none)."""
+  return _heartbeat_timeout_s
 
 
 def process_count() -> int:

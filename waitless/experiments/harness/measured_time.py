@@ -6,7 +6,8 @@ workers=2,devices=2,microbatches=4 --workdir=/tmp/nb_measured
 workers=2,devices=2,microbatches=4 --workdir=/tmp/nb_2p --debug_slow_process=1:0.004   # TEST-ONLY slowdown
 
 Nothing is simulated. The run's clock (`sim_time` in metrics.jsonl, `time_to_target`; every row and
-summary.json then say `"clock": "measured"`) is the measured training time of this process: per block, the
+summary.json then say `"clock": "measured"`) is the measured training time of this process (each process of a
+multi-process run measures its own, and only process 0 writes the files: they hold process 0's): per block, the
 host's work to prepare it (schedules, data, transfers) plus the time from its dispatch until its results are
 ready. Evaluation, checkpoints (waited for before the next block, so that they do not run under it) and metrics
 are left out, and so is the all-gather that brings the block's measurements to every host (it compiles once

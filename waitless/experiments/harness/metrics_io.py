@@ -93,7 +93,29 @@ class EventFileWriter:
 
 
 class CutLog(ValueError):
-  """metrics.jsonl has a line that is not JSON where the caller needs every row (a finished run's log)."""
+  """A finished run's metrics.jsonl is cut (a line that is not JSON), missing, or disagrees with its summary.json:
+  its figures cannot be read, and counting it as a run that missed its target would change the verdicts."""
+
+
+_RETRAIN = "remove that run's workdir and rerun the comparison to train it again"
+
+
+def check_finished_log(workdir: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+  """Raises CutLog (one line naming the file) unless the rows of a finished run end where its `summary` says:
+  at its last step, with its final evaluation."""
+  path = os.path.join(workdir, METRICS_FILE)
+  steps = summary.get('steps')
+  if not rows:
+    raise CutLog(f'{path} is missing or empty although its run finished (summary.json: {steps} steps): {_RETRAIN}')
+  if steps is not None and rows[-1].get('step') != steps:
+    raise CutLog(f'{path} ends at step {rows[-1].get("step")} but summary.json says the run finished at step '
+                 f'{steps}: {_RETRAIN}')
+  evals = [r for r in rows if r.get('eval_accuracy') is not None]
+  final = summary.get('final_eval_accuracy')
+  if final is not None and (not evals or evals[-1]['eval_accuracy'] != final):
+    last = f'{evals[-1]["eval_accuracy"]} at step {evals[-1]["step"]}' if evals else 'none'
+    raise CutLog(f'{path} disagrees with summary.json: its last eval accuracy is {last}, summary.json says '
+                 f'{final}: {_RETRAIN}')
 
 
 def read_rows(workdir: str, complete: bool = False) -> list[dict[str, Any]]:
@@ -113,7 +135,7 @@ def read_rows(workdir: str, complete: bool = False) -> list[dict[str, Any]]:
         except json.JSONDecodeError as e:
           if complete:
             raise CutLog(f'{path} is cut at line {number} although its run finished: its figures would be '
-                         'incomplete; remove that run\'s workdir and rerun the comparison to train it again') from e
+                         f'incomplete; {_RETRAIN}') from e
           break
   return rows
 

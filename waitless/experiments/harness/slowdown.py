@@ -60,6 +60,21 @@ def parse_delay(value: str, processes: int) -> tuple[int, float]:
                'seconds', lambda k: k <= processes)
 
 
+def parse_crash(value: str, learners: int) -> tuple[int, int]:
+  """(learner, server version) of `--debug_crash_learner` (TEST-ONLY, runtime=ray: learner I's process exits once
+  it holds a model of version >= T, `ray_runtime/worker.py`); (-1, 0) for none ('').
+
+  Raises:
+    config_errors.ConfigError: not "I:T" with I in 0..learners-1 and T an integer >= 0 (one line).
+  """
+  if not value:
+    return -1, 0
+  allowed = f'must be "I:T", a learner I in 0..{learners - 1} and T >= 0 server updates'
+  learner, version = _pair(value, 'debug_crash_learner', allowed, lambda i: i < learners)
+  errors.require(version == int(version), 'debug_crash_learner', value, allowed)
+  return learner, int(version)
+
+
 def loss_hook(process: int, seconds: float) -> Optional[Callable]:
   """loss -> loss + 0 after process `process` slept `seconds` (on every other process: no sleep); None when
   nothing is slowed (process < 0 or seconds == 0), so that the program has no callback at all."""

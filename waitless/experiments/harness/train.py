@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from waitless import config_errors as errors
 from waitless.cluster import calibration
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import block_step as block_step_lib
@@ -34,8 +35,10 @@ from waitless.experiments.harness import loop as loop_lib
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
 from waitless.experiments.harness import setup
+from waitless.experiments.harness import validation
 from waitless.experiments.harness import window as window_lib
 from waitless.experiments.harness import workdir as workdir_lib
+from waitless.experiments.harness import workdir_lock
 
 log = logging.getLogger('waitless')
 
@@ -69,6 +72,8 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   float32: XLA may round the batched program differently). A replica that has spent its budget, or that
   diverged or stalled, is frozen (it computes what is never read) while the others go on.
 
+  A run whose workdir holds its summary.json finished: it is returned as it is, not trained again.
+
   `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.harness.slowdown.loss_hook`).
 
   Returns:
@@ -78,12 +83,39 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; every unfinished replica
       finished its block and checkpointed, and the same call resumes them.
   """
+  for config in configs:  # the Ray runtime has its own loop (`ray_runtime.driver`); this one is lock-step
+    errors.require(config.get('runtime', 'spmd') != 'ray', 'runtime', config.get('runtime'),
+                   'runs through experiments.main (ray_runtime.driver.train_and_evaluate), not the lock-step loop')
+  finished = [atomic_files.read_json(os.path.join(w, 'summary.json')) for w in workdirs]
+  if any(s is not None for s in finished):  # as they finished: a rerun must not train them again, nor rewrite them
+    for config, workdir, summary in zip(configs, workdirs, finished):
+      if summary is not None:
+        workdir_lib.check_workdir(workdir, config)  # the same run, not one of another config
+    pending = [i for i, s in enumerate(finished) if s is None]
+    outcomes = train_group([configs[i] for i in pending], [workdirs[i] for i in pending], stop_requests,
+                           loss_hook) if pending else []
+    for i, outcome in zip(pending, outcomes):
+      finished[i] = outcome
+    return finished
   group = setup.build_group(configs)
   lead = jax.process_index() == 0
   state_bytes = setup.state_bytes_of(group.lead)  # shapes only (one trace of the init): nothing allocated yet
   for config, workdir in zip(configs, workdirs):
     workdir_lib.check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
-    checkpointing.check_writable(workdir, checkpoint_bytes=state_bytes / jax.process_count())
+  checkpointing.check_writable(workdirs, checkpoint_bytes=state_bytes / jax.process_count())
+  # One program per workdir at a time (process 0 holds the locks): a second would train the same runs again.
+  locks = []
+  try:
+    locks.extend(workdir_lock.WorkdirLock(workdir) for workdir in (workdirs if lead else ()))
+    return _train_locked(group, configs, workdirs, state_bytes, stop_requests, loss_hook)
+  finally:
+    for lock in locks:
+      lock.release()
+
+
+def _train_locked(group, configs, workdirs, state_bytes, stop_requests, loss_hook) -> list[Any]:
+  """`train_group` once its workdirs are checked and locked."""
+  lead = jax.process_index() == 0
   setup.check_memory(group, state_bytes)
   if lead:
     for config, workdir in zip(configs, workdirs):
@@ -147,27 +179,70 @@ def _restore(group: setup.Group, replicas: list[loop_lib.Replica], state):
 
 
 def calibrated_stragglers(run: setup.Run, block_step, state, model_bytes: float, workdir: str):
-  """`config.stragglers` rescaled to the measured seconds per micro-batch of this machine's jitted step.
+  """`config.stragglers` rescaled to this machine's jitted step, its per-call overhead fitted from two sizes.
 
-  Measured once per workdir on a copy of the state (the run's trajectory is untouched), broadcast from process
-  0 and kept in `calibration.json`, so a resumed run simulates the same clock.
+  A micro-batch call is timed at the config's micro-batch size and at a second one (half of it, or twice it:
+  `_second_size`), and the line t(s) = overhead + s x per_sample through both (`calibration.fit_overhead`) gives
+  `stragglers.overhead_s` and the per-sample part (`calibration.calibrated`); a config with no second size (an
+  odd micro-batch of an odd count), or times that do not grow with the size (noise), keeps its configured
+  overhead. Measured once per workdir
+  on copies of the state (the run's trajectory is untouched), broadcast from process 0 and kept in
+  `calibration.json`, so a resumed run simulates the same clock.
   """
   config = run.config
   path = os.path.join(workdir, 'calibration.json')
   if os.path.exists(path):
     with open(path) as f:
-      seconds = json.load(f)['seconds_per_microbatch']
+      saved = json.load(f)
   else:
-    scratch_clock = setup.clock_for(run, model_bytes)
-    inputs, _ = inputs_lib.block_inputs(run, scratch_clock.next_block(config.steps_per_call),
-                                        np.zeros(config.workers, np.int64), 0)
-    seconds = calibration.seconds_per_microbatch(
-        block_step, jax.tree.map(jnp.copy, state), *inputs, carry=True,
-        microbatches_per_call=calibration.microbatches_per_call(config, config.steps_per_call))
-    seconds = float(multihost_utils.broadcast_one_to_all(np.float64(seconds)))
+    sizes = [config.batch_size // config.microbatches]
+    seconds = [_seconds_per_microbatch(run, block_step, state, model_bytes)]
+    second = _second_size(config)
+    if second is not None:
+      other = setup.build(second)
+      group = setup.as_group(other)
+      sizes.append(second.batch_size // second.microbatches)
+      seconds.append(_seconds_per_microbatch(other, block_step_lib.BlockStep(group), setup.init_state(group),
+                                             model_bytes))
+    seconds = [float(multihost_utils.broadcast_one_to_all(np.float64(t))) for t in seconds]
+    saved = {'seconds_per_microbatch': seconds[0], 'device': str(jax.devices()[0].device_kind),
+             'sizes': sizes, 'seconds': seconds}
+    if len(sizes) > 1:
+      try:
+        fit = calibration.fit_overhead(sizes, seconds)
+        saved.update(overhead_s=fit.overhead_s, seconds_per_microbatch=fit.seconds(sizes[0]))
+      except ValueError as e:  # times that do not grow with the size: this machine's noise; one size it is
+        log.info('calibration keeps the configured overhead: %s', e)
     if jax.process_index() == 0:
-      atomic_files.write_json(path, {'seconds_per_microbatch': seconds, 'device': str(jax.devices()[0].device_kind)})
-  log.info('calibrated: %.3g s per micro-batch on this machine', seconds)
-  return calibration.calibrated(config.stragglers, seconds)
+      atomic_files.write_json(path, saved)
+  overhead = saved.get('overhead_s')  # None: one size timed (or a calibration.json of one): the configured one
+  log.info('calibrated: %.3g s per micro-batch on this machine%s', saved['seconds_per_microbatch'],
+           '' if overhead is None else f', {overhead:.3g} s of it the per-call overhead')
+  return calibration.calibrated(config.stragglers, saved['seconds_per_microbatch'], overhead_s=overhead)
 
 
+def _second_size(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
+  """The config with micro-batches of another size for the overhead's fit: twice as many (half the size) where
+  the batch splits so, else half as many; None where neither does, or the variant is not a valid config."""
+  m, b = config.microbatches, config.batch_size
+  count = 2 * m if b % (2 * m) == 0 else (m // 2 if m % 2 == 0 else None)
+  if count is None:
+    return None
+  variant = config.copy_and_resolve_references()
+  variant.microbatches = count
+  try:
+    validation.validate(variant)
+  except errors.ConfigError:
+    return None
+  return variant
+
+
+def _seconds_per_microbatch(run: setup.Run, block_step, state, model_bytes: float) -> float:
+  """Seconds of one micro-batch of `run`'s block step on a copy of `state` (timed on this process)."""
+  config = run.config
+  scratch_clock = setup.clock_for(run, model_bytes)
+  inputs, _ = inputs_lib.block_inputs(run, scratch_clock.next_block(config.steps_per_call),
+                                      np.zeros(config.workers, np.int64), 0)
+  return calibration.seconds_per_microbatch(
+      block_step, jax.tree.map(jnp.copy, state), *inputs, carry=True,
+      microbatches_per_call=calibration.microbatches_per_call(config, config.steps_per_call))

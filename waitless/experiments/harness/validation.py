@@ -10,6 +10,7 @@ from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
 from waitless.experiments.harness import measured_time
+from waitless.experiments.harness.ray_runtime import ray_config
 from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 
@@ -46,6 +47,17 @@ _DATASET_FIELDS = {
 }
 
 
+SEED_MAX = 2**31 - 1  # the seed reaches the replicas' program as an int32 (and the generators take any int >= 0)
+
+
+def check_seeds(first_seed: int, seeds: int) -> None:
+  """Raises ConfigError naming --seeds unless the seeds first_seed + 0 .. seeds-1 are all in 0..SEED_MAX."""
+  errors.require_int(seeds, '--seeds', 1)
+  if errors.is_int(first_seed) and 0 <= first_seed <= SEED_MAX:
+    errors.require(first_seed + seeds - 1 <= SEED_MAX, '--seeds', seeds,
+                   f'the last seed, config.seed + {seeds - 1} = {first_seed + seeds - 1}, must be <= {SEED_MAX}')
+
+
 def _check_section(section: ml_collections.ConfigDict, prefix: str, rules) -> None:
   for key, value in section.items():
     if key in rules:
@@ -60,13 +72,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 'checkpoint_every', 'steps_per_call', 'eval_batch_size'):
     errors.require_int(config[field], field, 1)
   common.validate_duration(config)  # exactly one of num_steps / num_epochs
-  errors.require_int(config.seed, 'seed', 0)
+  errors.require_int(config.seed, 'seed', 0, SEED_MAX, 'the compiled programs take the seed as an int32')
   errors.require_number(config.target_accuracy, 'target_accuracy', 'must be a number in (0, 1]',
                         lambda v: 0 < v <= 1)
   errors.require_number(config.progress_every_s, 'progress_every_s', 'must be a number of seconds > 0',
                         lambda v: v > 0)
-  errors.require(config.workers % config.devices == 0, 'workers', config.workers,
-                 f'must be a multiple of devices={config.devices}')
+  errors.require(config.workers % config.devices == 0 or ray_config.is_ray(config), 'workers', config.workers,
+                 f'must be a multiple of devices={config.devices}')  # on Ray every learner has its own device
   errors.require(config.batch_size % config.microbatches == 0, 'microbatches', config.microbatches,
                  f'must divide batch_size={config.batch_size}')
   opt = config.optimizer
@@ -98,6 +110,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   unknown = sorted(set(config.algorithm.keys()) - set(spec.defaults) - {'name'})
   errors.require(not unknown, 'algorithm', ', '.join(unknown),
                  f'unknown fields for {spec.name}; known: {", ".join(sorted(spec.defaults)) or "none"}')
+  ray_config.validate(config)  # a runtime that cannot run the algorithm is the news, not its other fields
   measured_time.validate(config)  # first: a refused algorithm is the news, not its other fields
   spec.validate(config)
   cluster_factory.validate(config)

@@ -1,0 +1,107 @@
+"""`experiments.main` with `runtime=ray`: bad input is one line naming the flag, status 2, before any actor starts
+(a Ray address that does not answer is refused within its timeout); kill -9 of the driver resumes from the last
+checkpoint."""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+DIGITS = 'experiments/configs/digits.py'
+
+
+def _command(config_arg, *flags, workdir):
+  return [sys.executable, '-m', 'waitless.experiments.main', f'--config={DIGITS}:{config_arg}', f'--workdir={workdir}',
+          *flags]
+
+
+def _main(config_arg, *flags, workdir, timeout=120):
+  return subprocess.run(_command(config_arg, *flags, workdir=workdir), cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+class BadInputTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('algorithm_outside_the_family', 'wagma,runtime=ray', (), r'^error: runtime=.ray. .*parameter-server family'),
+      ('unknown_runtime', 'async,runtime=mpi', (), r'^error: runtime=.mpi. .*one of spmd, ray'),
+      ('slowed_learner_that_does_not_exist', 'async,runtime=ray,workers=4', ('--debug_slow_process=4:0.1',),
+       r'^error: debug_slow_process=.4:0.1. .*learner|process I in 0..3'),
+      ('crashed_learner_that_does_not_exist', 'async,runtime=ray,workers=4', ('--debug_crash_learner=7:3',),
+       r'^error: debug_crash_learner=.7:3. .*learner I in 0..3'),
+      ('ray_flag_without_ray', 'async', ('--ray_address=127.0.0.1:6379',),
+       r'^error: --ray_address=.* for runtime=ray runs only'),
+      ('address_that_does_not_answer', 'async,runtime=ray', ('--ray_address=127.0.0.1:9',),
+       r'^error: --ray_address=127.0.0.1:9 does not answer within'),
+      ('more_workers_than_the_cluster_has', 'async,runtime=ray,workers=4,ray.worker_cpus=8.0', (),
+       r'^error: workers=4 .* need 32 CPUs, the Ray cluster has'))
+  def test_one_line_status_2(self, config_arg, flags, pattern):
+    workdir = self.create_tempdir().full_path
+    start = time.time()
+    proc = _main(config_arg, *flags, workdir=workdir)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith('error:')]
+    self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+    self.assertLen(errors, 1, proc.stderr[-2000:])
+    self.assertRegex(errors[0], pattern)
+    self.assertNotIn('Traceback', proc.stderr)
+    self.assertLess(time.time() - start, 60)
+    self.assertFalse(os.path.exists(os.path.join(workdir, 'checkpoints')))
+
+
+class ClusterTest(absltest.TestCase):
+
+  @pytest.mark.slow
+  def test_joins_a_running_cluster_and_leaves_it_running(self):
+    # The cluster's token reaches the driver the way Ray's docs say: RAY_AUTH_TOKEN in its environment.
+    port, env = 26379, {**os.environ, 'RAY_AUTH_MODE': 'token', 'RAY_AUTH_TOKEN': secrets.token_hex(16)}
+    head = subprocess.Popen(['ray', 'start', '--head', f'--port={port}', '--num-cpus=2', '--include-dashboard=false',
+                             '--block'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+      workdir = self.create_tempdir().full_path
+      proc = subprocess.run(_command('kasync,k=2,runtime=ray,workers=4,num_steps=30', f'--ray_address=127.0.0.1:{port}',
+                                     workdir=workdir), cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+      self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+      with open(os.path.join(workdir, 'summary.json')) as f:
+        self.assertEqual(json.load(f)['steps'], 30)
+      self.assertIsNone(head.poll(), 'the run stopped the cluster it joined')
+    finally:
+      head.send_signal(signal.SIGTERM)
+      head.wait(timeout=60)
+
+
+class KillTest(absltest.TestCase):
+
+  @pytest.mark.slow
+  def test_kill_9_of_the_driver_resumes_from_the_last_checkpoint(self):
+    workdir = self.create_tempdir().full_path
+    arg = 'async,runtime=ray,workers=4,num_steps=3000,checkpoint_every=300,eval_every=1000'
+    flags = ('--debug_slow_process=3:0.01',)
+    proc = subprocess.Popen(_command(arg, *flags, workdir=workdir), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    checkpoints = os.path.join(workdir, 'checkpoints')
+    deadline = time.time() + 180
+    while time.time() < deadline and not (os.path.isdir(checkpoints) and '300' in os.listdir(checkpoints)):
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    self.assertIn('300', os.listdir(checkpoints))
+    resumed = _main(arg, *flags, workdir=workdir, timeout=300)
+    self.assertEqual(resumed.returncode, 0, resumed.stderr[-2000:])
+    self.assertRegex(resumed.stderr, r'Resumed from the checkpoint at step [1-9]\d*00 ')
+    with open(os.path.join(workdir, 'summary.json')) as f:
+      self.assertEqual(json.load(f)['steps'], 3000)
+    with open(os.path.join(workdir, 'events.jsonl')) as f:
+      steps = [json.loads(line)['step'] for line in f]
+    self.assertEqual(steps, list(range(1, 3001)))
+
+
+if __name__ == '__main__':
+  absltest.main()

@@ -1,0 +1,375 @@
+"""A run on the Ray runtime: `train_and_evaluate(config, workdir)` with `runtime=ray`.
+
+The driver (this process) joins a Ray cluster (`address`; without one it starts a local Ray that stops with the
+run), starts the server actor (`server.ServerActor`: the model, the real arrivals, the algorithm's own update)
+and one learner actor per worker (`worker.LearnerActor`: one device each), waits until every actor compiled,
+starts the measured clock, and lets the learners work. While they do, it drains the server's records: metrics
+rows every `log_every` updates, the evaluation of the server model every `eval_every`, an orbax checkpoint every
+`checkpoint_every` (and at the end), the event log (`events.py`). It writes what any run writes (metrics.jsonl,
+summary.json, TensorBoard, checkpoints, config.json), with `sim_time` the measured training seconds (every row
+and the summary say `"clock": "measured"`, `"runtime": "ray"`): actor start-up and compilation left out,
+evaluation and checkpoints included (they run in the driver beside the training, as a real job's would).
+
+Failures: a learner actor that dies is restarted by Ray (`ray.max_restarts` times) and fetches its view again;
+the driver says so in one line and the run goes on (a synchronous one waits for it). A learner lost for good
+stops a run whose update needs more learners than are left (`loop.ClusterStalled`). SIGTERM / Ctrl-C
+checkpoint the server after its last update and raise `preemption.Preempted`; kill -9 of the driver loses what
+followed the last checkpoint, and the same command resumes from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+import warnings
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from waitless import config_errors as errors
+from waitless.experiments.harness import atomic_files
+from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import evaluation
+from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import preemption
+from waitless.experiments.harness import setup
+from waitless.experiments.harness import workdir as workdir_lib
+from waitless.experiments.harness import workdir_lock
+from waitless.experiments.harness.ray_runtime import arrivals as arrivals_lib
+from waitless.experiments.harness.ray_runtime import events as events_lib
+from waitless.experiments.harness.ray_runtime import pieces
+from waitless.experiments.harness.ray_runtime import ray_config
+from waitless.experiments.harness.ray_runtime import server as server_lib
+from waitless.experiments.harness.ray_runtime import worker as worker_lib
+
+log = logging.getLogger('waitless')
+
+CLOCK = 'measured'
+RUNTIME = 'ray'
+CONNECT_TIMEOUT_S = 15.0
+POLL_S = 0.05
+START_TIMEOUT_S = 600.0  # actors start, import JAX and compile: minutes on a busy cluster
+
+
+# log_to_driver=False: a learner's own errors reach the driver as exceptions; its process's stderr (and the raylet's
+# report of a learner it lost, which the driver says in one line) would bury the run's lines.
+_OPTIONS = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
+
+
+def start_local(**options) -> None:
+  """Starts a local Ray for this process (`ray.init` with `options`): a new cluster of its own (address 'local'),
+  even where `ray start` left a cluster, or its address file, behind."""
+  import ray  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings():  # Ray starts its processes with fork + exec: nothing of JAX runs in the child
+    warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
+    ray.init(address='local', **{**_OPTIONS, **options})
+
+
+def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+  """Joins the Ray cluster at `address` (HOST:PORT of its head, or 'auto'), or starts a local one; returns
+  whether this process started it (and so stops it). An address that does not answer within `timeout_s`
+  raises RayUnavailable, not a hang."""
+  import ray  # pylint: disable=g-import-not-at-top  # only a Ray run pays for it
+  if ray.is_initialized():
+    return False
+  if not address:
+    start_local()
+    return True
+  if address != 'auto':
+    host, _, port = address.rpartition(':')
+    try:
+      with socket.create_connection((host or '127.0.0.1', int(port)), timeout=timeout_s):
+        pass
+    except (OSError, ValueError) as e:
+      raise ray_config.RayUnavailable(
+          f'--ray_address={address} does not answer within {timeout_s:g} s ({e}): start the cluster with `ray '
+          'start --head` and pass its address, or leave --ray_address unset for a local Ray') from e
+  try:
+    ray.init(address=address, **_OPTIONS)
+  except (ConnectionError, RuntimeError) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ray_config.RayUnavailable(f'--ray_address={address}: {reason}') from e
+  return False
+
+
+def resources(config) -> dict[str, float]:
+  """What each actor reserves: {'worker_cpus', 'worker_gpus', 'server_cpus'}; worker_cpus unset shares the
+  cluster's CPUs among the learners (at most 1 each)."""
+  import ray  # pylint: disable=g-import-not-at-top
+  r = config.ray
+  total = ray.cluster_resources()
+  cpus = r.worker_cpus
+  if cpus is None:
+    cpus = min(1.0, max(total.get('CPU', 1.0) - r.server_cpus, 0.0) / config.workers)
+  return {'worker_cpus': float(cpus), 'worker_gpus': float(r.worker_gpus), 'server_cpus': float(r.server_cpus)}
+
+
+def check_resources(config, wanted: dict[str, float]) -> None:
+  """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and P learners."""
+  import ray  # pylint: disable=g-import-not-at-top
+  total = ray.cluster_resources()
+  p = config.workers
+  for kind, need in (('CPU', p * wanted['worker_cpus'] + wanted['server_cpus']), ('GPU', p * wanted['worker_gpus'])):
+    have = float(total.get(kind, 0.0))
+    errors.require(need <= have + 1e-9, 'workers', p,
+                   f'{p} learners and the server need {need:g} {kind}s, the Ray cluster has {have:g}: use fewer '
+                   f'workers, or smaller ray.worker_{kind.lower()}s / ray.server_cpus (fractions share a device)')
+
+
+def _runtime_env() -> dict[str, Any]:
+  """Environment variables the actors need: this process's import path, JAX's precision, and no preallocation of
+  a GPU's memory (JAX takes 75% of it at start by default: learners sharing a GPU, `ray.worker_gpus` < 1, and a
+  server beside them would not fit)."""
+  env = {'TF_CPP_MIN_LOG_LEVEL': os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'), 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'}
+  if os.environ.get('PYTHONPATH'):
+    env['PYTHONPATH'] = os.environ['PYTHONPATH']
+  if jax.config.jax_enable_x64:
+    env['JAX_ENABLE_X64'] = '1'
+  return {'env_vars': env}
+
+
+class Window:
+  """Sums of the updates since the last metrics row."""
+
+  def __init__(self):
+    self.records: list[server_lib.UpdateRecord] = []
+
+  def add(self, record: server_lib.UpdateRecord) -> None:
+    self.records.append(record)
+
+  def row(self, previous_time_s: float) -> dict[str, float]:
+    records, self.records = self.records, []
+    taken = [p for r in records for p in r.pushes if p.outcome in (arrivals_lib.TAKEN, arrivals_lib.TAKEN_LAST)]
+    ends = [r.update.time_s for r in records]
+    return {'train_loss': float(np.mean([r.train_loss for r in records])),
+            'l2_grads': float(np.mean([r.l2_grads for r in records])),
+            'k': float(np.mean([int(r.update.schedule.k) for r in records])),
+            'staleness': float(np.mean([p.delay for p in taken])) if taken else 0.0,
+            'max_staleness': float(max((p.delay for p in taken), default=0)),
+            'discarded': float(sum(p.outcome == arrivals_lib.DISCARDED for r in records for p in r.pushes)),
+            'update_s': (ends[-1] - previous_time_s) / len(records)}
+
+
+class Driver:
+  """One Ray run: actors, the drain loop, metrics, evaluation, checkpoints, failures."""
+
+  def __init__(self, config, workdir: str, address: Optional[str], hooks: worker_lib.DebugHooks):
+    self.run = pieces.build(config)  # validates the config: before Ray starts
+    self.config, self.workdir, self.address, self.hooks = config, workdir, address, hooks
+    self.num_steps = self.run.config.num_steps
+    self.policy = arrivals_lib.policy_of(self.run.rule)
+    self.evaluator = evaluation.make_evaluator(self.run)
+    self.checkpointer: Optional[checkpointing.Checkpointer] = None
+    self.writer = self.events = self.lock = None
+    self.window = Window()
+    self.time_to_target: Optional[float] = None
+    self.last_eval: dict = {}
+    self.last_train_loss = math.nan
+    self.last_time_s = 0.0
+    self.step = 0
+    self.deaths = np.zeros(config.workers, np.int64)
+    self.lost: set[int] = set()
+    self.start_wall = time.time()
+    self.wall_offset = 0.0
+
+  def prepare_workdir(self, like_state) -> tuple[Any, dict]:
+    """Writes config.json and restores the newest readable checkpoint: (state, meta), or (None, {})."""
+    checkpointing.check_writable([self.workdir], setup.param_count_and_bytes(like_state)[1])
+    os.makedirs(self.workdir, exist_ok=True)
+    atomic_files.write_text(os.path.join(self.workdir, 'config.json'), self.config.to_json_best_effort(indent=2))
+    self.checkpointer = checkpointing.Checkpointer(os.path.join(self.workdir, 'checkpoints'))
+    while True:
+      step = self.checkpointer.latest_step()
+      if step is None:
+        return None, {}
+      restored = self.checkpointer.restore_step(step, like_state, checkpointing.quarantine_step(self.workdir))
+      if restored is not None:
+        log.info('Resumed from the checkpoint at step %d in %s', step, self.workdir)
+        return restored
+
+  def train(self, stop_requests: preemption.StopRequests) -> dict[str, Any]:
+    import ray  # pylint: disable=g-import-not-at-top
+    workdir_lib.check_workdir(self.workdir, self.config)  # a conflict is news before Ray starts
+    self.lock = workdir_lock.WorkdirLock(self.workdir)  # one program per workdir
+    started = connect(self.address)
+    actors = []
+    try:
+      wanted = resources(self.config)
+      check_resources(self.config, wanted)  # before the workdir is written: nothing of this run exists yet
+      like = jax.device_get(setup.init_state(self.run))
+      state, meta = self.prepare_workdir(like)
+      self.step = int(meta.get('step', 0))
+      self.last_time_s = float(meta.get('measured_time', 0.0))
+      self.wall_offset = float(meta.get('wall_time', 0.0))
+      self.time_to_target, self.last_eval = meta.get('time_to_target'), meta.get('last_eval', {})
+      self.last_train_loss = float(meta.get('train_loss', math.nan))
+      self.writer = metrics_io.MetricsWriter(self.workdir, keep_through_step=self.step or None)
+      self.events = events_lib.EventLog(self.workdir, keep_through_step=self.step or None)
+      if self.step >= self.num_steps:  # killed after its last checkpoint, before its summary
+        return self.finish()
+      env = _runtime_env()
+      server = ray.remote(server_lib.ServerActor).options(
+          num_cpus=wanted['server_cpus'], max_restarts=0, runtime_env=env).remote(
+              self.config, state, self.step, meta.get('positions'), meta.get('adasync'), self.last_time_s)
+      learners = [ray.remote(worker_lib.LearnerActor).options(
+          num_cpus=wanted['worker_cpus'], num_gpus=wanted['worker_gpus'], max_restarts=self.config.ray.max_restarts,
+          max_task_retries=0, runtime_env=env).remote(self.config, i, self.hooks)
+                  for i in range(self.config.workers)]
+      actors = [server, *learners]
+      log.info('%s on Ray: a server and %d learners (%g CPU, %g GPU each); compiling on every actor',
+               self.config.algorithm.name, self.config.workers, wanted['worker_cpus'], wanted['worker_gpus'])
+      self.wait_until_ready(server, learners)
+      self.evaluator.measure(ray.get(server.snapshot.remote()))  # compiles the evaluation before the clock starts
+      ray.get(server.start.remote())
+      self.start_wall = time.time()
+      works = {learner.work.remote(server): i for i, learner in enumerate(learners)}
+      return self.drive(server, learners, works, stop_requests)
+    finally:
+      for actor in actors:  # a joined cluster goes on: this run's actors must not hold its resources
+        ray.kill(actor, no_restart=True)
+      if started:
+        ray.shutdown()
+
+  def wait_until_ready(self, server, learners, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Waits until every actor has started and compiled; one line (exit 2) when the cluster's free resources
+    cannot place them within `timeout_s` (other jobs hold them)."""
+    import ray  # pylint: disable=g-import-not-at-top
+    pending = [server.ready.remote()] + [learner.ready.remote() for learner in learners]
+    ready, waiting = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
+    ray.get(ready)  # a constructor's error, raised here
+    errors.require(not waiting, 'workers', self.config.workers,
+                   f'{len(waiting)} of the {len(pending)} actors did not start within {timeout_s:g} s; the Ray '
+                   f'cluster has {ray.available_resources()} free: other jobs may hold the rest')
+    ray.get([learner.connect.remote(server) for learner in learners])
+
+  def drive(self, server, learners, works: dict, stop_requests: preemption.StopRequests) -> dict[str, Any]:
+    """Drains the server until its last update is recorded; watches the learners."""
+    import ray  # pylint: disable=g-import-not-at-top
+    last_progress = time.time()
+    while True:
+      self.record(*ray.get(server.drain.remote()))
+      if self.step >= self.num_steps:
+        break
+      if stop_requests.signal_name is not None:
+        self.record(*ray.get(server.stop.remote()))  # the updates since the last drain, and a checkpoint
+        self.checkpointer.wait()
+        raise preemption.Preempted(self.step, self.workdir, stop_requests.signal_name)
+      done, _ = ray.wait(list(works), num_returns=len(works), timeout=POLL_S)
+      for ref in done:
+        i = works.pop(ref)
+        try:
+          ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+          self.learner_died(i, e)
+          if i not in self.lost:  # queued until Ray has restarted it
+            works[learners[i].work.options(max_task_retries=-1).remote(server)] = i
+      if time.time() - last_progress >= self.config.progress_every_s:
+        last_progress = time.time()
+        log.info('step %d/%d  loss %.4f  measured %.2fs  %.1f updates/s', self.step, self.num_steps,
+                 self.last_train_loss, self.last_time_s, self.step / max(self.last_time_s, 1e-9))
+    self.checkpointer.wait()
+    return self.finish()
+
+  def learner_died(self, i: int, error: Exception) -> None:
+    """One line; a learner past its restarts is lost, and a run that needs more learners than are left stops."""
+    self.deaths[i] += 1
+    reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+    if self.deaths[i] <= self.config.ray.max_restarts:
+      waits = ' (the synchronous update waits for it)' if self.policy.waits else ''
+      log.warning('learner %d died at step %d (%s); Ray restarts it (%d of %d) and it fetches its view again%s', i,
+                  self.step, reason, self.deaths[i], self.config.ray.max_restarts, waits)
+      return
+    self.lost.add(i)
+    left = self.config.workers - len(self.lost)
+    k = arrivals_lib.initial_k(self.run.rule)
+    if left == 0 or (self.policy.waits and left < k):
+      raise loop_lib.ClusterStalled(f'learner {i} died {self.deaths[i]} times and is lost for good; '
+                                    f'{self.config.algorithm.name} needs {k} learners per update and {left} are '
+                                    f'left. Stopped after step {self.step}; rerun to resume from the last checkpoint')
+    log.warning('learner %d is lost for good (died %d times); %d learners go on', i, self.deaths[i], left)
+
+  def record(self, records, snapshots: dict, checkpoints: dict) -> None:
+    """Metrics rows, evaluations, event-log lines and checkpoints of the updates drained from the server."""
+    cfg = self.run.config
+    for record in records:
+      self.events.write(record.step, record.update, record.pushes)
+      self.window.add(record)
+      self.step = record.step
+      evaluates = record.step in snapshots
+      if evaluates or record.step % cfg.log_every == 0 or record.step == self.num_steps:
+        row = {'step': record.step, 'sim_time': record.update.time_s, 'wall_time': self.wall(),
+               **self.window.row(self.last_time_s), 'clock': CLOCK, 'runtime': RUNTIME}
+        self.last_time_s, self.last_train_loss = record.update.time_s, row['train_loss']
+        if not math.isfinite(row['train_loss']):
+          kept = self.checkpointer.latest_step()
+          raise loop_lib.TrainingDiverged(f'training loss is {row["train_loss"]} at step {record.step}; stopped, '
+                                          f'the last good checkpoint (step {kept}) is kept in {self.workdir}')
+        if evaluates:
+          self.last_eval = self.evaluator.measure(snapshots[record.step])
+          row.update({k: v for k, v in self.last_eval.items() if k != 'param_norm'})
+          if self.time_to_target is None and self.last_eval['eval_accuracy'] >= cfg.target_accuracy:
+            self.time_to_target = row['sim_time']
+        self.writer.write(row)
+      if record.step in checkpoints:
+        self.save(*checkpoints.pop(record.step))
+    for step in sorted(checkpoints):  # a stop's checkpoint of an update drained before (`server.Server.stop`)
+      self.save(*checkpoints[step])
+    self.events.flush()
+
+  def wall(self) -> float:
+    return self.wall_offset + time.time() - self.start_wall
+
+  def save(self, step: int, state, meta: dict) -> None:
+    meta = {**meta, 'wall_time': self.wall(), 'time_to_target': self.time_to_target, 'last_eval': self.last_eval,
+            'train_loss': self.last_train_loss}
+    self.checkpointer.save(step, state, meta, copy=False)
+
+  def finish(self) -> dict[str, Any]:
+    last = self.last_eval
+    summary = {
+        'clock': CLOCK, 'runtime': RUNTIME, 'measured_time': self.last_time_s,
+        'steps': self.step, 'sim_time': self.last_time_s, 'wall_time': self.wall(),
+        'mean_update_s': self.last_time_s / max(self.step, 1),
+        'final_train_loss': self.last_train_loss, 'final_eval_loss': last.get('eval_loss'),
+        'final_eval_accuracy': last.get('eval_accuracy'), 'param_norm': last.get('param_norm'),
+        'time_to_target': self.time_to_target, 'num_params': setup.param_count_and_bytes(
+            jax.eval_shape(lambda: setup.init_state(self.run)).params)[0] // self.config.workers,
+        'replicas': 1, 'learner_deaths': int(self.deaths.sum()),
+    }
+    atomic_files.write_json(os.path.join(self.workdir, 'summary.json'), summary, indent=2)
+    return summary
+
+  def close(self) -> None:
+    for closeable in (self.checkpointer, self.writer, self.events):
+      if closeable is not None:
+        closeable.close()
+    if self.lock is not None:
+      self.lock.release()
+
+
+def train_and_evaluate(config, workdir: str, stop_requests: Optional[preemption.StopRequests] = None,
+                       address: Optional[str] = None,
+                       hooks: worker_lib.DebugHooks = worker_lib.NO_HOOKS) -> dict[str, Any]:
+  """Trains `config` (`runtime=ray`) in `workdir` on Ray actors, resuming from its latest checkpoint.
+
+  Returns:
+    The summary (also written to summary.json).
+
+  Raises:
+    config_errors.ConfigError, ray_config.RayUnavailable: before any actor starts (one line).
+    loop.TrainingDiverged, loop.ClusterStalled: the run stopped there; its last good checkpoint is kept.
+    preemption.Preempted: SIGTERM or SIGINT arrived; the server's state after its last update is checkpointed.
+  """
+  stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
+  driver = Driver(config, workdir, address, hooks)
+  try:
+    stop_requests.install()
+    return driver.train(stop_requests)
+  finally:
+    stop_requests.uninstall()
+    driver.close()
