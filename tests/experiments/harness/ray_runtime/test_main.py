@@ -80,6 +80,27 @@ class ClusterTest(absltest.TestCase):
 class KillTest(absltest.TestCase):
 
   @pytest.mark.slow
+  def test_sigterm_checkpoints_exits_75_and_the_rerun_resumes(self):
+    # Ray installs a SIGTERM handler of its own at start; the run's must stay the one that answers.
+    workdir = self.create_tempdir().full_path
+    arg = 'async,runtime=ray,workers=4,num_steps=3000,checkpoint_every=100000,eval_every=1000'
+    flags = ('--debug_slow_process=3:0.01',)
+    proc = subprocess.Popen(_command(arg, *flags, workdir=workdir), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = os.path.join(workdir, 'metrics.jsonl')
+    deadline = time.time() + 180
+    while time.time() < deadline and not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    self.assertEqual(proc.returncode, 75, stderr[-2000:])
+    self.assertRegex(stderr, r'preempted by SIGTERM at step \d+')
+    resumed = _main(arg, *flags, workdir=workdir, timeout=300)
+    self.assertEqual(resumed.returncode, 0, resumed.stderr[-2000:])
+    with open(os.path.join(workdir, 'events.jsonl')) as f:
+      self.assertEqual([json.loads(line)['step'] for line in f], list(range(1, 3001)))
+
+  @pytest.mark.slow
   def test_kill_9_of_the_driver_resumes_from_the_last_checkpoint(self):
     workdir = self.create_tempdir().full_path
     arg = 'async,runtime=ray,workers=4,num_steps=3000,checkpoint_every=300,eval_every=1000'

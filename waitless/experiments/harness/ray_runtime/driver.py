@@ -19,10 +19,13 @@ followed the last checkpoint, and the same command resumes from it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
 import socket
+import threading
 import time
 import warnings
 from typing import Any, Optional
@@ -61,12 +64,25 @@ START_TIMEOUT_S = 600.0  # actors start, import JAX and compile: minutes on a bu
 _OPTIONS = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
 
 
+@contextlib.contextmanager
+def _own_signal_handlers():
+  """Keeps this process's SIGTERM and SIGINT handlers across `ray.init`, which installs its own SIGTERM handler:
+  the run's (`preemption.StopRequests`: checkpoint, then exit 75) must stay the one a scheduler's SIGTERM meets."""
+  kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    if threading.current_thread() is threading.main_thread():
+      for sig, handler in kept.items():
+        signal.signal(sig, handler)
+
+
 def start_local(**options) -> None:
   """Starts a local Ray for this process (`ray.init` with `options`): a new cluster of its own (address 'local'),
   even where `ray start` left a cluster, or its address file, behind."""
   import ray  # pylint: disable=g-import-not-at-top
-  with warnings.catch_warnings():  # Ray starts its processes with fork + exec: nothing of JAX runs in the child
-    warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
+  with warnings.catch_warnings(), _own_signal_handlers():
+    warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)  # fork + exec: no JAX in the child
     ray.init(address='local', **{**_OPTIONS, **options})
 
 
@@ -90,7 +106,8 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
           f'--ray_address={address} does not answer within {timeout_s:g} s ({e}): start the cluster with `ray '
           'start --head` and pass its address, or leave --ray_address unset for a local Ray') from e
   try:
-    ray.init(address=address, **_OPTIONS)
+    with _own_signal_handlers():
+      ray.init(address=address, **_OPTIONS)
   except (ConnectionError, RuntimeError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise ray_config.RayUnavailable(f'--ray_address={address}: {reason}') from e
