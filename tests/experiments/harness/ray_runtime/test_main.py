@@ -28,6 +28,28 @@ def _main(config_arg, *flags, workdir, timeout=120):
                         timeout=timeout)
 
 
+def _start_until(config_arg, *flags, workdir, written, stderr=subprocess.DEVNULL):
+  """A run started in the background, returned once `written(workdir)` holds (at most 180 s)."""
+  proc = subprocess.Popen(_command(config_arg, *flags, workdir=workdir), cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=stderr, text=True)
+  deadline = time.time() + 180
+  while time.time() < deadline and not written(workdir):
+    time.sleep(0.2)
+  return proc
+
+
+def _has_a_metrics_row(workdir):
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  return os.path.exists(metrics) and os.path.getsize(metrics) > 0
+
+
+def _has_checkpoint(step):
+  def has(workdir):
+    checkpoints = os.path.join(workdir, 'checkpoints')
+    return os.path.isdir(checkpoints) and str(step) in os.listdir(checkpoints)
+  return has
+
+
 class BadInputTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -85,12 +107,7 @@ class KillTest(absltest.TestCase):
     workdir = self.create_tempdir().full_path
     arg = 'async,runtime=ray,workers=4,num_steps=3000,checkpoint_every=100000,eval_every=1000'
     flags = ('--debug_slow_process=3:0.01',)
-    proc = subprocess.Popen(_command(arg, *flags, workdir=workdir), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    metrics = os.path.join(workdir, 'metrics.jsonl')
-    deadline = time.time() + 180
-    while time.time() < deadline and not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
-      time.sleep(0.2)
+    proc = _start_until(arg, *flags, workdir=workdir, written=_has_a_metrics_row, stderr=subprocess.PIPE)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     self.assertEqual(proc.returncode, 75, stderr[-2000:])
@@ -105,12 +122,8 @@ class KillTest(absltest.TestCase):
     workdir = self.create_tempdir().full_path
     arg = 'async,runtime=ray,workers=4,num_steps=3000,checkpoint_every=300,eval_every=1000'
     flags = ('--debug_slow_process=3:0.01',)
-    proc = subprocess.Popen(_command(arg, *flags, workdir=workdir), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = _start_until(arg, *flags, workdir=workdir, written=_has_checkpoint(300))
     checkpoints = os.path.join(workdir, 'checkpoints')
-    deadline = time.time() + 180
-    while time.time() < deadline and not (os.path.isdir(checkpoints) and '300' in os.listdir(checkpoints)):
-      time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     self.assertIn('300', os.listdir(checkpoints))

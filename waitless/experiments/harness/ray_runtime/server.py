@@ -90,10 +90,14 @@ class ServerCore:
   def _compile(self) -> None:
     """Compiles the update before the clock starts (on a copy of the state: the result is thrown away)."""
     nobody = ps.schedule(self.config.workers, 1, self.config.microbatches, np.zeros(self.config.workers, np.int32))
-    per_worker, uniform = rules_base.split(nobody)
-    scratch = jax.tree.map(jnp.copy, self.state)
-    jax.block_until_ready(self._update(scratch, self._grad_sums, self._loss_sums.astype(np.float32), per_worker,
-                                       {k: np.asarray(v) for k, v in uniform.items()}))
+    jax.block_until_ready(self.run_update(jax.tree.map(jnp.copy, self.state), nobody))
+
+  def run_update(self, state, schedule: ps.ServerSchedule):
+    """The jitted update of `state` (donated) from this update's gradient and loss sums and `schedule`:
+    (new state, measurements)."""
+    per_worker, uniform = rules_base.split(schedule)
+    return self._update(state, self._grad_sums, self._loss_sums.astype(np.float32), per_worker,
+                        {k: np.asarray(v) for k, v in uniform.items()})
 
   def _begin(self) -> None:
     """Empties the update's sums: the rows its pushes wrote (the (P, ...) buffers are kept, not reallocated)."""
@@ -119,8 +123,6 @@ class ServerCore:
 
   def apply(self, schedule: ps.ServerSchedule) -> dict[str, float]:
     """Applies one update from the gradients `add`ed since the last one; returns its measurements."""
-    per_worker, uniform = rules_base.split(schedule)
-    grad_sums = self._grad_sums
     state = self.state
     if self._model_states:  # models with batch statistics: a learner's latest pushed ones
       rows = jax.device_get(state.model_state)
@@ -128,8 +130,7 @@ class ServerCore:
         for row, value in zip(jax.tree.leaves(rows), jax.tree.leaves(ms)):
           row[i] = value
       state = state._replace(model_state=jax.device_put(rows, self.run.layout.sharding()))
-    self.state, measured = self._update(state, grad_sums, self._loss_sums.astype(np.float32), per_worker,
-                                        {k: np.asarray(v) for k, v in uniform.items()})
+    self.state, measured = self.run_update(state, schedule)
     self.current = jax.device_get(self._consensus(self.state))
     pushed = schedule.contributions > 0
     l2 = np.asarray(measured['l2_grads'])[pushed]
