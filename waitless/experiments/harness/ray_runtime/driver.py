@@ -189,6 +189,7 @@ class Driver:
     self.last_train_loss = math.nan
     self.last_time_s = 0.0
     self.step = 0
+    self.num_params = 0
     self.deaths = np.zeros(config.workers, np.int64)
     self.lost: set[int] = set()
     self.start_wall = time.time()
@@ -219,6 +220,7 @@ class Driver:
       wanted = resources(self.config)
       check_resources(self.config, wanted)  # before the workdir is written: nothing of this run exists yet
       like = jax.device_get(setup.init_state(self.run))
+      self.num_params = setup.param_count_and_bytes(like.params)[0] // self.config.workers
       state, meta = self.prepare_workdir(like)
       self.step = int(meta.get('step', 0))
       self.last_time_s = float(meta.get('measured_time', 0.0))
@@ -354,8 +356,7 @@ class Driver:
         'mean_update_s': self.last_time_s / max(self.step, 1),
         'final_train_loss': self.last_train_loss, 'final_eval_loss': last.get('eval_loss'),
         'final_eval_accuracy': last.get('eval_accuracy'), 'param_norm': last.get('param_norm'),
-        'time_to_target': self.time_to_target, 'num_params': setup.param_count_and_bytes(
-            jax.eval_shape(lambda: setup.init_state(self.run)).params)[0] // self.config.workers,
+        'time_to_target': self.time_to_target, 'num_params': self.num_params,
         'replicas': 1, 'learner_deaths': int(self.deaths.sum()),
     }
     atomic_files.write_json(os.path.join(self.workdir, 'summary.json'), summary, indent=2)
