@@ -114,6 +114,22 @@ class ProfilesTest(parameterized.TestCase):
     cost = factory.effective(config)
     self.assertAlmostEqual(1 / cost.stragglers.rate, config.batch_size * 1e-4)
 
+  def test_a_delay_in_calls_follows_the_profiles_call(self):
+    # stragglers=heterogeneous delays one worker per iteration by three calls: 30 ms on mnist1d.py's hand-set
+    # 10 ms, three of the profile's calls (o + b s) on a profile, not 30 ms against a sub-millisecond call.
+    config = self.config(self.write(PROFILE), 'sync,stragglers=heterogeneous')
+    factory.validate(config)
+    cost = factory.effective(config)
+    call = cost.stragglers.overhead_s + cost.stragglers.base_s
+    self.assertAlmostEqual(factory.delay_seconds(cost.stragglers, config.workers), 3 * call, places=12)
+    clock = factory.make_clock(config, sync.Barrier(), 1e5)
+    self.assertAlmostEqual(clock.delay.delay_s, 3 * call, places=12)
+    no_profile = mnist1d.get_config('sync,stragglers=heterogeneous')
+    self.assertEqual(factory.make_clock(no_profile, sync.Barrier(), 1e5).delay.delay_s, 0.03)
+    # A delay in seconds stays what it says on every profile.
+    seconds = self.config(self.write(PROFILE), 'sync,stragglers=heterogeneous,stragglers.delay_s=0.03')
+    self.assertEqual(factory.make_clock(seconds, sync.Barrier(), 1e5).delay.delay_s, 0.03)
+
   def bad(self, edit):
     doc = copy.deepcopy(PROFILE)
     edit(doc)

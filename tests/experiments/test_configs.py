@@ -6,6 +6,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from waitless import config_errors as errors
+from waitless.cluster import factory
 from waitless.cluster import registry
 from waitless.experiments.harness import validation
 from waitless.experiments.configs import common
@@ -58,7 +59,10 @@ class ConfigArgTest(parameterized.TestCase):
     base = config.stragglers.base_s
     if preset == 'heterogeneous':
       self.assertEqual((config.stragglers.slow_fraction, config.stragglers.delayed_workers), (0.25, 1))
-      self.assertAlmostEqual(config.stragglers.delay_s, 3 * base)
+      # Three calls of the workload's own compute model (digits_stale's mean 1 s exponential: 3 s, not 3 x base_s).
+      call = factory.make_compute(config.stragglers, config.workers).mean()
+      unslowed = call / factory.slow_factors(config.stragglers, config.workers).mean()
+      self.assertAlmostEqual(factory.delay_seconds(config.stragglers, config.workers), 3 * unslowed)
     if preset == 'sqrt':
       self.assertLen(config.stragglers.worker_factors, config.workers)
     with self.assertRaisesRegex(errors.ConfigError, '^stragglers=.bogus. is not allowed: a preset: homogeneous, '

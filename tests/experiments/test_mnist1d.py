@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from waitless import config_errors as errors
+from waitless.cluster import factory
 from waitless.cluster import registry
 from waitless.experiments.harness import train
 from waitless.experiments.harness import validation
@@ -36,14 +37,16 @@ class Mnist1dConfigTest(parameterized.TestCase):
   def test_heterogeneous_preset_is_the_documented_flags(self):
     config = mnist1d.get_config('sync,stragglers=heterogeneous')
     by_flags = mnist1d.get_config('sync,stragglers.slow_fraction=0.25,stragglers.slow_factor=2.0,'
-                                  'stragglers.delayed_workers=1,stragglers.delay_s=0.03')
+                                  'stragglers.delayed_workers=1,stragglers.delay_calls=3.0,stragglers.delay_s=0')
     self.assertEqual(config.to_dict(), by_flags.to_dict())
+    self.assertEqual(factory.delay_seconds(config.stragglers, config.workers), 0.03)
     self.assertEqual(config.stragglers.slow_fraction, 0.25)
     self.assertEqual(mnist1d.get_config('sync,stragglers=homogeneous').to_dict(),
                      mnist1d.get_config('sync').to_dict())
     # Later entries override the preset, wherever the preset is written.
-    self.assertEqual(mnist1d.get_config('sync,stragglers.delay_s=0.05,stragglers=heterogeneous').stragglers.delay_s,
-                     0.05)
+    overridden = mnist1d.get_config('sync,stragglers.delay_s=0.05,stragglers=heterogeneous')
+    validation.validate(overridden)  # the preset's delay in calls gives way to the argument's in seconds
+    self.assertEqual((overridden.stragglers.delay_s, overridden.stragglers.delay_calls), (0.05, 0.0))
     self.assertEqual(mnist1d.get_config('local_sgd,local_steps=3,stragglers=heterogeneous').algorithm.local_steps, 3)
 
   def test_sqrt_preset_scales_worker_i_by_sqrt_i_plus_1(self):

@@ -70,6 +70,11 @@ def default_stragglers_config() -> ml_collections.ConfigDict:
   # (WAGMA paper: 2 of 64 workers, 0.32 s).
   c.delayed_workers = 0
   c.delay_s = 0.0
+  # The same delay in calls instead of seconds: delay_calls x the mean time of one micro-batch call of the
+  # compute model the clock charges (its distribution plus overhead_s, before slow factors; a cluster profile's
+  # when the run names one), so that "three calls late" means the same on every cluster. Set delay_s or
+  # delay_calls, not both.
+  c.delay_calls = 0.0
   # Failure (any kind): worker `fail_worker` (-1: none; from Python also a tuple of ids) is down from
   # fail_at_s until return_at_s (< 0: never returns). A rule that waits for every worker stops the run when it
   # needs a worker that never returns (one line, the simulated time). Typed defaults (not None) so that
@@ -201,9 +206,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
                  f'must be an integer in 0..{p} (workers)')
   errors.require_number(get('delay_s'), 'stragglers.delay_s', f'must be a number >= 0 and <= {MAX_SECONDS:g} (seconds)',
                         lambda v: 0 <= v <= MAX_SECONDS)
+  errors.require_number(get('delay_calls'), 'stragglers.delay_calls',
+                        f'must be a number >= 0 and <= {MAX_SECONDS:g} (micro-batch calls)', lambda v: 0 <= v <= MAX_SECONDS)
+  errors.require(not (get('delay_s') > 0 and get('delay_calls') > 0), 'stragglers.delay_calls', get('delay_calls'),
+                 f'and stragglers.delay_s={get("delay_s")!r} both set the delay: set one of them')
   if kind == 'random_delay':
     errors.require(delayed >= 1, 'stragglers.delayed_workers', delayed, 'kind=random_delay needs >= 1')
-    errors.require(get('delay_s') > 0, 'stragglers.delay_s', get('delay_s'), 'kind=random_delay needs > 0')
+    errors.require(get('delay_s') > 0 or get('delay_calls') > 0, 'stragglers.delay_s', get('delay_s'),
+                   'kind=random_delay needs > 0 (or stragglers.delay_calls > 0)')
 
   failed = _require_workers(get('fail_worker'), 'stragglers.fail_worker', p)
   errors.require_number(get('fail_at_s'), 'stragglers.fail_at_s', 'must be a number >= 0', lambda v: v >= 0)
@@ -216,7 +226,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   if kind == MEASURED:  # nothing is simulated: a modifier of the simulated compute times would be ignored
     for name in ('calibrate', 'overhead_s', 'slow_fraction', 'slow_workers', 'worker_factors', 'delayed_workers',
-                 'delay_s', 'fail_worker'):
+                 'delay_s', 'delay_calls', 'fail_worker'):
       value = get(name)
       unset = not _worker_list(value) if name in ('slow_workers', 'fail_worker', 'worker_factors') else (
           value == _STRAGGLER_DEFAULTS[name])
@@ -315,13 +325,26 @@ def make_network(network: ml_collections.ConfigDict) -> network_lib.Network:
   raise errors.ConfigError('network.kind', kind, f'known: {", ".join(NETWORK_KINDS)}')
 
 
+def delay_seconds(stragglers: ml_collections.ConfigDict, workers: int) -> float:
+  """The transient delay in seconds: `delay_s`, or `delay_calls` x the mean time of one micro-batch call of the
+  compute model (distribution plus overhead, slow factors left out), rounded to the picosecond so that three calls
+  of 10 ms are 0.03 s exactly."""
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  if not get('delay_calls') > 0:
+    return float(get('delay_s'))
+  call = ml_collections.ConfigDict(stragglers.to_dict())
+  call.slow_fraction, call.slow_workers, call.worker_factors = 0.0, (), ()
+  return round(float(get('delay_calls')) * make_compute(call, workers).mean(), 12)
+
+
 def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
-  """(RandomDelay or None, Failure or None) from the modifiers of `stragglers`."""
+  """(RandomDelay or None, Failure or None) from the modifiers of `stragglers` (the effective ones, with a
+  profile's compute, when the delay is given in calls)."""
   get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
   delay = None
-  if get('delayed_workers') > 0 and get('delay_s') > 0:
-    delay = faults.RandomDelay(count=int(get('delayed_workers')), delay_s=float(get('delay_s')),
-                               workers=workers, seed=seed)
+  delay_s = delay_seconds(stragglers, workers) if get('delayed_workers') > 0 else 0.0
+  if delay_s > 0:
+    delay = faults.RandomDelay(count=int(get('delayed_workers')), delay_s=delay_s, workers=workers, seed=seed)
   failure = None
   failed = _worker_list(get('fail_worker'))
   if failed:
@@ -383,8 +406,8 @@ def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_by
   """
   rules.base.check_rule(rule)
   p = config.workers
-  delay, failure = make_faults(config.stragglers, p, config.seed)
   cost = effective(config)
+  delay, failure = make_faults(cost.stragglers, p, config.seed)
   return clock_lib.Clock(
       workers=p, rule=rule, compute=make_compute(cost.stragglers, p), network=cost.network,
       model_bytes=model_bytes, seed=config.seed, delay=delay, failure=failure, host_s=cost.host_s)

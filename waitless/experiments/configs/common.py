@@ -198,9 +198,9 @@ def split_arg(arg: str | None) -> list[str]:
 STRAGGLER_PRESETS = {
     'homogeneous': lambda base_s, workers: {},
     # A quarter of the workers twice as slow, and at every iteration one random worker delayed by three
-    # micro-batches (30 ms on the default 10 ms).
+    # micro-batch calls (30 ms on the default 10 ms; on a cluster profile, three of its calls).
     'heterogeneous': lambda base_s, workers: {'slow_fraction': 0.25, 'slow_factor': 2.0, 'delayed_workers': 1,
-                                              'delay_s': round(3 * base_s, 12)},
+                                              'delay_calls': 3.0, 'delay_s': 0.0},
     # Worker i's compute times scaled by sqrt(i + 1): a fixed, arbitrary heterogeneity (Ringmaster ASGD's setting).
     'sqrt': lambda base_s, workers: {'worker_factors': tuple(math.sqrt(i + 1) for i in range(workers))},
 }
@@ -215,10 +215,13 @@ def _apply_straggler_presets(config: ml_collections.ConfigDict, parts: list[str]
     key, _, raw = part.partition('=')
     if key.strip() == 'workers':
       workers = _literal(raw.strip())
+  # A delay the argument gives in seconds replaces a preset's delay in calls (the two may not both be set).
+  sets_delay_s = any(p.partition('=')[0].strip() == 'stragglers.delay_s' for p in rest)
   for name in presets:
     errors.require(name in STRAGGLER_PRESETS, 'stragglers', name, f'a preset: {", ".join(STRAGGLER_PRESETS)}')
     for key, value in STRAGGLER_PRESETS[name](config.stragglers.base_s, workers).items():
-      config.stragglers[key] = value
+      if not (key == 'delay_calls' and sets_delay_s):
+        config.stragglers[key] = value
   return rest
 
 

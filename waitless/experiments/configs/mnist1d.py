@@ -23,9 +23,10 @@ cores once the data are cached.
 Variant `stragglers=heterogeneous` (a config-argument entry, e.g. `mnist1d.py:sync,stragglers=heterogeneous`):
 a heterogeneous cluster with persistent slow workers and random delays, the setting the comparisons use:
 workers 0 and 1 (a quarter) take twice as long for every micro-batch (20 ms instead of 10 ms) and, at every
-iteration index, one random worker is delayed by another 30 ms. The same as the flags
+iteration index, one random worker is delayed by another three calls (30 ms; on a cluster profile three of
+the profile's micro-batch calls). The same as the flags
   --config.stragglers.slow_fraction=0.25 --config.stragglers.slow_factor=2.0
-  --config.stragglers.delayed_workers=1 --config.stragglers.delay_s=0.03
+  --config.stragglers.delayed_workers=1 --config.stragglers.delay_calls=3
 `stragglers=homogeneous` is the default (no stragglers). What it gives: docs/results/quickstart.md.
 
 Variant `stragglers=sqrt`: a fixed, arbitrary heterogeneity (Ringmaster ASGD's setting): worker i's compute
