@@ -480,7 +480,10 @@ class CommandLineTest(parameterized.TestCase):
                           (['--algorithms=all,k=2'], "--algorithms='all,k=2' is not allowed: 'all' takes no key=value"),
                           (['--algorithms=sync', '--target_loss=nan'], '--target_loss=nan is not allowed'),
                           (['--algorithms=sync', '--max_steps=10'],
-                           '--max_steps=10 is not allowed: caps a --sim_time')):
+                           '--max_steps=10 is not allowed: caps a --sim_time'),
+                          (['--algorithms=sync', '--sim_calls=10', '--sim_time=1'],
+                           '--sim_calls=10.0 is not allowed: and --sim_time=1.0 both give the budget'),
+                          (['--algorithms=sync', '--sim_calls=-1'], '--sim_calls=-1.0 is not allowed: must be a number > 0')):
       result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare',
                                '--config=experiments/configs/digits.py',
                                '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,
@@ -489,6 +492,28 @@ class CommandLineTest(parameterized.TestCase):
       lines = result.stderr.strip().splitlines()
       self.assertRegex(lines[-1], f'^error: .*{message}')
       self.assertNotIn('Traceback', result.stderr)
+
+  def test_a_budget_in_calls_is_that_many_calls_of_the_profiles_compute(self):
+    # --sim_calls=400 on commodity_10gbe: 400 mean calls of its digits micro-batch (o + b s), whatever the workload
+    # file's hand-set 10 ms; every run then gets the iterations its clock needs for those seconds.
+    root = self.create_tempdir().full_path
+    result = subprocess.run(
+        [sys.executable, '-m', 'waitless.experiments.compare', '--config=experiments/configs/digits.py',
+         '--algorithms=sync', f'--workdir={root}', '--sim_calls=400', '--evals=2',
+         '--config.cluster.profile=commodity_10gbe'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    config = digits.get_config('sync')
+    config.cluster.profile = 'commodity_10gbe'
+    cost = cluster_factory.effective(config)
+    call = cost.stragglers.overhead_s + cost.stragglers.base_s
+    self.assertAlmostEqual(cluster_factory.mean_call_s(cost.stragglers, config.workers), call, places=15)
+    self.assertIn(f'= {400 * call:.4g} simulated seconds per run', result.stderr)
+    self.assertIn('on commodity_10gbe', result.stderr)
+    (planned,), _ = compare_plan.plan(digits.get_config, ['sync'], [()], 1, root,
+                                      overrides={'cluster.profile': 'commodity_10gbe'}, sim_time=400 * call, evals=2)
+    with open(os.path.join(root, 'sync', 'seed0', 'summary.json')) as f:
+      self.assertEqual(json.load(f)['steps'], planned.config.num_steps)
+    self.assertGreater(planned.config.num_steps, 10)
 
   def test_help_shows_the_run_flags_and_the_usage_example_as_written(self):
     result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare', '--help'], cwd=ROOT,

@@ -325,16 +325,22 @@ def make_network(network: ml_collections.ConfigDict) -> network_lib.Network:
   raise errors.ConfigError('network.kind', kind, f'known: {", ".join(NETWORK_KINDS)}')
 
 
+def mean_call_s(stragglers: ml_collections.ConfigDict, workers: int) -> float:
+  """The mean time of one micro-batch call of the compute model `stragglers` gives (distribution plus overhead;
+  slow factors, delays and failures left out): the unit of `delay_calls` and of `experiments.compare
+  --sim_calls`. Pass the effective fields (`effective(config).stragglers`) for a run on a cluster profile."""
+  call = ml_collections.ConfigDict(stragglers.to_dict())
+  call.slow_fraction, call.slow_workers, call.worker_factors = 0.0, (), ()
+  return make_compute(call, workers).mean()
+
+
 def delay_seconds(stragglers: ml_collections.ConfigDict, workers: int) -> float:
-  """The transient delay in seconds: `delay_s`, or `delay_calls` x the mean time of one micro-batch call of the
-  compute model (distribution plus overhead, slow factors left out), rounded to the picosecond so that three calls
-  of 10 ms are 0.03 s exactly."""
+  """The transient delay in seconds: `delay_s`, or `delay_calls` x `mean_call_s`, rounded to the picosecond so
+  that three calls of 10 ms are 0.03 s exactly."""
   get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
   if not get('delay_calls') > 0:
     return float(get('delay_s'))
-  call = ml_collections.ConfigDict(stragglers.to_dict())
-  call.slow_fraction, call.slow_workers, call.worker_factors = 0.0, (), ()
-  return round(float(get('delay_calls')) * make_compute(call, workers).mean(), 12)
+  return round(float(get('delay_calls')) * mean_call_s(stragglers, workers), 12)
 
 
 def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):

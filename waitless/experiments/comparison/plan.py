@@ -187,6 +187,21 @@ def _apply_overrides(config, overrides: dict[str, Any], named: set[str]) -> None
       common.mark_explicit(config, [path])
 
 
+def entry_config(get_config: Callable[[str], Any], entry: str, point: Sequence[tuple[str, str]] = (),
+                 common_pairs: Sequence[str] = (), overrides: Optional[dict[str, Any]] = None):
+  """The config of `entry` at sweep `point` (seed not yet varied, not validated): the workload's config for
+  'ALGORITHM,<common pairs>,<entry pairs>,<point>', then each `--config.PATH` override the entry or point does
+  not name."""
+  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  name, *pairs = entry.split(',', 1)
+  arg = ','.join([name, *common_pairs, *pairs, *(f'{k}={v}' for k, v in point)])
+  named = {k.strip() for k, _ in point} | {p.split('=', 1)[0].strip() for p in common.split_arg(entry)[1:]}
+  named |= {f'algorithm.{k}' for k in named if '.' not in k}  # a bare key: algorithm.* first (common._set)
+  config = get_config(arg)
+  _apply_overrides(config, overrides or {}, named)
+  return config
+
+
 def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Sequence[tuple[tuple[str, str], ...]],
          seeds: int, root: str, common_pairs: Sequence[str] = (), overrides: Optional[dict[str, Any]] = None,
          skip_invalid: bool = False, sim_time: Optional[float] = None, max_steps: Optional[int] = None,
@@ -228,14 +243,9 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
                              'does config.num_steps (set --config.num_steps)')
   runs, skipped, model_bytes, train_size, budget_steps = [], {}, {}, {}, {}
   for entry in entries:
-    name, *pairs = entry.split(',', 1)
     for point in sweeps:
-      arg = ','.join([name, *common_pairs, *pairs, *(f'{k}={v}' for k, v in point)])
-      named = {k.strip() for k, _ in point} | {p.split('=', 1)[0].strip() for p in common.split_arg(entry)[1:]}
-      named |= {f'algorithm.{k}' for k in named if '.' not in k}  # a bare key: algorithm.* first (common._set)
       try:
-        base = get_config(arg)
-        _apply_overrides(base, overrides or {}, named)
+        base = entry_config(get_config, entry, point, common_pairs, overrides)
         first_seed, cadence_steps = base.seed, None
         validation.check_seeds(first_seed, seeds)
         for i in range(seeds):
