@@ -483,7 +483,8 @@ class CommandLineTest(parameterized.TestCase):
                            '--max_steps=10 is not allowed: caps a --sim_time'),
                           (['--algorithms=sync', '--sim_calls=10', '--sim_time=1'],
                            '--sim_calls=10.0 is not allowed: and --sim_time=1.0 both give the budget'),
-                          (['--algorithms=sync', '--sim_calls=-1'], '--sim_calls=-1.0 is not allowed: must be a number > 0')):
+                          (['--algorithms=sync', '--sim_calls=-1'],
+                           '--sim_calls=-1.0 is not allowed: must be a number > 0')):
       result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare',
                                '--config=experiments/configs/digits.py',
                                '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,

@@ -56,7 +56,6 @@ class ConfigArgTest(parameterized.TestCase):
     module = importlib.import_module(f'waitless.experiments.configs.{workload}')
     config = module.get_config(f'sync,stragglers={preset}')
     validation.validate(config)
-    base = config.stragglers.base_s
     if preset == 'heterogeneous':
       self.assertEqual((config.stragglers.slow_fraction, config.stragglers.delayed_workers), (0.25, 1))
       # Three calls of the workload's own compute model (digits_stale's mean 1 s exponential: 3 s, not 3 x base_s).
