@@ -207,7 +207,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors.require_number(get('delay_s'), 'stragglers.delay_s', f'must be a number >= 0 and <= {MAX_SECONDS:g} (seconds)',
                         lambda v: 0 <= v <= MAX_SECONDS)
   errors.require_number(get('delay_calls'), 'stragglers.delay_calls',
-                        f'must be a number >= 0 and <= {MAX_SECONDS:g} (micro-batch calls)', lambda v: 0 <= v <= MAX_SECONDS)
+                        f'must be a number >= 0 and <= {MAX_SECONDS:g} (micro-batch calls)',
+                        lambda v: 0 <= v <= MAX_SECONDS)
   errors.require(not (get('delay_s') > 0 and get('delay_calls') > 0), 'stragglers.delay_calls', get('delay_calls'),
                  f'and stragglers.delay_s={get("delay_s")!r} both set the delay: set one of them')
   if kind == 'random_delay':
