@@ -22,6 +22,7 @@ from waitless.data import registry as data_registry
 from waitless.experiments.comparison import plan as compare_plan
 from waitless.experiments.comparison import runs as compare_runs
 from waitless.experiments.harness import metrics_io
+from waitless.experiments.harness import tasks as tasks_lib
 from waitless.experiments.comparison import report as report_lib
 from waitless.experiments.comparison import statistics
 from waitless.experiments.comparison import sim_budget
@@ -481,10 +482,9 @@ class CommandLineTest(parameterized.TestCase):
                           (['--algorithms=sync', '--target_loss=nan'], '--target_loss=nan is not allowed'),
                           (['--algorithms=sync', '--max_steps=10'],
                            '--max_steps=10 is not allowed: caps a --sim_time'),
-                          (['--algorithms=sync', '--sim_calls=10', '--sim_time=1'],
-                           '--sim_calls=10.0 is not allowed: and --sim_time=1.0 both give the budget'),
-                          (['--algorithms=sync', '--sim_calls=-1'],
-                           '--sim_calls=-1.0 is not allowed: must be a number > 0')):
+                          (['--algorithms=sync', '--sim_baseline_steps=10', '--sim_time=1'],
+                           '--sim_baseline_steps=10 is not allowed: and --sim_time=1.0 both give the budget'),
+                          (['--algorithms=sync', '--sim_baseline_steps=0'], '--sim_baseline_steps=0 is not allowed')):
       result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare',
                                '--config=experiments/configs/digits.py',
                                '--workdir=/tmp/unused_compare', *args], cwd=ROOT, capture_output=True, text=True,
@@ -494,27 +494,28 @@ class CommandLineTest(parameterized.TestCase):
       self.assertRegex(lines[-1], f'^error: .*{message}')
       self.assertNotIn('Traceback', result.stderr)
 
-  def test_a_budget_in_calls_is_that_many_calls_of_the_profiles_compute(self):
-    # --sim_calls=400 on commodity_10gbe: 400 mean calls of its digits micro-batch (o + b s), whatever the workload
-    # file's hand-set 10 ms; every run then gets the iterations its clock needs for those seconds.
+  def test_a_budget_in_baseline_steps_is_the_time_the_baseline_needs_for_them(self):
+    # --sim_baseline_steps=30 on commodity_10gbe: every run gets the simulated seconds sync needs for 30
+    # iterations there (the workload's hand-set 10 ms per call is not what the profile charges).
     root = self.create_tempdir().full_path
     result = subprocess.run(
         [sys.executable, '-m', 'waitless.experiments.compare', '--config=experiments/configs/digits.py',
-         '--algorithms=sync', f'--workdir={root}', '--sim_calls=400', '--evals=2',
+         '--algorithms=sync;local_sgd', f'--workdir={root}', '--sim_baseline_steps=30', '--evals=2',
          '--config.cluster.profile=commodity_10gbe'], cwd=ROOT, capture_output=True, text=True, timeout=300)
     self.assertEqual(result.returncode, 0, result.stderr)
     config = digits.get_config('sync')
     config.cluster.profile = 'commodity_10gbe'
-    cost = cluster_factory.effective(config)
-    call = cost.stragglers.overhead_s + cost.stragglers.base_s
-    self.assertAlmostEqual(cluster_factory.mean_call_s(cost.stragglers, config.workers), call, places=15)
-    self.assertIn(f'= {400 * call:.4g} simulated seconds per run', result.stderr)
-    self.assertIn('on commodity_10gbe', result.stderr)
-    (planned,), _ = compare_plan.plan(digits.get_config, ['sync'], [()], 1, root,
-                                      overrides={'cluster.profile': 'commodity_10gbe'}, sim_time=400 * call, evals=2)
-    with open(os.path.join(root, 'sync', 'seed0', 'summary.json')) as f:
-      self.assertEqual(json.load(f)['steps'], planned.config.num_steps)
-    self.assertGreater(planned.config.num_steps, 10)
+    clock = cluster_factory.make_clock(config, registry.time_rule(config), tasks_lib.model_bytes(config))
+    budget = float(clock.next_block(30).sim_time[-1])
+    self.assertIn(f'sync needs {budget:.4g} simulated seconds for 30 iterations on commodity_10gbe', result.stderr)
+    planned, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd'], [()], 1, root,
+                                   overrides={'cluster.profile': 'commodity_10gbe'}, sim_time=budget, evals=2)
+    for run in planned:  # each run gets the iterations its own clock needs for the same seconds
+      with open(os.path.join(run.workdir, 'summary.json')) as f:
+        self.assertEqual(json.load(f)['steps'], run.config.num_steps, run.entry)
+    self.assertEqual(sim_budget.steps_for_sim_time(config, budget), 30)  # (num_steps: rounded up to the evals)
+    local = planned[1].config
+    self.assertGreater(sim_budget.steps_for_sim_time(local, budget), 30)  # averages every few steps: more of them
 
   def test_help_shows_the_run_flags_and_the_usage_example_as_written(self):
     result = subprocess.run([sys.executable, '-m', 'waitless.experiments.compare', '--help'], cwd=ROOT,

@@ -16,9 +16,9 @@ chooses each entry's value on the first K of them and reports every figure on th
 the reported seeds themselves, which the table calls optimistic). `--sim_time=T` gives every run the same
 budget of simulated seconds instead of the same `num_steps` (an asynchronous iteration is one gradient, a
 synchronous one P of them): each run's `num_steps` is what its own seeded clock needs to reach T (computed
-before anything compiles; `--max_steps` caps it) and it is evaluated `--evals` times; `--sim_calls=N` gives
-that budget as N mean micro-batch calls of the baseline's compute model, so that one command fits every cluster
-profile. `--config.FIELD=VALUE`
+before anything compiles; `--max_steps` caps it) and it is evaluated `--evals` times; `--sim_baseline_steps=N` gives
+that budget as the simulated time the baseline entry needs for N iterations, so that one command fits every
+cluster profile. `--config.FIELD=VALUE`
 overrides, and the `key=value` pairs of a config argument (`--config=FILE:ARG`; its algorithm name is ignored),
 apply to every run; an entry's own pairs, then the sweep's, win over them.
 
@@ -83,9 +83,9 @@ _TARGET_LOSS = flags.DEFINE_float('target_loss', None, 'Eval loss for "time to t
                                   'accuracy, a level each of them reached).')
 _SIM_TIME = flags.DEFINE_float('sim_time', None, 'A budget of simulated seconds for every run instead of '
                                 'config.num_steps: each run gets the iterations its own clock needs to reach it.')
-_SIM_CALLS = flags.DEFINE_float('sim_calls', None, 'The --sim_time budget in micro-batch calls instead of seconds: '
-                                 'this many mean calls of the baseline entry\'s compute model (its cluster '
-                                 'profile\'s when it names one), so that one budget fits every cluster.')
+_SIM_BASELINE_STEPS = flags.DEFINE_integer(
+    'sim_baseline_steps', None, 'The --sim_time budget as the simulated time the baseline entry (its first seed) '
+    'needs for this many iterations, so that one command fits every cluster profile.')
 _MAX_STEPS = flags.DEFINE_integer('max_steps', None, 'With --sim_time: at most this many iterations per run.')
 _TUNING_SEEDS = flags.DEFINE_integer(
     'tuning_seeds', 0, 'With a sweep: the first K seeds choose each entry\'s sweep point and every figure of the '
@@ -122,8 +122,8 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   everything = any(part.strip() == 'all' for part in re.split('[;,]', text))
   overrides = dict(config_flags.get_override_values(flags.FLAGS['config']))
   sim_time = _SIM_TIME.value
-  if _SIM_CALLS.value is not None:
-    sim_time = _budget_of_calls(module.get_config, entries, common_pairs, overrides)
+  if _SIM_BASELINE_STEPS.value is not None:
+    sim_time = _budget_of_baseline_steps(module.get_config, entries, common_pairs, overrides)
   runs, skipped = compare_plan.plan(
       module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), shared_flags.SEEDS.value, root, common_pairs,
       overrides, skip_invalid=everything, sim_time=sim_time, max_steps=_MAX_STEPS.value, evals=_EVALS.value)
@@ -172,23 +172,25 @@ def _run_and_report(runs, root: str, path: str, skipped: dict[str, str]) -> dict
                                  confidence=_CONFIDENCE.value)
 
 
-def _budget_of_calls(get_config, entries: list[str], common_pairs: list[str], overrides: dict[str, Any]) -> float:
-  """--sim_calls in simulated seconds: that many mean micro-batch calls (`cluster.factory.mean_call_s`) of the
-  baseline entry's config (the first entry's when the baseline is not one), on its cluster profile if any."""
+def _budget_of_baseline_steps(get_config, entries: list[str], common_pairs: list[str],
+                              overrides: dict[str, Any]) -> float:
+  """--sim_baseline_steps in simulated seconds: the time the baseline entry's clock (the first entry's when the
+  baseline is not one; its first seed, on its cluster profile if any) needs for that many iterations."""
   from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
   from waitless.cluster import factory  # pylint: disable=g-import-not-at-top
-  errors.require(_SIM_TIME.value is None, '--sim_calls', _SIM_CALLS.value,
+  from waitless.experiments.comparison import sim_budget  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import validation  # pylint: disable=g-import-not-at-top
+  steps = _SIM_BASELINE_STEPS.value
+  errors.require(_SIM_TIME.value is None, '--sim_baseline_steps', steps,
                  f'and --sim_time={_SIM_TIME.value} both give the budget: set one of them')
-  errors.require_number(_SIM_CALLS.value, '--sim_calls', 'must be a number > 0 (micro-batch calls)', lambda v: v > 0)
+  errors.require_int(steps, '--sim_baseline_steps', 1)
   entry = _BASELINE.value if _BASELINE.value in entries else entries[0]
   config = compare_plan.entry_config(get_config, entry, (), common_pairs, overrides)
-  factory.validate(config)
-  cost = factory.effective(config)
-  call = factory.mean_call_s(cost.stragglers, config.workers)
-  sim_time = _SIM_CALLS.value * call
-  print(f'[compare] --sim_calls={_SIM_CALLS.value:g}: {_SIM_CALLS.value:g} x {call * 1e3:.4g} ms (a mean call of '
-        f'{entry}{" on " + cost.profile if cost.profile else ""}) = {sim_time:.4g} simulated seconds per run',
-        file=sys.stderr)
+  validation.validate(config)
+  sim_time = sim_budget.sim_time_of_steps(config, steps)
+  profile = factory.effective(config).profile
+  print(f'[compare] --sim_baseline_steps={steps}: {entry} needs {sim_time:.4g} simulated seconds for {steps} '
+        f'iterations{" on " + profile if profile else ""}: the budget of every run', file=sys.stderr)
   return sim_time
 
 

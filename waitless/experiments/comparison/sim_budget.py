@@ -55,6 +55,19 @@ def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
   return limit
 
 
+def sim_time_of_steps(config, steps: int, model_bytes: Optional[float] = None) -> float:
+  """The simulated time at which the run's seeded clock ends iteration `steps` (the inverse of
+  `steps_for_sim_time`): `experiments.compare --sim_baseline_steps` turns the baseline's iterations into the
+  budget of seconds every run gets."""
+  nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
+  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
+  done, sim_time = 0, 0.0
+  while done < steps:
+    block = clock.next_block(min(1000, steps - done))
+    done, sim_time = done + len(block.duration), float(block.sim_time[-1])
+  return sim_time
+
+
 def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
                 cadence_steps: Optional[int] = None) -> dict[str, int]:
   """`num_steps`, `eval_every` = `log_every`, `steps_per_call` and `checkpoint_every` for about `steps`
