@@ -39,8 +39,9 @@ def resolve(path: str) -> str:
 
 
 def resolve_argv(argv: list[str], flag: str = 'config') -> list[str]:
-  """`argv` with the file of each `--FLAG=FILE[:ARG]` (or `--FLAG FILE[:ARG]`) resolved by `resolve`."""
-  out, prefix = list(argv), f'--{flag}='
+  """`argv` with its `--flagfile=F` expanded (absl's own reading) and the file of each `--FLAG=FILE[:ARG]` (or
+  `--FLAG FILE[:ARG]`) resolved by `resolve`."""
+  out, prefix = list(flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False)), f'--{flag}='
   for i, word in enumerate(out):
     if word.startswith(prefix):
       out[i] = prefix + _resolve_value(word[len(prefix):])
