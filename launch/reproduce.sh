@@ -34,7 +34,7 @@ fi
 compare() {  # compare TABLE FLAGS...: one table, in WORKDIR/TABLE
   local table="$1"; shift
   echo "[reproduce] $table"
-  python -m waitless.experiments.compare --workdir="$OUT/$table" ${PROFILE:+--config.cluster.profile="$PROFILE"} "$@"
+  python -m waitless.experiments.compare --workdir="$OUT/$table" "$@" ${PROFILE:+--config.cluster.profile="$PROFILE"}
 }
 swept() { echo "--seeds=$((SEEDS + TUNING)) --tuning_seeds=$TUNING"; }
 # budget SECONDS STEPS: --sim_time=SECONDS without a profile; on one, the time the table's baseline needs there for
