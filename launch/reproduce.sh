@@ -59,6 +59,8 @@ if [ -n "${PROFILE:-}" ]; then  # a micro-batch of b / 4 samples costs what the 
   slow_m4="${NB_M4//,MICRO/}"
   random_m4="$slow_m4"
   random_controls='sync,microbatches=4;dpsgd,order=overlap,microbatches=4'
+  # The shape of (b): the default shift 5 ms and rate 100/s, a third of the mean fixed; the profile sets the mean.
+  RANDOM_TIMES=(--config.stragglers.kind=shifted_exponential)
 fi
 # With a per-call overhead (stragglers.overhead_s): half of a 16-sample batch's 10 ms is the call's overhead,
 # the low end of the share `python -m benchmarks.call_overhead` measures for the MNIST-1D CNN at its batch
