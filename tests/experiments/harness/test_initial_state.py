@@ -1,5 +1,6 @@
-"""The initial state: the model's initialisation, compiled at XLA:CPU's -O1 (`setup.CPU_INIT_OPTIONS`), gives
-bit for bit the parameters of `model.init` compiled with the defaults, on every worker and every replica."""
+"""The initial state: the model's initialisation, compiled at XLA:CPU's -O1 (`compilation_cache.
+quick_compile_options`), gives bit for bit the parameters of `model.init` compiled with the defaults, on every
+worker and every replica."""
 
 from absl.testing import absltest
 from absl.testing import parameterized

@@ -17,6 +17,7 @@ of a group together).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import distributed
 
 log = logging.getLogger('waitless')
@@ -89,7 +91,6 @@ def _words(x: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).ravel()
 
 
-@jax.jit
 def _leaf_sums(tree) -> jax.Array:
   """Per leaf a Fletcher-style pair (sum of the words, sum of the words times their position), modulo 2**32:
   a changed word changes the first, a moved or swapped one the second."""
@@ -101,9 +102,19 @@ def _leaf_sums(tree) -> jax.Array:
   return jnp.stack(sums) if sums else jnp.zeros((0, 2), jnp.uint32)
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_leaf_sums(platform: str):
+  """`_leaf_sums` jitted, for CPU at -O1 (`compilation_cache.quick_compile_options`: integer ops, exact at any
+  level): on a short CPU run its compile at -O2 took longer than the run's checkpoint itself."""
+  return jax.jit(_leaf_sums, compiler_options=compilation_cache.quick_compile_options(platform))
+
+
 def state_checksum(state: Any) -> str:
   """A checksum of the content of `state` (its leaves' bits, in tree order), equal on every process."""
-  sums = _leaf_sums(state)
+  leaves = jax.tree.leaves(state)
+  device = next(iter(leaves[0].devices())) if leaves and isinstance(leaves[0], jax.Array) else jax.devices()[0]
+  platform = device.platform
+  sums = _jitted_leaf_sums(platform)(state)
   local = np.asarray(sums.addressable_data(0))  # replicated: every process holds the whole result
   return format(zlib.crc32(local.astype('<u4').tobytes()), '08x')
 

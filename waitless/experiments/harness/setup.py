@@ -20,6 +20,7 @@ from waitless.cluster import factory as cluster_factory
 from waitless.cluster import rules as rules_lib
 from waitless.data import registry as data_registry
 from waitless.experiments.configs import common as config_common
+from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import replicas as replicas_lib
 from waitless.experiments.harness import step as step_lib
@@ -181,22 +182,13 @@ def init_state(run_or_group) -> step_lib.TrainState:
   return jax.jit(jax.vmap(place_replica), out_shardings=run.layout.sharding(None))(stacked, group.values)
 
 
-# XLA:CPU's compiler options for the initialisation: LLVM's -O1 instead of its default -O2 (the same values, in
-# a quarter of the compile time, which on a small model is most of it: the counter-based random bits of every
-# initialiser are a long chain of integer ops). Integer ops are exact at any level, and the float ops (scaling
-# the bits into uniforms, erf_inv, products) stay under the same IEEE rules at -O1 as at -O2, FMA contraction
-# included (LLVM's -O0 contracts none and so does give other values); tests/experiments/harness/
-# test_initial_state.py checks the values against the default compile. Other platforms keep their defaults.
-CPU_INIT_OPTIONS = {'xla_backend_optimization_level': 1}
-
-
 @functools.lru_cache(maxsize=16)
 def _model_init(model, platform: str):
   """The jitted `model.init(key, inputs, train=False)` (inlined in a trace), one per model (Flax modules compare
   by their fields), so that every run of the process with this model reuses its compiled program: runs differ in
   their seed."""
   init = lambda key, inputs: model.init(key, inputs, train=False)  # pylint: disable=unnecessary-lambda-assignment
-  jitted = jax.jit(init, compiler_options=CPU_INIT_OPTIONS if platform == 'cpu' else None)
+  jitted = jax.jit(init, compiler_options=compilation_cache.quick_compile_options(platform))  # CPU: -O1
   # Under a trace (`state_bytes_of`'s `jax.eval_shape`) it is part of the outer program, which takes no options.
   return lambda key, inputs: init(key, inputs) if isinstance(key, jax.core.Tracer) else jitted(key, inputs)
 
