@@ -74,9 +74,9 @@ def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np
   train, test = [], []
   for i, indices in enumerate(class_indices):
     shuffled = indices.take(rng.permutation(class_counts[i]), mode='clip')
-    train.extend(shuffled[:n_i[i]])
-    test.extend(shuffled[n_i[i]:n_i[i] + t_i[i]])
-  return rng.permutation(train), rng.permutation(test)
+    train.append(shuffled[:n_i[i]])
+    test.append(shuffled[n_i[i]:n_i[i] + t_i[i]])
+  return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(test))
 
 
 def load_arrays(test_fraction: float = 0.2):
