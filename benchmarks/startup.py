@@ -10,11 +10,11 @@ minutes hit them alike):
   (c) warm   the same command with `--compilation_cache_dir=<dir>`, the cache filled by an identical run before
              it (the round's own first run with that flag, not timed).
 Prints each round's seconds, the medians, the median of the rounds' ratios (b)/(a) and (c)/(a) (target <= 2x),
-the load average before and after, and where one more run of (b) spends its time: imports (timed by an import
-hook, by package), data loading, the initial state, each program's tracing, lowering and compilation (JAX's
-compile log), checkpoints, the loop's remaining work (the 10 steps, evaluation, metrics), and the rest
-(interpreter start and exit, flags, the backend's start). That breakdown run carries the hook and the log, so its
-total is a little above (b)'s median.
+the load average before and after, and where one more run of (b), and one of (c), spend their time: imports
+(timed by an import hook, by package), data loading, the initial state, each program's tracing, lowering and
+compilation (JAX's compile log), checkpoints, the loop's remaining work (the 10 steps, evaluation, metrics), and
+the rest (interpreter start and exit, flags, the backend's start). A breakdown run carries the hook and the log, so its
+total is a little above the median of its kind.
 """
 
 from __future__ import annotations
@@ -162,12 +162,16 @@ def paired_rounds(rounds: int) -> dict[str, list[float]]:
   return times
 
 
-def breakdown() -> tuple[float, dict[str, float]]:
-  """(wall seconds, {phase: exclusive seconds}) of one more run of (b), under the driver above."""
+def breakdown(warm: bool) -> tuple[float, dict[str, float]]:
+  """(wall seconds, {phase: exclusive seconds}) of one more run of (b), or with `warm` of (c) (its cache filled
+  first by the same command), under the driver above."""
   with tempfile.TemporaryDirectory() as tmp:
     env = _env()
     env['STARTUP_BREAKDOWN'] = os.path.join(tmp, 'breakdown.json')
-    seconds = _timed([sys.executable, '-c', _DRIVER, *RUN_ARGS, f'--workdir={os.path.join(tmp, "w")}'], env)
+    cache = [f'--compilation_cache_dir={os.path.join(tmp, "cache")}'] if warm else []
+    if warm:
+      _timed(_run_argv(os.path.join(tmp, 'fill'), *cache), env)
+    seconds = _timed([sys.executable, '-c', _DRIVER, *RUN_ARGS, f'--workdir={os.path.join(tmp, "w")}', *cache], env)
     with open(env['STARTUP_BREAKDOWN']) as f:
       measured = json.load(f)
   phases = dict(measured['phases'])
@@ -218,12 +222,14 @@ def main(argv):
         f'{ratio("cold"):>8.2f}{ratio("warm"):>8.2f}')
   print(f'(b)/(a): {ratio("cold"):.2f}x, (c)/(a): {ratio("warm"):.2f}x, medians of {_ROUNDS.value} rounds\' '
         f'ratios (target <= 2x); load average after: {load_after}')
-  seconds, phases = breakdown()
-  print(f'\nwhere (b) spends its time (one more run, {seconds:.2f} s with the import hook and compile log; '
-        'exclusive seconds):')
-  for name, value in _grouped(phases, _bare_packages()):
-    if value >= 0.005:
-      print(f'  {value:7.2f}  {name}')
+  bare_packages = _bare_packages()
+  for label, warm in (('(b)', False), ('(c)', True)):
+    seconds, phases = breakdown(warm)
+    print(f'\nwhere {label} spends its time (one more run, {seconds:.2f} s with the import hook and compile log; '
+          'exclusive seconds; a cache hit\'s load counts in its phase):')
+    for name, value in _grouped(phases, bare_packages):
+      if value >= 0.005:
+        print(f'  {value:7.2f}  {name}')
   print(f'load average at the end: {_load()}')
 
 
