@@ -208,20 +208,38 @@ def _bare_packages() -> set[str]:
   return {m.split('.')[0] for m in out.stdout.split()}
 
 
+def table(times: dict[str, list[float]]) -> list[str]:
+  """A markdown table of the rounds and their medians, and the line of the ratios."""
+  ratio = lambda k: statistics.median(x / a for x, a in zip(times[k], times['bare']))  # pylint: disable=unnecessary-lambda-assignment
+  lines = ['| round | (a) bare (s) | (b) cold (s) | (c) warm (s) | (b)/(a) | (c)/(a) |',
+           '| --- | ---: | ---: | ---: | ---: | ---: |']
+  for i, (a, b, c) in enumerate(zip(times['bare'], times['cold'], times['warm'])):
+    lines.append(f'| {i + 1} | {a:.2f} | {b:.2f} | {c:.2f} | {b / a:.2f}x | {c / a:.2f}x |')
+  med = {k: statistics.median(v) for k, v in times.items()}
+  lines.append(f'| median | {med["bare"]:.2f} | {med["cold"]:.2f} | {med["warm"]:.2f} | {ratio("cold"):.2f}x '
+               f'| {ratio("warm"):.2f}x |')
+  lines.append(f'\n(b)/(a): **{ratio("cold"):.2f}x**, (c)/(a): **{ratio("warm"):.2f}x**, the medians of '
+               f'{len(times["bare"])} rounds\' ratios (target <= 2x)')
+  return lines
+
+
+def section_startup(out, quick: bool) -> None:
+  """Section 8 of `benchmarks.run`: the paired rounds (no breakdown)."""
+  print('## 8. Start-up: a 10-step digits run against the bare imports\n', file=out)
+  print('`python -m benchmarks.startup` (also prints where the run spends its time): fresh processes, one round '
+        'after another; (a) `import jax, flax, optax, orbax.checkpoint`, (b) the run as a user starts it, (c) the '
+        'same with a warm `--compilation_cache_dir`.\n', file=out)
+  load = _load()
+  times = paired_rounds(1 if quick else 5)
+  print('\n'.join(table(times)) + f'; load average {load} before, {_load()} after\n', file=out, flush=True)
+
+
 def main(argv):
   del argv
   print(f'load average before: {_load()}  ({os.cpu_count()} CPUs)')
   times = paired_rounds(_ROUNDS.value)
   load_after = _load()
-  print(f'{"round":<8}{"(a) bare":>10}{"(b) cold":>10}{"(c) warm":>10}{"b/a":>8}{"c/a":>8}')
-  for i, (a, b, c) in enumerate(zip(times['bare'], times['cold'], times['warm'])):
-    print(f'{i + 1:<8}{a:>10.2f}{b:>10.2f}{c:>10.2f}{b / a:>8.2f}{c / a:>8.2f}')
-  med = {k: statistics.median(v) for k, v in times.items()}
-  ratio = lambda k: statistics.median(x / a for x, a in zip(times[k], times['bare']))  # pylint: disable=unnecessary-lambda-assignment
-  print(f'{"median":<8}{med["bare"]:>10.2f}{med["cold"]:>10.2f}{med["warm"]:>10.2f}'
-        f'{ratio("cold"):>8.2f}{ratio("warm"):>8.2f}')
-  print(f'(b)/(a): {ratio("cold"):.2f}x, (c)/(a): {ratio("warm"):.2f}x, medians of {_ROUNDS.value} rounds\' '
-        f'ratios (target <= 2x); load average after: {load_after}')
+  print('\n'.join(table(times)) + f'; load average after: {load_after}')
   bare_packages = _bare_packages()
   for label, warm in (('(b)', False), ('(c)', True)):
     seconds, phases = breakdown(warm)
