@@ -1,27 +1,15 @@
 """`config.dataset.name` -> the function that builds its `base.Dataset`.
 
-Each pipeline's module is imported when a run asks for it: a digits run does not import the TFDS pipelines nor
-WMT's tokenizer (sentencepiece).
+The embedded data sets' modules (numpy only) are imported here; the TFDS pipelines and WMT's (with its
+tokenizer, sentencepiece) when a run asks for them: a digits run does not import them.
 """
 
 from __future__ import annotations
 
 from waitless import config_errors as errors
-
-
-def _digits(config):
-  from waitless.data import digits  # pylint: disable=g-import-not-at-top
-  return digits.make_dataset(config)
-
-
-def _mnist1d(config):
-  from waitless.data import mnist1d  # pylint: disable=g-import-not-at-top
-  return mnist1d.make_dataset(config)
-
-
-def _synthetic(config):
-  from waitless.data import synthetic  # pylint: disable=g-import-not-at-top
-  return synthetic.make_dataset(config)
+from waitless.data import digits
+from waitless.data import mnist1d
+from waitless.data import synthetic
 
 
 def _cifar(config):
@@ -40,9 +28,9 @@ def _wmt(config):
 
 
 BUILDERS = {
-    'digits': _digits,
-    'mnist1d': _mnist1d,
-    'synthetic': _synthetic,
+    'digits': digits.make_dataset,
+    'mnist1d': mnist1d.make_dataset,
+    'synthetic': synthetic.make_dataset,
     'cifar10': _cifar,
     'cifar100': _cifar,
     'imagenet2012': _imagenet,
