@@ -1,6 +1,6 @@
 """The benchmark suite: ratios measured side by side in one process, written to runs/benchmarks.md.
 
-  python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling,gpu,replicas]
+  python -m benchmarks.run [--quick] [--sections=algorithms,harness,simulator,memory,scaling,gpu,replicas,startup]
 
 Sections (every registered algorithm is included automatically):
   1. algorithms  device time per iteration of each algorithm / sync's, digits MLP, 8 workers, with one worker
@@ -19,6 +19,8 @@ Sections (every registered algorithm is included automatically):
   6. gpu         only where a GPU is present (`benchmarks/gpu.py`): ResNet-20 on CIFAR-shaped data, 8 virtual
                  workers on one GPU against one worker with batch 8b, every algorithm against sync on it,
                  bfloat16 against float32. Without a GPU the section says so in one line.
+  8. startup     a 10-step digits run of `experiments.main` in a fresh process against the bare imports of jax,
+                 flax, optax and orbax, cold and with a warm compilation cache (<= 2x; `benchmarks/startup.py`).
 Each figure is a median of repeated timings; run it on a quiet machine. `--quick` shrinks every section
 (fewer repeats and iterations) for a smoke test.
 """
@@ -50,13 +52,14 @@ from benchmarks import gpu
 from benchmarks import harness_overhead
 from benchmarks import replicas
 from benchmarks import simulator_speed
+from benchmarks import startup
 from benchmarks import timing
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import synthetic
 
 _QUICK = flags.DEFINE_bool('quick', False, 'Smaller sections (a smoke test, not figures to report).')
 _SECTIONS = flags.DEFINE_list('sections', ['algorithms', 'harness', 'simulator', 'memory', 'scaling', 'gpu',
-                                           'replicas'],
+                                           'replicas', 'startup'],
                               'Sections to run.')
 _OUT = flags.DEFINE_string('out', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'runs',
                                              'benchmarks.md'),
@@ -218,6 +221,8 @@ def main(argv):
       print(f'## 6. GPU\n\nNo GPU present (jax backend: {jax.default_backend()}): not measured.\n', file=out)
   if 'replicas' in sections:
     replicas.section_replicas(out, quick)
+  if 'startup' in sections:
+    startup.section_startup(out, quick)
   print(f'(whole suite: {time.time() - begin:.0f} s)', file=out)
   if _OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)

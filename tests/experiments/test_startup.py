@@ -38,6 +38,23 @@ class StartupTest(absltest.TestCase):
     self.assertIn("unexpected argument(s) 'seed=1'", result.stderr)
     self.assertFalse(os.path.exists(workdir))
 
+  def test_a_digits_run_imports_only_what_it_uses(self):
+    # scikit-learn (with scipy) only ships the data file; the TFDS and WMT pipelines, sentencepiece, TensorFlow
+    # and the other models belong to other workloads.
+    code = ('import sys\n'
+            'from waitless.experiments.configs import digits\n'
+            'from waitless.experiments.harness import setup\n'
+            'from waitless.experiments.harness import train\n'
+            'setup.build(digits.get_config("sync"))\n'
+            'print(" ".join(sorted(sys.modules)))')
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    loaded = set(result.stdout.split())
+    self.assertIn('waitless.data.digits', loaded)
+    unused = ('sklearn', 'scipy', 'sentencepiece', 'tensorflow', 'tensorflow_datasets', 'waitless.data.tfds_pipeline',
+              'waitless.data.wmt', 'waitless.models.resnet', 'waitless.models.transformer', 'waitless.models.wrn')
+    self.assertEmpty(sorted(loaded & set(unused)))
+
   @pytest.mark.slow
   def test_compilation_cache_skips_compilation_with_identical_results(self):
     cache = self.create_tempdir().full_path

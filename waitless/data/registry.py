@@ -1,23 +1,40 @@
-"""`config.dataset.name` -> the function that builds its `base.Dataset`."""
+"""`config.dataset.name` -> the function that builds its `base.Dataset`.
+
+The embedded data sets' modules (numpy only) are imported here; the TFDS pipelines and WMT's (with its
+tokenizer, sentencepiece) when a run asks for them: a digits run does not import them.
+"""
 
 from __future__ import annotations
 
 from waitless import config_errors as errors
-from waitless.data import cifar
 from waitless.data import digits
-from waitless.data import imagenet
 from waitless.data import mnist1d
 from waitless.data import synthetic
-from waitless.data import wmt
+
+
+def _cifar(config):
+  from waitless.data import cifar  # pylint: disable=g-import-not-at-top
+  return cifar.make_dataset(config)
+
+
+def _imagenet(config):
+  from waitless.data import imagenet  # pylint: disable=g-import-not-at-top
+  return imagenet.make_dataset(config)
+
+
+def _wmt(config):
+  from waitless.data import wmt  # pylint: disable=g-import-not-at-top
+  return wmt.make_dataset(config)
+
 
 BUILDERS = {
     'digits': digits.make_dataset,
     'mnist1d': mnist1d.make_dataset,
     'synthetic': synthetic.make_dataset,
-    'cifar10': cifar.make_dataset,
-    'cifar100': cifar.make_dataset,
-    'imagenet2012': imagenet.make_dataset,
-    'wmt': wmt.make_dataset,
+    'cifar10': _cifar,
+    'cifar100': _cifar,
+    'imagenet2012': _imagenet,
+    'wmt': _wmt,
 }
 
 

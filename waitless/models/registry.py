@@ -1,15 +1,15 @@
-"""`config.model.name` -> a Flax module. Every module takes `(inputs, train: bool)`."""
+"""`config.model.name` -> a Flax module. Every module takes `(inputs, train: bool)`.
+
+Each model's module but the MLP's is imported when a run asks for it (an MLP run imports no ResNet nor
+Transformer).
+"""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from waitless import config_errors as errors
-from waitless.models import cnn1d
 from waitless.models import mlp
-from waitless.models import resnet
-from waitless.models import transformer
-from waitless.models import wrn
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float64': jnp.float64}
 
@@ -25,21 +25,41 @@ def _mlp(config, num_outputs):
                  dtype=_dtype(config, 'dtype'), param_dtype=_dtype(config, 'param_dtype'))
 
 
+def _cnn1d(config, num_outputs):
+  from waitless.models import cnn1d  # pylint: disable=g-import-not-at-top
+  return cnn1d.build(config, num_outputs)
+
+
+def _resnet(config, num_outputs):
+  from waitless.models import resnet  # pylint: disable=g-import-not-at-top
+  return resnet.build(config, num_outputs)
+
+
+def _wrn(config, num_outputs):
+  from waitless.models import wrn  # pylint: disable=g-import-not-at-top
+  return wrn.build(config, num_outputs)
+
+
+def _transformer(config, num_outputs):
+  from waitless.models import transformer  # pylint: disable=g-import-not-at-top
+  return transformer.build(config, num_outputs)
+
+
 BUILDERS = {
     'mlp': _mlp,
-    'cnn1d': cnn1d.build,
-    'resnet20': resnet.build,
-    'resnet56': resnet.build,
-    'resnet18': resnet.build,
-    'resnet50': resnet.build,
-    'resnet_test': resnet.build,
-    'resnet50_test': resnet.build,
-    'wrn16_8': wrn.build,
-    'wrn28_10': wrn.build,
-    'wrn_test': wrn.build,
-    'transformer_base': transformer.build,
-    'transformer_big': transformer.build,
-    'transformer_test': transformer.build,
+    'cnn1d': _cnn1d,
+    'resnet20': _resnet,
+    'resnet56': _resnet,
+    'resnet18': _resnet,
+    'resnet50': _resnet,
+    'resnet_test': _resnet,
+    'resnet50_test': _resnet,
+    'wrn16_8': _wrn,
+    'wrn28_10': _wrn,
+    'wrn_test': _wrn,
+    'transformer_base': _transformer,
+    'transformer_big': _transformer,
+    'transformer_test': _transformer,
 }
 
 

@@ -118,6 +118,22 @@ class CheckpointIntegrityTest(parameterized.TestCase):
     swapped = dict(tree, f32=tree['f32'][::-1].copy())
     self.assertNotEqual(checkpointing.state_checksum(swapped), reference)
 
+  def test_the_host_checksum_of_cpu_arrays_is_the_devices(self):
+    # CPU arrays are summed with numpy, others (and a multi-process run's) by a jitted program: the same words.
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ('w',)),
+                                          jax.sharding.PartitionSpec('w'))
+    rng = np.random.default_rng(0)
+    with jax.enable_x64(True):
+      tree = {'f32': rng.normal(size=(8, 1001)).astype(np.float32), 'f64': rng.normal(size=(8, 3)),
+              'bf16': rng.normal(size=(8, 5)).astype(jnp.bfloat16), 'u8': rng.integers(0, 255, (8, 7), np.uint8),
+              'i64': rng.integers(-2**62, 2**62, (8, 2)), 'b': rng.integers(0, 2, (8, 3)).astype(bool)}
+      tree = {k: jax.device_put(v, sharding) for k, v in tree.items()}
+      tree['key'] = jax.random.split(jax.random.key(1), 8)
+      leaves = jax.tree.leaves(tree)
+      self.assertTrue(checkpointing._on_host(leaves))
+      device = np.asarray(checkpointing._jitted_leaf_sums('cpu')(tree))
+      np.testing.assert_array_equal(checkpointing._host_leaf_sums(leaves), device)
+
   def test_the_saved_meta_is_the_loops_state_at_the_save_not_later(self):
     # The save serialises meta in the background: the loop's metrics window, mutated by the next block, once
     # leaked into a checkpoint (a resumed run then logged that block's losses twice).

@@ -17,6 +17,7 @@ of a group together).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import distributed
 
 log = logging.getLogger('waitless')
@@ -89,7 +91,6 @@ def _words(x: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).ravel()
 
 
-@jax.jit
 def _leaf_sums(tree) -> jax.Array:
   """Per leaf a Fletcher-style pair (sum of the words, sum of the words times their position), modulo 2**32:
   a changed word changes the first, a moved or swapped one the second."""
@@ -101,10 +102,42 @@ def _leaf_sums(tree) -> jax.Array:
   return jnp.stack(sums) if sums else jnp.zeros((0, 2), jnp.uint32)
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_leaf_sums(platform: str):
+  """`_leaf_sums` jitted, for CPU at -O1 (`compilation_cache.quick_compile_options`: integer ops, exact at any
+  level): on a short CPU run its compile at -O2 took longer than the run's checkpoint itself."""
+  return jax.jit(_leaf_sums, compiler_options=compilation_cache.quick_compile_options(platform))
+
+
+def _host_leaf_sums(leaves: Sequence[jax.Array]) -> np.ndarray:
+  """`_leaf_sums` computed with numpy: the same words, the same sums modulo 2**32."""
+  sums = np.zeros((len(leaves), 2), np.uint32)
+  for i, leaf in enumerate(leaves):
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      leaf = jax.random.key_data(leaf)
+    x = np.ascontiguousarray(leaf)
+    words = x.astype(np.uint32) if x.dtype == np.bool_ else x.view(f'u{min(x.dtype.itemsize, 4)}').astype(np.uint32)
+    words = words.ravel()
+    sums[i] = words.sum(dtype=np.uint32), (words * np.arange(1, words.size + 1, dtype=np.uint32)).sum(dtype=np.uint32)
+  return sums
+
+
+def _on_host(leaves: Sequence[Any]) -> bool:
+  """Whether every leaf is a JAX array on CPU devices of this process: its checksum is then cheaper on the host
+  (no program to compile, the arrays already in host memory) and the same."""
+  return bool(leaves) and all(isinstance(x, jax.Array) and x.is_fully_addressable
+                              and all(d.platform == 'cpu' for d in x.devices()) for x in leaves)
+
+
 def state_checksum(state: Any) -> str:
   """A checksum of the content of `state` (its leaves' bits, in tree order), equal on every process."""
-  sums = _leaf_sums(state)
-  local = np.asarray(sums.addressable_data(0))  # replicated: every process holds the whole result
+  leaves = jax.tree.leaves(state)
+  if _on_host(leaves):
+    local = _host_leaf_sums(leaves)
+  else:
+    device = next(iter(leaves[0].devices())) if leaves and isinstance(leaves[0], jax.Array) else jax.devices()[0]
+    sums = _jitted_leaf_sums(device.platform)(state)
+    local = np.asarray(sums.addressable_data(0))  # replicated: every process holds the whole result
   return format(zlib.crc32(local.astype('<u4').tobytes()), '08x')
 
 

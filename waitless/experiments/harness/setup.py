@@ -20,6 +20,7 @@ from waitless.cluster import factory as cluster_factory
 from waitless.cluster import rules as rules_lib
 from waitless.data import registry as data_registry
 from waitless.experiments.configs import common as config_common
+from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import replicas as replicas_lib
 from waitless.experiments.harness import step as step_lib
@@ -153,15 +154,20 @@ def init_state(run_or_group) -> step_lib.TrainState:
   """Identical initial parameters on every worker (from the seed), each worker's algorithm state.
 
   For a group of R > 1 every leaf gets a leading replica axis (R, P, ...), replica r initialised from its own
-  seed exactly as that run alone. The model's initialisation is one program for every seed (the key is its
+  seed exactly as that run alone. The model's initialisation is one program for every seed (the seed is its
   argument), run once per replica.
   """
+  return _init_state(run_or_group, _model_init)
+
+
+def _init_state(run_or_group, model_init_for) -> step_lib.TrainState:
+  """`init_state`, the model initialised by `model_init_for(model, platform)(seed, inputs)`."""
   group = as_group(run_or_group)
   run = group.lead
   example = jax.tree.map(lambda x: np.asarray(x)[None], run.dataset.example)
   inputs = run.task.model_inputs(example)
-  model_init = _model_init(run.model)
-  variables = [model_init(jax.random.key(r.config.seed), inputs) for r in group.runs]
+  model_init = model_init_for(run.model, run.layout.mesh.devices.flat[0].platform)
+  variables = [model_init(r.config.seed, inputs) for r in group.runs]
 
   def place(variables, tx):
     params = variables['params']
@@ -181,16 +187,26 @@ def init_state(run_or_group) -> step_lib.TrainState:
   return jax.jit(jax.vmap(place_replica), out_shardings=run.layout.sharding(None))(stacked, group.values)
 
 
+def _traced_model_init(model, platform: str):
+  """`model.init(key(seed), inputs, train=False)` for a trace (`state_bytes_of`'s `jax.eval_shape`): a nested jit
+  takes no compiler options."""
+  del platform
+  return lambda seed, inputs: model.init(jax.random.key(seed), inputs, train=False)
+
+
 @functools.lru_cache(maxsize=16)
-def _model_init(model):
-  """The jitted `model.init(key, inputs, train=False)`, one per model (Flax modules compare by their fields), so
-  that every run of the process with this model reuses its compiled program: runs differ in their seed."""
-  return jax.jit(lambda key, inputs: model.init(key, inputs, train=False))
+def _model_init(model, platform: str):
+  """`_traced_model_init` jitted, one per model (Flax modules compare by their fields), so that every run of the
+  process with this model reuses its compiled program: runs differ in their seed. The key is made inside the
+  program (made outside, it was two more programs to compile), and on CPU it compiles at -O1
+  (`compilation_cache.quick_compile_options`)."""
+  options = compilation_cache.quick_compile_options(platform)
+  return jax.jit(_traced_model_init(model, platform), compiler_options=options)
 
 
 def state_bytes_of(run: Run) -> int:
   """Bytes of one run's whole training state (every worker), from shapes only (`jax.eval_shape`)."""
-  return param_count_and_bytes(jax.eval_shape(lambda: init_state(run)))[1]
+  return param_count_and_bytes(jax.eval_shape(lambda: _init_state(run, _traced_model_init)))[1]
 
 
 def replica_memory_bytes(run: Run, state_bytes: Optional[int] = None) -> tuple[float, float]:
