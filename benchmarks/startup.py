@@ -139,7 +139,8 @@ def _timed(argv, env=None) -> float:
 
 
 def _env() -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items() if k not in ('WAITLESS_COMPILATION_CACHE_DIR', 'JAX_LOG_COMPILES')}
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_LOG_COMPILES'}
+  env['WAITLESS_COMPILATION_CACHE_DIR'] = ''  # cold: not the user's cache (experiments.main's default)
   env['PYTHONPATH'] = os.pathsep.join(p for p in (ROOT, env.get('PYTHONPATH')) if p)
   return env
 

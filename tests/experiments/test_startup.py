@@ -1,4 +1,4 @@
-"""Start-up of `experiments.main`: the opt-in persistent compilation cache, and refused stray arguments."""
+"""Start-up of `experiments.main`: the persistent compilation cache (on by default), and refused stray arguments."""
 
 import json
 import os
@@ -70,12 +70,18 @@ class StartupTest(absltest.TestCase):
     self.assertEqual(second.returncode, 0, second.stderr)
     self.assertGreater(second.stderr.count(CACHE_HIT), 0)
     self.assertEqual(second.stderr.count(CACHE_HIT), second.stderr.count(COMPILED), second.stderr)
-    third = _main(*args, f'--workdir={plain}')  # off by default: compiles again, writes no cache
+    third = _main(*args, f'--workdir={plain}', env={'WAITLESS_COMPILATION_CACHE_DIR': ''})  # '': none
     self.assertEqual(third.returncode, 0, third.stderr)
     self.assertGreater(third.stderr.count(COMPILED), 0)
     self.assertEqual(third.stderr.count(CACHE_HIT), 0)
     self.assertEqual(_without_wall(warm), _without_wall(cold))
     self.assertEqual(_without_wall(plain), _without_wall(cold))
+    # Neither the flag nor the variable: the user's cache, $XDG_CACHE_HOME/waitless/jax.
+    home, default = self.create_tempdir().full_path, self.create_tempdir().full_path
+    fourth = _main(*args, f'--workdir={default}', env={'XDG_CACHE_HOME': home})
+    self.assertEqual(fourth.returncode, 0, fourth.stderr)
+    self.assertNotEmpty(os.listdir(os.path.join(home, 'waitless', 'jax')))
+    self.assertEqual(_without_wall(default), _without_wall(cold))
 
 
 if __name__ == '__main__':

@@ -15,8 +15,9 @@ Real time (`--config=...:nonblocking,stragglers.kind=measured`, experiments/harn
 simulated; TEST-ONLY `--debug_slow_process=I:S` makes process I sleep S seconds in every micro-batch it computes
 (experiments/harness/slowdown.py), a bad value is one line and status 2.
 
-`--compilation_cache_dir=DIR` (or $WAITLESS_COMPILATION_CACHE_DIR) keeps the compiled programs for later runs:
-they then skip compilation, with identical results. The flags shared with `experiments.compare` are in
+Compiled programs are kept for later runs in ~/.cache/waitless/jax (at most 2 GiB, least recently used
+evicted; $WAITLESS_COMPILATION_CACHE_DIR or `--compilation_cache_dir=DIR` elsewhere, '' for none): a repeated
+command skips compilation, with identical results. The flags shared with `experiments.compare` are in
 `experiments/shared_flags.py`.
 
 Multi-process (multi-host) runs: every process runs the same command plus `--coordinator_address`,
@@ -237,8 +238,10 @@ def main(argv):
   from waitless.experiments.harness.ray_runtime import ray_config  # no JAX import
   preemption.exit_before_training()
   stop_requests, watchdog = preemption.StopRequests(), None
-  if shared_flags.COMPILATION_CACHE.value:
-    compilation_cache.enable(shared_flags.COMPILATION_CACHE.value)
+  cache = shared_flags.COMPILATION_CACHE.value
+  cache = compilation_cache.user_dir() if cache is None else cache
+  if cache:
+    compilation_cache.enable(cache)
   on_ray = config.get('runtime') == 'ray'
   processes = 1 if on_ray else _join_processes(config)  # Ray runs join no jax.distributed mesh
   if on_ray:  # the driver evaluates beside the learners: on a GPU they share, it must not take 75% of it

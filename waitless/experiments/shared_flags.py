@@ -21,9 +21,10 @@ MAX_REPLICAS = flags.DEFINE_integer(
     'max_replicas', None, 'At most this many runs in one compiled program (default: as many as fit in memory; '
     'more runs are split into several programs).')
 COMPILATION_CACHE = flags.DEFINE_string(
-    'compilation_cache_dir', os.environ.get('WAITLESS_COMPILATION_CACHE_DIR') or None,
-    'Keep every compiled program in this directory and reuse it in later runs (same results, no compilation); '
-    'default $WAITLESS_COMPILATION_CACHE_DIR, unset: off.')
+    'compilation_cache_dir', None,
+    'Keep every compiled program in this directory (at most 2 GiB) and reuse it in later runs (same results, no '
+    "compilation); '' for none. Default: experiments.main $WAITLESS_COMPILATION_CACHE_DIR, else "
+    '~/.cache/waitless/jax; experiments.compare WORKDIR/jax_cache.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
