@@ -37,7 +37,7 @@ def profile_of(report: dict[str, Any]) -> str:
 def _cell(entry: dict[str, Any] | None) -> str:
   if entry is None:
     return 'absent'
-  if entry.get('verdict') == 'baseline' or entry.get('beats_baseline') is None:
+  if entry.get('verdict') in (None, 'baseline'):
     return 'baseline'
   speedup = entry.get('speedup')
   return f'{entry["verdict"]}' + (f' ({speedup:.2f}x)' if speedup else '')
