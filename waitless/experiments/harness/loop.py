@@ -100,6 +100,22 @@ class Prepared:
     return len(self.blocks[self.live[0]].duration)
 
 
+def share_clocks(replicas: list[Replica]) -> None:
+  """Replicas that would draw the same simulated times share one clock, so that each block is sampled once for
+  them: the step sizes of a sweep at one seed. A group's runs differ only in fields that change no time rule
+  (`replicas.replica_fields`), so equal seeds give equal clocks; they must also be in the same state (e.g. after
+  a restore), and the rule must not adapt to the loss (AdaSync: each replica's own feedback); a measured run
+  times its own program. Same draws, same schedules: only the host's work is shared."""
+  leaders: dict[tuple, Replica] = {}
+  for r in replicas:
+    if r.done or r.run.measured or r.run.rule.uses_feedback or not isinstance(r.clock, clock_lib.Clock):
+      continue
+    key = (r.config.seed, type(r.run.rule))  # not the rule itself: some hold a function (local SGD's period)
+    leader = leaders.setdefault(key, r)
+    if leader is not r and leader.clock.state_dict() == r.clock.state_dict():
+      r.clock = leader.clock
+
+
 class Loop:
   """The block loop of a group: fills each replica's metrics, checkpoints and outcome.
 
@@ -125,6 +141,7 @@ class Loop:
     self.lookahead = not self.lead.rule.uses_feedback and not self.lead.measured
     self.evaluator: Optional[evaluation.Evaluator] = None
     self.start_wall = time.time()
+    share_clocks(replicas)
 
   def running(self, at: int) -> list[int]:
     """The replicas that go on after step `at`."""
@@ -143,12 +160,18 @@ class Loop:
     begin = time.perf_counter()
     run = self.lead
     n = length or min(inputs_lib.block_length(at, self.replicas[i].config, run.round_length) for i in live)
-    blocks, stalled = [None] * len(self.replicas), {}
+    blocks, stalled, drawn = [None] * len(self.replicas), {}, {}
     for i in live:
-      try:
-        blocks[i] = self.replicas[i].clock.next_block(n)
-      except clock_lib.StalledError as e:
-        stalled[i] = e
+      clock = self.replicas[i].clock
+      if id(clock) not in drawn:  # a clock that replicas share (`share_clocks`) samples the block once
+        try:
+          drawn[id(clock)] = clock.next_block(n)
+        except clock_lib.StalledError as e:
+          drawn[id(clock)] = e
+      if isinstance(drawn[id(clock)], clock_lib.StalledError):
+        stalled[i] = drawn[id(clock)]
+      else:
+        blocks[i] = drawn[id(clock)]
     if all(b is None for b in blocks):
       return Prepared(at, blocks, (), stalled)
     if self.group.batched:
@@ -179,13 +202,18 @@ class Loop:
       prepared.blocks[0] = self.replicas[0].clock.record(prepared.blocks[0], host['compute_s'], seconds)
     return host
 
-  def accept(self, i: int, block, host: dict[str, np.ndarray], at: int) -> bool:
+  def accept(self, i: int, block, host: dict[str, np.ndarray], at: int,
+             reduced: Optional[dict] = None) -> bool:
     """Replica i's share of the measurements of its `block` from step `at`: into its metrics window, and its
-    training loss to its clock (`clock.feedback`). False, its failure set, when the loss is not finite."""
+    training loss to its clock (`clock.feedback`). False, its failure set, when the loss is not finite.
+    `reduced`: the block's host reductions for every replica at once (`reduce_measurements`; default: computed
+    here for this one)."""
     r = self.replicas[i]
-    mine = host if not self.group.batched else {k: v[i] for k, v in host.items()}
-    contributed = block.schedule.microbatches_done > 0
-    losses = np.where(contributed, mine['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
+    if reduced is None:
+      blocks = [None] * len(self.replicas)
+      blocks[i] = block
+      reduced = self.reduce_measurements(blocks, host)
+    losses = reduced['train_loss'][i]
     if not np.all(np.isfinite(losses)):
       bad = at + int(np.argmin(np.isfinite(losses)))
       kept = None if r.checkpointer is None else r.checkpointer.latest_step()
@@ -195,10 +223,27 @@ class Loop:
            f'before its first checkpoint; its metrics are in {r.workdir}'))
       log.info('%s', r.failure)
       return False
-    r.window.add(block, train_loss=losses, l2_grads=mine['l2_grads'].mean(1), l2_params=mine['l2_params'].mean())
-    r.clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
+    if id(block) not in reduced['blocks']:  # what the window takes from the clock's block: once per block
+      reduced['blocks'][id(block)] = r.window.reduce_block(block)
+    r.window.add_reduced(reduced['blocks'][id(block)], train_loss=losses, l2_grads=reduced['l2_grads'][i],
+                         l2_params=reduced['l2_params'][i])
+    if r.run.rule.uses_feedback:  # AdaSync adapts K from the loss; the other rules ignore it
+      r.clock.feedback(train_loss=float(losses.mean()))
     r.sim_time, r.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
     return True
+
+  def reduce_measurements(self, blocks: list, host: dict[str, np.ndarray]) -> dict:
+    """The block's per-replica reductions of the step's measurements, for every replica at once (one numpy call
+    each, not one per replica): `train_loss` (R, n), the mean loss over the workers that contributed (a frozen
+    replica, `None` in `blocks`, counts none), `l2_grads` (R, n) and `l2_params` (R,) means over the workers;
+    `blocks` starts the cache of each clock block's own reductions (`Window.reduce_block`)."""
+    batched = {k: v if self.group.batched else v[None] for k, v in host.items()}
+    shape = batched['loss'].shape
+    done = [np.zeros(shape[1:], bool) if b is None else b.schedule.microbatches_done > 0 for b in blocks]
+    contributed = np.stack(done) if len(done) > 1 else done[0][None]
+    losses = np.where(contributed, batched['loss'], 0.0).sum(2) / np.maximum(contributed.sum(2), 1)
+    return {'train_loss': losses, 'l2_grads': batched['l2_grads'].mean(2), 'l2_params': batched['l2_params'].mean(1),
+            'blocks': {}}
 
   def record(self, prepared: Prepared, host: dict[str, np.ndarray], state, snapshot, evaluates: dict[int, bool],
              checkpoints: dict[int, bool]) -> None:
@@ -206,11 +251,12 @@ class Loop:
     at the end of the block."""
     at, end = prepared.step, prepared.step + prepared.length
     evaluated = None
+    reduced = self.reduce_measurements(prepared.blocks, host)
     for i in prepared.live:
       r = self.replicas[i]
       if r.failure is not None:  # diverged in the previous block, whose successor was already dispatched
         continue
-      if not self.accept(i, prepared.blocks[i], host, at):
+      if not self.accept(i, prepared.blocks[i], host, at, reduced):
         continue
       if evaluates[i] or end % r.config.log_every == 0:
         row = {'step': end, 'sim_time': r.sim_time, 'wall_time': self.wall(r), **r.window.row()}
