@@ -141,6 +141,7 @@ class Loop:
     self.lookahead = not self.lead.rule.uses_feedback and not self.lead.measured
     self.evaluator: Optional[evaluation.Evaluator] = None
     self.start_wall = time.time()
+    self._slice_all = None  # the jitted `replica_states`
     share_clocks(replicas)
 
   def running(self, at: int) -> list[int]:
@@ -250,7 +251,7 @@ class Loop:
     """Each live replica's metrics row, evaluation (of `snapshot`, the consensus model), checkpoint and summary
     at the end of the block."""
     at, end = prepared.step, prepared.step + prepared.length
-    evaluated = None
+    evaluated = slices = None
     reduced = self.reduce_measurements(prepared.blocks, host)
     for i in prepared.live:
       r = self.replicas[i]
@@ -271,16 +272,29 @@ class Loop:
             r.time_to_target = row['sim_time']
         r.writer.write(row)
       if checkpoints[i]:
-        self.checkpoint(i, state, end)
+        slices = self.replica_states(state) if slices is None else slices
+        self.checkpoint(i, slices[i], end)
       if end == r.config.num_steps:
         self.finish(r, end)
 
+  def replica_states(self, state) -> list:
+    """Every replica's state (P, ...), new arrays sliced from the group's state by one program: one dispatch at a
+    checkpoint step, not one per replica (`setup.replica_state`); a group of one: its state itself."""
+    if not self.group.batched:
+      return [state]
+    if self._slice_all is None:
+      count = self.group.size
+      self._slice_all = jax.jit(lambda s: [jax.tree.map(lambda x, r=r: x[r], s) for r in range(count)],
+                                out_shardings=self.lead.layout.sharding())
+    return self._slice_all(state)
+
   def checkpoint(self, i: int, state, end: int) -> None:
+    """Replica i's checkpoint at step `end`: its `state` (P, ...) (`replica_states`) and the loop's meta."""
     r = self.replicas[i]
     meta = {'step': end, 'wall_time': self.wall(r), 'positions': r.positions.tolist(),
             'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
             'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
-    r.checkpointer.save(end, setup.replica_state(self.group, state, i), meta, copy=not self.group.batched)
+    r.checkpointer.save(end, state, meta, copy=not self.group.batched)
     if r.run.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
       r.checkpointer.wait()
 
