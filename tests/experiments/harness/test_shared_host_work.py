@@ -94,6 +94,14 @@ class SharedHostWorkTest(parameterized.TestCase):
     self.assertIsNot(loop.replicas[0].clock, loop.replicas[1].clock)
     self.assertIs(loop.replicas[2].clock, loop.replicas[3].clock)
 
+  def test_one_program_slices_each_replica_as_replica_state_does(self):
+    group = setup.build_group(_configs('async'))
+    state = setup.init_state(group)
+    loop = _loop(group, 1e3, True)
+    for i, sliced in enumerate(loop.replica_states(state)):
+      jax.tree.map(np.testing.assert_array_equal, sliced, setup.replica_state(group, state, i))
+      self.assertEqual(jax.tree.leaves(sliced)[0].sharding, group.lead.layout.sharding())
+
 
 if __name__ == '__main__':
   absltest.main()
