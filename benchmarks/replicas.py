@@ -7,7 +7,9 @@ devices, the heterogeneous cluster), `python -m waitless.experiments.compare` as
 no compilation cache: 10 runs (5 seeds x the quickstart's two step sizes, lr 0.2 with momentum 0.9 and lr 0.1
 without) trained as the replicas of one program, against 1 run alone (seed 0, lr 0.2, momentum 0.9), each for the
 same simulated seconds. The ratio is their wall times (imports, planning, compiling, training, evaluating,
-writing the report: everything); the target is <= 2.5x, against 10x for ten runs one after another.
+writing the report: everything); the target is <= 2.5x, against 10x for ten runs one after another. Beside it, the
+ratio of their CPU seconds (user + system, every thread of the process): on a machine that other work shares, the
+wall times move with its load, the CPU seconds much less.
 
 Memory: the compiled block step's arguments and temporaries for 10 replicas, divided by 10, against one run's
 (target <= 1.0x: a replica needs no more than the run alone).
@@ -16,6 +18,7 @@ Memory: the compiled block step's arguments and temporaries for 10 replicas, div
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,23 +47,29 @@ SWEEP = 'optimizer.learning_rate:optimizer.momentum=0.2:0.9,0.1:0.0'
 SEEDS = 5
 
 
-def _compare(name: str, workdir: str, sim_time: float, replicas: bool) -> float:
-  """Wall seconds of one `experiments.compare` process: 5 seeds x 2 step sizes, or the one run alone."""
+def _compare(name: str, workdir: str, sim_time: float, replicas: bool) -> tuple[float, float]:
+  """(wall seconds, CPU seconds) of one `experiments.compare` process: 5 seeds x 2 step sizes, or the run alone."""
   args = [sys.executable, '-m', 'waitless.experiments.compare', f'--config={WORKLOAD.format(name=name)}',
           f'--algorithms={name}', f'--workdir={workdir}', f'--sim_time={sim_time:g}', '--max_steps=4500',
           '--compilation_cache_dir=']
   if replicas:
     args += [f'--seeds={SEEDS}', f'--sweep={SWEEP}']
-  begin = time.perf_counter()
+  begin, cpu = time.perf_counter(), _children_cpu()
   done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
-  seconds = time.perf_counter() - begin
+  seconds, cpu = time.perf_counter() - begin, _children_cpu() - cpu
   if done.returncode != 0:
     raise RuntimeError(f'{name}: experiments.compare exited {done.returncode}: {done.stderr[-2000:]}')
-  return seconds
+  return seconds, cpu
 
 
-def end_to_end(name: str, sim_time: float) -> tuple[float, float]:
-  """(seconds for the run alone, seconds for 10 replicas), each in a fresh process and workdir."""
+def _children_cpu() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def end_to_end(name: str, sim_time: float) -> tuple[tuple[float, float], tuple[float, float]]:
+  """((wall, CPU) seconds for the run alone, (wall, CPU) seconds for 10 replicas), each in a fresh process and
+  workdir."""
   with tempfile.TemporaryDirectory() as root:
     alone = _compare(name, os.path.join(root, 'alone'), sim_time, replicas=False)
     together = _compare(name, os.path.join(root, 'replicas'), sim_time, replicas=True)
@@ -109,13 +118,14 @@ def section_replicas(out, quick: bool, only=None, sim_time: float | None = None)
         'sizes as replicas of one program, against the run alone (target <= 2.5x; ten runs one after another '
         'would be about 10x). Memory: the compiled block step\'s arguments + temporaries per replica / the run '
         'alone\'s (target <= 1.0x).\n', file=out)
-  print('| algorithm | family | alone (s) | 10 replicas (s) | ratio | memory per replica / alone |', file=out)
-  print('| --- | --- | ---: | ---: | ---: | ---: |', file=out, flush=True)
+  print('| algorithm | family | alone (s) | 10 replicas (s) | ratio | CPU ratio | memory per replica / alone |',
+        file=out)
+  print('| --- | --- | ---: | ---: | ---: | ---: | ---: |', file=out, flush=True)
   for name in names:
-    alone, together = end_to_end(name, sim_time)
+    (alone, alone_cpu), (together, together_cpu) = end_to_end(name, sim_time)
     solo_bytes, replica_bytes = memory_per_replica(name)
     print(f'| {name} | {FAMILIES[name]} | {alone:.1f} | {together:.1f} | {together / alone:.2f}x | '
-          f'{replica_bytes / solo_bytes:.2f}x |', file=out, flush=True)
+          f'{together_cpu / alone_cpu:.2f}x | {replica_bytes / solo_bytes:.2f}x |', file=out, flush=True)
   print('', file=out)
 
 

@@ -70,5 +70,25 @@ class GatheredEqualsDenseTest(parameterized.TestCase):
       self.assertEqual(block_step.per_iteration._cache_size(), 2)  # two programs did run
 
 
+class ReusedSlotsTest(absltest.TestCase):
+  """A block that needs fewer gathered slots than a program already compiled for runs on that program (at most
+  twice its slots): no new compile, and the same state to the bit as the program of its own count (float32)."""
+
+  def test_a_compiled_program_with_more_slots_runs_the_block_bit_for_bit(self):
+    config = harness.synthetic_config('async', workers=8, devices=1, microbatches=2)
+    run = setup.build(config)
+    inputs, _ = inputs_lib.block_inputs(run, setup.clock_for(run, 1e4).next_block(6),
+                                        np.zeros(config.workers, np.int64), 0)
+    *args, slots = inputs
+    self.assertEqual(slots, 1)
+    reused = block_step_lib.BlockStep(run)
+    reused(setup.init_state(run), *args, slots=2)  # compiles the program for 2 slots
+    state, measured = reused(setup.init_state(run), *args, slots=1)
+    self.assertEqual(reused.per_iteration._cache_size(), 1)  # pylint: disable=protected-access
+    own_state, own_measured = block_step_lib.BlockStep(run)(setup.init_state(run), *args, slots=1)
+    jax.tree.map(np.testing.assert_array_equal, (state, measured), (own_state, own_measured))
+    self.assertEqual(reused.reuse_slots(reused.per_iteration, args[0], args[1], 8), 8)  # every slot: no gather
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -81,6 +81,8 @@ class BlockStep:
     self.round_length = run.round_length if rounds else None
     self.per_iteration = make()
     self.rounds = None if self.round_length is None else make(round_length=self.round_length)
+    self.slots_per_device = group.size * run.layout.local
+    self._compiled_slots: dict[tuple, set[int]] = {}  # (program, spec, input shapes) -> the slots it compiled for
 
   def whole_rounds(self, steps: np.ndarray) -> bool:
     r = self.round_length
@@ -90,8 +92,25 @@ class BlockStep:
     """The jitted program that runs the block of `steps`."""
     return self.rounds if self.whole_rounds(steps) else self.per_iteration
 
+  def reuse_slots(self, program, packed, spec, slots):
+    """The gradient slots to run a block that needs `slots` with: a program already compiled for more of them,
+    at most twice as many, rather than a new compile (a group's busy slots per device wander between powers of
+    two as its replicas' stragglers line up and as replicas freeze; each new count was a compile of seconds).
+    Only among the programs that gather their busy slots (fewer than every slot of the device): a gathered
+    slot's gradient is the same computation whatever the count, and the padding is dropped, so the update is
+    the same to the bit. A measured run keeps its own count (its times are of the program that ran)."""
+    if slots is None or self.stopwatch is not None or slots >= self.slots_per_device:
+      return slots
+    key = (id(program), spec, tuple(x.shape for x in jax.tree.leaves(packed)))
+    compiled = self._compiled_slots.setdefault(key, set())
+    fits = [s for s in compiled if slots <= s <= 2 * slots]
+    slots = min(fits) if fits else slots
+    compiled.add(slots)
+    return slots
+
   def __call__(self, state, packed, spec, steps, slots=None):
     program = self.program(steps)
+    slots = self.reuse_slots(program, packed, spec, slots)
     if self.stopwatch is None:
       return program(state, packed, self.data, self.values, spec=spec, slots=slots)
     programs = program._cache_size()  # pylint: disable=protected-access

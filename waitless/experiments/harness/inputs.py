@@ -116,7 +116,17 @@ def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequenc
   run = group.lead
   live = [b for b in blocks if b is not None]
   slots = batch_slots(run, live)
-  made = [None if b is None else host_inputs(group.runs[r], b, positions[r], slots) for r, b in enumerate(blocks)]
+  made, read = [], {}
+  for r, b in enumerate(blocks):
+    if b is None:
+      made.append(None)
+      continue
+    # Replicas that share a clock (`loop.share_clocks`) and a seed read the same examples at the same positions:
+    # once for all of them.
+    key = (id(b), group.runs[r].config.seed, positions[r].tobytes())
+    if key not in read:
+      read[key] = host_inputs(group.runs[r], b, positions[r], slots)
+    made.append(read[key])
   first = next(m for m in made if m is not None)
   host = [first[0] if m is None else m[0] for m in made]
   after = [positions[r] if m is None else m[1] for r, m in enumerate(made)]

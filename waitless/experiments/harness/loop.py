@@ -100,6 +100,22 @@ class Prepared:
     return len(self.blocks[self.live[0]].duration)
 
 
+def share_clocks(replicas: list[Replica]) -> None:
+  """Replicas that would draw the same simulated times share one clock, so that each block is sampled once for
+  them: the step sizes of a sweep at one seed. A group's runs differ only in fields that change no time rule
+  (`replicas.replica_fields`), so equal seeds give equal clocks; they must also be in the same state (e.g. after
+  a restore), and the rule must not adapt to the loss (AdaSync: each replica's own feedback); a measured run
+  times its own program. Same draws, same schedules: only the host's work is shared."""
+  leaders: dict[tuple, Replica] = {}
+  for r in replicas:
+    if r.done or r.run.measured or r.run.rule.uses_feedback or not isinstance(r.clock, clock_lib.Clock):
+      continue
+    key = (r.config.seed, type(r.run.rule))  # not the rule itself: some hold a function (local SGD's period)
+    leader = leaders.setdefault(key, r)
+    if leader is not r and leader.clock.state_dict() == r.clock.state_dict():
+      r.clock = leader.clock
+
+
 class Loop:
   """The block loop of a group: fills each replica's metrics, checkpoints and outcome.
 
@@ -125,6 +141,8 @@ class Loop:
     self.lookahead = not self.lead.rule.uses_feedback and not self.lead.measured
     self.evaluator: Optional[evaluation.Evaluator] = None
     self.start_wall = time.time()
+    self._slice_all = None  # the jitted `replica_states`
+    share_clocks(replicas)
 
   def running(self, at: int) -> list[int]:
     """The replicas that go on after step `at`."""
@@ -143,12 +161,18 @@ class Loop:
     begin = time.perf_counter()
     run = self.lead
     n = length or min(inputs_lib.block_length(at, self.replicas[i].config, run.round_length) for i in live)
-    blocks, stalled = [None] * len(self.replicas), {}
+    blocks, stalled, drawn = [None] * len(self.replicas), {}, {}
     for i in live:
-      try:
-        blocks[i] = self.replicas[i].clock.next_block(n)
-      except clock_lib.StalledError as e:
-        stalled[i] = e
+      clock = self.replicas[i].clock
+      if id(clock) not in drawn:  # a clock that replicas share (`share_clocks`) samples the block once
+        try:
+          drawn[id(clock)] = clock.next_block(n)
+        except clock_lib.StalledError as e:
+          drawn[id(clock)] = e
+      if isinstance(drawn[id(clock)], clock_lib.StalledError):
+        stalled[i] = drawn[id(clock)]
+      else:
+        blocks[i] = drawn[id(clock)]
     if all(b is None for b in blocks):
       return Prepared(at, blocks, (), stalled)
     if self.group.batched:
@@ -179,13 +203,18 @@ class Loop:
       prepared.blocks[0] = self.replicas[0].clock.record(prepared.blocks[0], host['compute_s'], seconds)
     return host
 
-  def accept(self, i: int, block, host: dict[str, np.ndarray], at: int) -> bool:
+  def accept(self, i: int, block, host: dict[str, np.ndarray], at: int,
+             reduced: Optional[dict] = None) -> bool:
     """Replica i's share of the measurements of its `block` from step `at`: into its metrics window, and its
-    training loss to its clock (`clock.feedback`). False, its failure set, when the loss is not finite."""
+    training loss to its clock (`clock.feedback`). False, its failure set, when the loss is not finite.
+    `reduced`: the block's host reductions for every replica at once (`reduce_measurements`; default: computed
+    here for this one)."""
     r = self.replicas[i]
-    mine = host if not self.group.batched else {k: v[i] for k, v in host.items()}
-    contributed = block.schedule.microbatches_done > 0
-    losses = np.where(contributed, mine['loss'], 0.0).sum(1) / np.maximum(contributed.sum(1), 1)
+    if reduced is None:
+      blocks = [None] * len(self.replicas)
+      blocks[i] = block
+      reduced = self.reduce_measurements(blocks, host)
+    losses = reduced['train_loss'][i]
     if not np.all(np.isfinite(losses)):
       bad = at + int(np.argmin(np.isfinite(losses)))
       kept = None if r.checkpointer is None else r.checkpointer.latest_step()
@@ -195,22 +224,40 @@ class Loop:
            f'before its first checkpoint; its metrics are in {r.workdir}'))
       log.info('%s', r.failure)
       return False
-    r.window.add(block, train_loss=losses, l2_grads=mine['l2_grads'].mean(1), l2_params=mine['l2_params'].mean())
-    r.clock.feedback(train_loss=float(losses.mean()))  # AdaSync adapts K from it; other rules ignore it
+    if id(block) not in reduced['blocks']:  # what the window takes from the clock's block: once per block
+      reduced['blocks'][id(block)] = r.window.reduce_block(block)
+    r.window.add_reduced(reduced['blocks'][id(block)], train_loss=losses, l2_grads=reduced['l2_grads'][i],
+                         l2_params=reduced['l2_params'][i])
+    if r.run.rule.uses_feedback:  # AdaSync adapts K from the loss; the other rules ignore it
+      r.clock.feedback(train_loss=float(losses.mean()))
     r.sim_time, r.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
     return True
+
+  def reduce_measurements(self, blocks: list, host: dict[str, np.ndarray]) -> dict:
+    """The block's per-replica reductions of the step's measurements, for every replica at once (one numpy call
+    each, not one per replica): `train_loss` (R, n), the mean loss over the workers that contributed (a frozen
+    replica, `None` in `blocks`, counts none), `l2_grads` (R, n) and `l2_params` (R,) means over the workers;
+    `blocks` starts the cache of each clock block's own reductions (`Window.reduce_block`)."""
+    batched = {k: v if self.group.batched else v[None] for k, v in host.items()}
+    shape = batched['loss'].shape
+    done = [np.zeros(shape[1:], bool) if b is None else b.schedule.microbatches_done > 0 for b in blocks]
+    contributed = np.stack(done) if len(done) > 1 else done[0][None]
+    losses = np.where(contributed, batched['loss'], 0.0).sum(2) / np.maximum(contributed.sum(2), 1)
+    return {'train_loss': losses, 'l2_grads': batched['l2_grads'].mean(2), 'l2_params': batched['l2_params'].mean(1),
+            'blocks': {}}
 
   def record(self, prepared: Prepared, host: dict[str, np.ndarray], state, snapshot, evaluates: dict[int, bool],
              checkpoints: dict[int, bool]) -> None:
     """Each live replica's metrics row, evaluation (of `snapshot`, the consensus model), checkpoint and summary
     at the end of the block."""
     at, end = prepared.step, prepared.step + prepared.length
-    evaluated = None
+    evaluated = slices = None
+    reduced = self.reduce_measurements(prepared.blocks, host)
     for i in prepared.live:
       r = self.replicas[i]
       if r.failure is not None:  # diverged in the previous block, whose successor was already dispatched
         continue
-      if not self.accept(i, prepared.blocks[i], host, at):
+      if not self.accept(i, prepared.blocks[i], host, at, reduced):
         continue
       if evaluates[i] or end % r.config.log_every == 0:
         row = {'step': end, 'sim_time': r.sim_time, 'wall_time': self.wall(r), **r.window.row()}
@@ -225,16 +272,29 @@ class Loop:
             r.time_to_target = row['sim_time']
         r.writer.write(row)
       if checkpoints[i]:
-        self.checkpoint(i, state, end)
+        slices = self.replica_states(state) if slices is None else slices
+        self.checkpoint(i, slices[i], end)
       if end == r.config.num_steps:
         self.finish(r, end)
 
+  def replica_states(self, state) -> list:
+    """Every replica's state (P, ...), new arrays sliced from the group's state by one program: one dispatch at a
+    checkpoint step, not one per replica (`setup.replica_state`); a group of one: its state itself."""
+    if not self.group.batched:
+      return [state]
+    if self._slice_all is None:
+      count = self.group.size
+      self._slice_all = jax.jit(lambda s: [jax.tree.map(lambda x, r=r: x[r], s) for r in range(count)],
+                                out_shardings=self.lead.layout.sharding())
+    return self._slice_all(state)
+
   def checkpoint(self, i: int, state, end: int) -> None:
+    """Replica i's checkpoint at step `end`: its `state` (P, ...) (`replica_states`) and the loop's meta."""
     r = self.replicas[i]
     meta = {'step': end, 'wall_time': self.wall(r), 'positions': r.positions.tolist(),
             'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
             'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
-    r.checkpointer.save(end, setup.replica_state(self.group, state, i), meta, copy=not self.group.batched)
+    r.checkpointer.save(end, state, meta, copy=not self.group.batched)
     if r.run.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
       r.checkpointer.wait()
 

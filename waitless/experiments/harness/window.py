@@ -21,17 +21,34 @@ class Window:
   def add(self, block, **measured: np.ndarray) -> None:
     """Adds one block: the step's `measured` values ((n,), or a scalar for 'last') plus what the clock's
     `block` reports."""
-    values = dict(measured, idle_fraction=block.idle_fraction, staleness=block.mean_staleness,
+    self.add_reduced(self.reduce_block(block), **measured)
+
+  def reduce_block(self, block) -> dict[str, float]:
+    """What the clock's `block` reports, each value reduced over the block's iterations (its 'iterations' too):
+    the same for every replica that shares the block (`loop.share_clocks`), so the loop computes it once."""
+    values = dict(idle_fraction=block.idle_fraction, staleness=block.mean_staleness,
                   bytes_communicated=block.bytes_communicated, **block.measurements)
+    reduced = {key: self._reduce(key, v) for key, v in values.items()}
+    reduced['iterations'] = float(len(block.duration))
+    return reduced
+
+  def add_reduced(self, reduced: dict[str, float], **measured: np.ndarray) -> None:
+    """Adds one block from its `reduce_block` and the step's `measured` values."""
+    values = {**{key: self._reduce(key, v) for key, v in measured.items()}, **reduced}
     for key, v in values.items():
-      reduction = self.reductions[key]
+      reduction = self.reductions.get(key, 'sum')  # 'iterations': a count
       if reduction == 'last':
-        self.sums[key] = float(v)
+        self.sums[key] = v
       elif reduction == 'max':
-        self.sums[key] = max(self.sums.get(key, -np.inf), float(np.max(v)))
+        self.sums[key] = max(self.sums.get(key, -np.inf), v)
       else:
-        self.sums[key] = self.sums.get(key, 0.0) + float(np.sum(v))
-    self.sums['iterations'] = self.sums.get('iterations', 0.0) + len(block.duration)
+        self.sums[key] = self.sums.get(key, 0.0) + v
+
+  def _reduce(self, key: str, v) -> float:
+    reduction = self.reductions[key]
+    if reduction == 'last':
+      return float(v)
+    return float(np.max(v)) if reduction == 'max' else float(np.sum(v))
 
   def row(self) -> dict[str, float]:
     n = max(self.sums.pop('iterations', 0.0), 1.0)
