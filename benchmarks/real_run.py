@@ -12,7 +12,9 @@ run's clock is its measured training time, nonblocking's counts come from measur
 seed, data and model, and the TEST-ONLY `--debug_slow_process=I:S` (process I sleeps S seconds in every
 micro-batch it computes). From each run's metrics.jsonl and summary.json the table gives:
   - real s/it: the median over the metrics rows after the first (whose window holds nonblocking's probe and the
-    first executions) of measured seconds per iteration;
+    first executions) of measured seconds per iteration, robust to another user's burst of load; and the mean,
+    measured seconds over iterations after the first row, which a time to target adds up (the simulator's mean
+    iteration time predicts both where the load is steady);
   - real time to target accuracy and to target loss: the measured seconds from the end of the first metrics row
     (the warm-up: first executions, nonblocking's probes, which no simulator models) until the evaluation
     accuracy first reached `--target_accuracy`, and the evaluation loss first fell to `--target_loss` (evaluations every
@@ -25,20 +27,24 @@ micro-batch it computes). From each run's metrics.jsonl and summary.json the tab
     the same config (2 workers, m micro-batches, the algorithm's own time rule) with `cluster.profile` set, so
     the clock charges the profile's per-sample and per-call compute, its all-reduce and point-to-point costs and
     its host time per iteration; the TEST-ONLY slowdown, S seconds in every micro-batch of process I, is
-    `stragglers.worker_factors` with worker I's factor (t + S) / t, t = overhead_s + (B / m) per_sample_s the
-    profile's micro-batch. Nothing is fitted to the real runs. For the two rules that no lock-step program
+    `stragglers.worker_factors` with worker I's factor (t + S') / t, t = overhead_s + (B / m) per_sample_s the
+    profile's micro-batch, S' the sleep as this machine realizes it (`realized_sleep_s`: the median of timed
+    `time.sleep(S)` right after each run, `sleep_after`; a loaded machine wakes a sleeper late, and the slowdown is an
+    input of the prediction, not a figure of the cluster); the prediction with S itself is shown beside.
+    Nothing is fitted to the real runs. For the two rules that no lock-step program
     runs, the table predicts what the real program runs and names the rule's own figure a simulated ideal:
     nonblocking with measured speeds runs the deadline trigger at the budget max_d n_d t_d of the counts
     n_d that `measured_speeds.microbatch_counts` gives the profile's speeds (the ideal: He & Dube's
     first-finisher trigger); WAGMA runs lock-step groups that wait for every member, with no overlap on a CPU
     (`wait_avoiding=False, rule='step_then_average'`; the ideal: the wait-avoiding rule). Predicted times to
     target are the predicted seconds per iteration times the real run's steps at the target;
-  - the previous prediction, for comparison: `benchmarks.real_stragglers.simulate_iteration_seconds` on an
-    ideal network with the s_d that the nonblocking run fitted (no per-call cost, collectives or host time).
+  - in --out only (`ideal_network_s`), an earlier prediction: `benchmarks.real_stragglers.simulate_iteration_seconds`
+    on an ideal network with the s_d that the nonblocking run fitted (no per-call cost, collectives or host time).
 Every seed of `--seeds` is one round of every algorithm (`--repeats` rounds per seed), run one at a time and
 interleaved, so that other users of the machine slow all algorithms alike; the table gives the median over
 the rounds of each figure and the range of real s/it; "ranking" compares every pair of algorithms whose real
-times per iteration differ by more than their ranges (the noise) with the predicted order.
+times per iteration differ by more than their ranges (the noise; 2 runs or more of each) with the predicted
+order.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Optional
 
 if __package__ in (None, ''):  # run as a script: make the repository importable
@@ -132,6 +139,7 @@ def figures(workdir: str, target_accuracy: float) -> dict:
            if r.get('eval_accuracy') is not None]
   counts = np.array([r['microbatches_done'] for r in rows[1:]], np.float64)
   return {'seconds_per_iteration': float(np.median(per_iteration)),
+          'mean_seconds_per_iteration': float((times[-1] - times[0]) / (steps[-1] - steps[0])),
           'time_to_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True)[0],
           'step_at_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True, x='step')[0],
           'lowest_eval_loss': min(r['eval_loss'] for r in evals), 'rows': evals,
@@ -167,6 +175,8 @@ def median_of(runs: list[dict]) -> dict:
   per_iteration = [r['seconds_per_iteration'] for r in runs]
   missable = ('time_to_target', 'step_at_target', 'time_to_target_loss', 'step_at_target_loss')
   return {'seconds_per_iteration': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
+          'mean_seconds_per_iteration': float(np.median([r.get('mean_seconds_per_iteration', r['seconds_per_iteration'])
+                                                         for r in runs])),
           **{key: _median_or_none([r[key] for r in runs]) for key in missable},
           'counts': np.median([r['counts'] for r in runs], axis=0).tolist(),
           'final_eval_accuracy': float(np.median([r['final_eval_accuracy'] for r in runs])),
@@ -184,12 +194,6 @@ def measured_round_s(speeds_s, counts) -> float:
   return float(np.max(np.rint(np.asarray(counts, np.float64)) * np.asarray(speeds_s, np.float64)))
 
 
-def simulated_for(name: str, predicted: dict) -> Optional[float]:
-  """The prediction for `name`'s row: for nonblocking, the rule that ran (the deadline trigger at the measured
-  round), not He & Dube's first-finisher trigger, which cuts a device that has not finished one micro-batch."""
-  return predicted.get('nonblocking_deadline' if name == 'nonblocking' else name)
-
-
 def _to_target(seconds: Optional[float], step: Optional[float], first_time: float = 0.0) -> str:
   return 'not reached' if seconds is None else f'{seconds - first_time:.2f} ({step:.0f})'
 
@@ -202,9 +206,36 @@ IDEALS = {'nonblocking': 'nonblocking, simulated ideal: first-finisher trigger',
           'wagma': 'wagma, simulated ideal: wait-avoiding groups'}
 
 
+def realized_sleep_s(seconds: float, repeats: int = 50) -> float:
+  """The median of `repeats` timed `time.sleep(seconds)`: how long the TEST-ONLY slowdown's sleep really lasts
+  on this machine now (a loaded machine wakes a sleeper late: 0.5-1.3 ms after 4 ms at load 6-13)."""
+  if seconds <= 0:
+    return 0.0
+  times = []
+  for _ in range(repeats):
+    begin = time.perf_counter()
+    time.sleep(seconds)
+    times.append(time.perf_counter() - begin)
+  return float(np.median(times))
+
+
+def sleep_after(workdir: str, seconds: float) -> float:
+  """`realized_sleep_s(seconds)` right after the run in `workdir`, kept there (`realized_sleep.json`): a run read
+  again (`--workdir`) keeps the sleep measured when it ran, not one of the machine's load now."""
+  path = os.path.join(workdir, 'realized_sleep.json')
+  if os.path.isfile(path):
+    with open(path) as f:
+      return float(json.load(f)['seconds'])
+  realized = realized_sleep_s(seconds)
+  with open(path, 'w') as f:
+    json.dump({'seconds': realized, 'load': os.getloadavg()[0]}, f)
+  return realized
+
+
 def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) -> dict:
   """name -> predicted seconds per iteration on `--profile` (what the real program runs), and IDEALS[name] ->
-  the rule's own simulated ideal where no lock-step program runs it; `_micro-batch_s`: the profile's t_d."""
+  the rule's own simulated ideal where no lock-step program runs it; `_micro-batch_s`: the profile's t_d;
+  `slow`: (process, seconds it adds to each of its micro-batches), -1 for none."""
   from waitless.cluster import factory  # pylint: disable=g-import-not-at-top
   from waitless.cluster import measured_speeds  # pylint: disable=g-import-not-at-top
   from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
@@ -244,8 +275,9 @@ def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) ->
 
 def ranking(results: dict, predicted: dict) -> list[str]:
   """The pairs whose real times per iteration differ by more than the noise (their ranges over the runs do not
-  overlap), each with whether the prediction orders them the same way."""
-  lines, names = [], list(results)
+  overlap), each with whether the prediction orders them the same way; with fewer than 2 runs of an algorithm
+  there is no noise to compare with, and its pairs are not judged."""
+  lines, names = [], [name for name in results if results[name]['runs'] >= 2]
   for i, a in enumerate(names):
     for b in names[i + 1:]:
       (low_a, high_a), (low_b, high_b) = results[a]['range'], results[b]['range']
@@ -260,30 +292,34 @@ def _error(predicted: Optional[float], real: Optional[float]) -> str:
   return '-' if predicted is None or real is None else f'{100 * (predicted - real) / real:+.0f}%'
 
 
-def report(results: dict, predicted: dict, previous: dict, load: tuple, target_loss: float) -> str:
+def report(results: dict, predicted: dict, nominal: dict, load: tuple, target_loss: float) -> str:
+  """The table: `predicted` with the slowdown's sleep as realized (`_sleep_s`), `nominal` with the nominal one."""
   nb = results.get('nonblocking')
   ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)  # pylint: disable=unnecessary-lambda-assignment
   lines = [f"digits MLP, 2 processes x 1 CPU device, m = {FLAGS.microbatches}, {FLAGS.num_steps} steps, seeds "
            f"{','.join(FLAGS.seeds)} x {FLAGS.repeats} round(s), --debug_slow_process={FLAGS.debug_slow_process}, "
            f"target accuracy {FLAGS.target_accuracy}, target loss {target_loss:.4f}; profile {FLAGS.profile}; "
            f"load average {load[0]:.2f} before, {load[1]:.2f} after",
-           f"profile's micro-batch per worker (ms): {ms(predicted['_microbatch_s'])}"]
+           f"profile's micro-batch per worker (ms): {ms(predicted['_microbatch_s'])}, the slowdown's sleep as "
+           f"realized {predicted.get('_sleep_s', float('nan')) * 1e3:.2f} ms (median of timed sleeps after each "
+           f"run)"]
   if nb is not None:
     lines.append(f"nonblocking: real counts per worker {', '.join(f'{c:.2f}' for c in nb['counts'])}, predicted "
                  f"{predicted.get('_counts')}; its fitted c (ms) {ms(nb['overhead_s'])}, s (ms) {ms(nb['speeds_s'])}")
   lines += ['', 'Times to target from the end of the first metrics row (the warm-up: first executions, nonblocking\'s '
             'probes), predicted as ms/it x the real steps after it.', '',
-            '| algorithm | real ms/it (range) | predicted on the profile | error | ideal network, fitted s_d '
-            '(before) | real s to target acc (step) | predicted | real s to target loss (step) | predicted | '
-            'error | final accuracy |', '|---|---|---|---|---|---|---|---|---|---|---|']
+            '| algorithm | real ms/it: median of rows (range) | real mean | predicted on the profile | error | '
+            'predicted, nominal sleep | real s to target acc (step) | predicted | real s to target loss (step) | '
+            'predicted | error | final accuracy |', '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results.items():
-    sim, before = predicted[name], simulated_for(name, previous)
+    sim, before = predicted[name], nominal.get(name)
     low, high = r['range']
     first_step, first_time = r['first_step'], r['first_time']  # times to target from the end of the warm-up row
     loss_step, loss_time = r['step_at_target_loss'], r['time_to_target_loss']
     loss_sim = None if loss_step is None else sim * (loss_step - first_step)
     lines.append(
-        f"| {name} | {r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f}) | {sim * 1e3:.2f} | "
+        f"| {name} | {r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f}) | "
+        f"{r['mean_seconds_per_iteration'] * 1e3:.2f} | {sim * 1e3:.2f} | "
         f"{_error(sim, r['seconds_per_iteration'])} | {'-' if before is None else f'{before * 1e3:.2f}'} | "
         f"{_to_target(r['time_to_target'], r['step_at_target'], first_time)} | "
         f"{_simulated_to_target(sim, r['step_at_target'], first_step)} | "
@@ -291,7 +327,8 @@ def report(results: dict, predicted: dict, previous: dict, load: tuple, target_l
         f"{_error(loss_sim, None if loss_time is None else loss_time - first_time)} | "
         f"{r['final_eval_accuracy']:.3f} |")
     if name in IDEALS:
-      lines.append(f"| {IDEALS[name]} | (no lock-step program) | {predicted[IDEALS[name]] * 1e3:.2f} | | | | | | | | |")
+      lines.append(f"| {IDEALS[name]} | (no lock-step program) | | {predicted[IDEALS[name]] * 1e3:.2f} | | | | | | | "
+                   "| |")
   lines += ['', 'ranking where the real gap exceeds the noise: ' + ('; '.join(ranking(results, predicted)) or 'none')]
   return '\n'.join(lines)
 
@@ -317,26 +354,32 @@ def main(argv):
   root = FLAGS.workdir or tempfile.mkdtemp(prefix='real_run_')
   before = os.getloadavg()[0]
   runs = {name: [] for name in names}
+  sleeps = []  # the slowdown as this machine realizes it, right after each run
   for seed in FLAGS.seeds:
     for round_ in range(FLAGS.repeats):
       for name in names:
-        runs[name].append(run(name, int(seed), os.path.join(root, f'{name}_seed{seed}_{round_}')))
+        workdir = os.path.join(root, f'{name}_seed{seed}_{round_}')
+        runs[name].append(run(name, int(seed), workdir))
+        sleeps.append(sleep_after(workdir, slow[1]))
         print(f'{name} seed {seed} round {round_}: {runs[name][-1]["seconds_per_iteration"] * 1e3:.2f} ms/it, '
               f'time to target {runs[name][-1]["time_to_target"]}', file=sys.stderr)
   load = (before, os.getloadavg()[0])
+  nominal, slow = predicted, (slow[0], float(np.median(sleeps)))
+  predicted = {**predict_on_profile(names, slow), '_sleep_s': slow[1], '_sleeps_s': sleeps}
   target_loss = default_target_loss(runs) if FLAGS.target_loss is None else FLAGS.target_loss
   runs = {name: [at_target_loss(r, target_loss) for r in rounds] for name, rounds in runs.items()}
   results = {name: median_of(r) for name, r in runs.items()}
-  previous = {}
+  ideal = {}
   if 'nonblocking' in results:
     nb = results['nonblocking']
-    previous = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
+    ideal = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
         np.asarray(nb['speeds_s'])[None], FLAGS.microbatches, 4 * nb['num_params'], 400, FLAGS.local_steps,
         nonblocking_deadline_s=measured_round_s(nb['speeds_s'], nb['counts']))
-  print(report(results, predicted, previous, load, target_loss))
+  print(report(results, predicted, nominal, load, target_loss))
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
-      json.dump({'results': results, 'runs': runs, 'predicted_s': predicted, 'ideal_network_s': previous,
+      json.dump({'results': results, 'runs': runs, 'predicted_s': predicted, 'nominal_sleep_predicted_s': nominal,
+                 'ideal_network_s': ideal,
                  'load': load, 'workdir': root, 'target_loss': target_loss, 'profile': FLAGS.profile}, f, indent=1)
 
 

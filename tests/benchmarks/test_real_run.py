@@ -85,21 +85,32 @@ class OverRoundsTest(absltest.TestCase):
     self.assertEqual(real_run.default_target_loss(runs), 0.35)
 
   def test_report_has_a_row_per_algorithm_with_the_prediction_and_the_ideals(self):
-    results = {'nonblocking': real_run.median_of([self._round(0.01, 1.0)]),
-               'sync': real_run.median_of([self._round(0.02, None)])}
+    rounds = lambda seconds, to_target: [self._round(seconds, to_target), self._round(seconds * 1.1, to_target)]  # pylint: disable=unnecessary-lambda-assignment
+    results = {'nonblocking': real_run.median_of(rounds(0.01, 1.0)), 'sync': real_run.median_of(rounds(0.02, None))}
     settings = types.SimpleNamespace(microbatches=4, num_steps=200, repeats=1, debug_slow_process='1:0.004',
-                                     target_accuracy=0.96, seeds=['0'], profile='this_machine')
+                                     target_accuracy=0.96, seeds=['0', '1'], profile='this_machine')
     predicted = {'nonblocking': 0.011, real_run.IDEALS['nonblocking']: 0.002, 'sync': 0.018,
-                 '_microbatch_s': [0.001, 0.005], '_counts': [4, 1]}
-    previous = {'nonblocking': 0.001, 'nonblocking_deadline': 0.005, 'sync': 0.01}
+                 '_microbatch_s': [0.001, 0.005], '_counts': [4, 1], '_sleep_s': 0.0045}
+    nominal = {'nonblocking': 0.009, 'sync': 0.016}
     with mock.patch.object(real_run, 'FLAGS', settings):
-      text = real_run.report(results, predicted, previous, (1.0, 1.0), 0.3)
-    self.assertIn('| nonblocking | 10.00 (10.0-10.0) | 11.00 | +10% | 5.00 | 1.00 (50) | 0.55 | 1.00 (40) | 0.44 | '
-                  '-56% |', text)
-    self.assertIn('| nonblocking, simulated ideal: first-finisher trigger | (no lock-step program) | 2.00 |', text)
-    self.assertIn('| sync | 20.00 (20.0-20.0) | 18.00 | -10% | 10.00 | not reached | - | not reached | - | - |', text)
+      text = real_run.report(results, predicted, nominal, (1.0, 1.0), 0.3)
+    # median 10.5 ms of 10 and 11 (mean 10.5 likewise), predicted 11: +5%; to the loss target 40 - 0 steps x 11 ms
+    self.assertIn('| nonblocking | 10.50 (10.0-11.0) | 10.50 | 11.00 | +5% | 9.00 | 1.00 (50) | 0.55 | 1.00 (40) | '
+                  '0.44 | -56% |', text)
+    self.assertIn('| nonblocking, simulated ideal: first-finisher trigger | (no lock-step program) | | 2.00 |', text)
+    self.assertIn('| sync | 21.00 (20.0-22.0) | 21.00 | 18.00 | -14% | 16.00 | not reached | - | not reached | - | - |',
+                  text)
     self.assertIn('nonblocking < sync: same order', text)
+    self.assertIn('realized 4.50 ms', text)
     self.assertIn('target loss 0.3000', text)
+
+  def test_one_run_per_algorithm_judges_no_ranking(self):
+    results = {'a': real_run.median_of([self._round(0.01, 1.0)]), 'b': real_run.median_of([self._round(0.02, 1.0)])}
+    self.assertEqual(real_run.ranking(results, {'a': 0.02, 'b': 0.01}), [])
+
+  def test_realized_sleep_is_at_least_the_sleep(self):
+    self.assertGreaterEqual(real_run.realized_sleep_s(0.001, repeats=5), 0.001)
+    self.assertEqual(real_run.realized_sleep_s(0.0), 0.0)
 
 
 class PredictionTest(absltest.TestCase):
