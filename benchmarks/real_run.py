@@ -11,12 +11,12 @@ stragglers.kind=measured,workers=2,devices=2,...` run (`experiments/harness/meas
 run's clock is its measured training time, nonblocking's counts come from measured speeds), with the same
 seed, data and model, and the TEST-ONLY `--debug_slow_process=I:S` (process I sleeps S seconds in every
 micro-batch it computes). From each run's metrics.jsonl and summary.json the table gives:
-  - real s/it: the median over the metrics rows after the first (whose window holds nonblocking's probe and the
-    first executions) of measured seconds per iteration, robust to another user's burst of load; and the mean,
-    measured seconds over iterations after the first row, which a time to target adds up (the simulator's mean
-    iteration time predicts both where the load is steady);
-  - real time to target accuracy and to target loss: the measured seconds from the end of the first metrics row
-    (the warm-up: first executions, nonblocking's probes, which no simulator models) until the evaluation
+  - real s/it: the median over the metrics rows after the warm-up (the first row, whose window holds the first
+    executions; nonblocking's first two, `WARMUP_ROWS`) of measured seconds per iteration, robust to another
+    user's burst of load; and the mean, measured seconds over the iterations after the warm-up, which a time to
+    target adds up (the simulator's mean iteration time predicts both where the load is steady);
+  - real time to target accuracy and to target loss: the measured seconds from the end of the warm-up (first
+    executions, nonblocking's probes and its second program, which no simulator models) until the evaluation
     accuracy first reached `--target_accuracy`, and the evaluation loss first fell to `--target_loss` (evaluations every
     `--eval_every` steps, left out of the clock; interpolated between the two evaluations around the crossing,
     `experiments.comparison.statistics.crossing`, as `experiments.compare` does), and the step of each
@@ -27,11 +27,11 @@ micro-batch it computes). From each run's metrics.jsonl and summary.json the tab
     the same config (2 workers, m micro-batches, the algorithm's own time rule) with `cluster.profile` set, so
     the clock charges the profile's per-sample and per-call compute, its all-reduce and point-to-point costs and
     its host time per iteration; the TEST-ONLY slowdown, S seconds in every micro-batch of process I, is
-    `stragglers.worker_factors` with worker I's factor (t + S') / t, t = overhead_s + (B / m) per_sample_s the
-    profile's micro-batch, S' the sleep as this machine realizes it (`realized_sleep_s`: the median of timed
-    `time.sleep(S)` right after each run, `sleep_after`; a loaded machine wakes a sleeper late, and the slowdown is an
-    input of the prediction, not a figure of the cluster); the prediction with S itself is shown beside.
-    Nothing is fitted to the real runs. For the two rules that no lock-step program
+    `stragglers.worker_factors` with worker I's factor (t + S) / t, t = overhead_s + (B / m) per_sample_s the
+    profile's micro-batch. Nothing is fitted to the real runs. Beside it, a diagnostic that is: the prediction
+    with the slowed worker's micro-batch as the runs measured it (`measured_slow_microbatch_s`: the sleep, its
+    host callback and the compute of a device that sleeps, which no profile figure holds), so that the error
+    the slowdown's own cost makes is told from the profile's. For the two rules that no lock-step program
     runs, the table predicts what the real program runs and names the rule's own figure a simulated ideal:
     nonblocking with measured speeds runs the deadline trigger at the budget max_d n_d t_d of the counts
     n_d that `measured_speeds.microbatch_counts` gives the profile's speeds (the ideal: He & Dube's
@@ -54,7 +54,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Optional
 
 if __package__ in (None, ''):  # run as a script: make the repository importable
@@ -115,35 +114,46 @@ def config_arg(name: str, seed: int) -> str:
 def run(name: str, seed: int, workdir: str) -> dict:
   """One 2-process run of `name` in `workdir`; its figures (`figures`, before the target loss is known). A run
   that finished there before (`--workdir` of an earlier call) is read, not run again."""
+  warmup = WARMUP_ROWS.get(name, 1)
   if os.path.isfile(os.path.join(workdir, 'summary.json')):
-    return figures(workdir, FLAGS.target_accuracy)
+    return figures(workdir, FLAGS.target_accuracy, warmup)
   command = ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), '2', f'--config={config_arg(name, seed)}',
              f'--workdir={workdir}', f'--debug_slow_process={FLAGS.debug_slow_process}']
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
     raise SystemExit(f'{name} failed (status {done.returncode}):\n{done.stderr[-3000:]}')
-  return figures(workdir, FLAGS.target_accuracy)
+  return figures(workdir, FLAGS.target_accuracy, warmup)
 
 
-def figures(workdir: str, target_accuracy: float) -> dict:
+# Metrics rows of warm-up per algorithm (1 otherwise): the first row holds the first executions (and a
+# process's compile that the other waits for at the first collective). Non-blocking SGD's probes run blocks
+# of one iteration, so its first block of the usual length runs a second program, in its second row: the
+# other process's compile of it delays the first collective (36-110 ms per iteration in that row against
+# 20 after it, every seed), a warm-up that no simulator models.
+WARMUP_ROWS = {'nonblocking': 2}
+
+
+def figures(workdir: str, target_accuracy: float, warmup_rows: int = 1) -> dict:
   """A finished measured run's figures from its metrics.jsonl and summary.json (`rows`: its evaluation rows,
-  for `at_target_loss` once the target loss is known)."""
+  for `at_target_loss` once the target loss is known); per iteration and counts from the rows after the first
+  `warmup_rows`, times to target counted from the end of the last of them (`first_step`, `first_time`)."""
   with open(os.path.join(workdir, 'summary.json')) as f:
     summary = json.load(f)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   steps = np.array([r['step'] for r in rows], np.float64)
   times = np.array([r['sim_time'] for r in rows], np.float64)
-  per_iteration = np.diff(times) / np.diff(steps)  # rows after the first
+  w = warmup_rows - 1  # the last warm-up row
+  per_iteration = np.diff(times[w:]) / np.diff(steps[w:])  # rows after the warm-up
   evals = [{k: r[k] for k in ('step', 'sim_time', 'eval_accuracy', 'eval_loss')} for r in rows
            if r.get('eval_accuracy') is not None]
-  counts = np.array([r['microbatches_done'] for r in rows[1:]], np.float64)
+  counts = np.array([r['microbatches_done'] for r in rows[w + 1:]], np.float64)
   return {'seconds_per_iteration': float(np.median(per_iteration)),
-          'mean_seconds_per_iteration': float((times[-1] - times[0]) / (steps[-1] - steps[0])),
+          'mean_seconds_per_iteration': float((times[-1] - times[w]) / (steps[-1] - steps[w])),
           'time_to_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True)[0],
           'step_at_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True, x='step')[0],
           'lowest_eval_loss': min(r['eval_loss'] for r in evals), 'rows': evals,
-          'first_step': float(steps[0]), 'first_time': float(times[0]),  # the warm-up row
+          'first_step': float(steps[w]), 'first_time': float(times[w]),  # the end of the warm-up
           'counts': counts.mean(axis=0).tolist(),
           'final_eval_accuracy': summary['final_eval_accuracy'], 'measured_time': summary['measured_time'],
           'wall_time': summary['wall_time'], 'num_params': summary['num_params'],
@@ -171,20 +181,23 @@ def _median_or_none(values: list) -> Optional[float]:
 
 def median_of(runs: list[dict]) -> dict:
   """The median over the rounds of each figure of one algorithm's runs (a time to target or its step missed in
-  a round counts as infinite; None when the median misses); `range`: min and max real s/it."""
+  a round counts as infinite; None when the median misses); `range`: min and max real s/it. Times to target
+  are each run's seconds after its warm-up (`first_time` of the result: 0)."""
   per_iteration = [r['seconds_per_iteration'] for r in runs]
-  missable = ('time_to_target', 'step_at_target', 'time_to_target_loss', 'step_at_target_loss')
+  after = lambda r, key: None if r[key] is None else r[key] - r.get('first_time', 0.0)  # pylint: disable=unnecessary-lambda-assignment
+  steps = ('step_at_target', 'step_at_target_loss')
   return {'seconds_per_iteration': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
           'mean_seconds_per_iteration': float(np.median([r.get('mean_seconds_per_iteration', r['seconds_per_iteration'])
                                                          for r in runs])),
-          **{key: _median_or_none([r[key] for r in runs]) for key in missable},
+          **{key: _median_or_none([after(r, key) for r in runs]) for key in ('time_to_target', 'time_to_target_loss')},
+          **{key: _median_or_none([r[key] for r in runs]) for key in steps},
           'counts': np.median([r['counts'] for r in runs], axis=0).tolist(),
           'final_eval_accuracy': float(np.median([r['final_eval_accuracy'] for r in runs])),
           'speeds_s': np.median([r['speeds_s'] for r in runs], axis=0).tolist(),
           'overhead_s': np.median([r['overhead_s'] for r in runs], axis=0).tolist(),
           'num_params': runs[0]['num_params'], 'runs': len(runs),
           'first_step': runs[0].get('first_step', 0.0),
-          'first_time': float(np.median([r.get('first_time', 0.0) for r in runs]))}
+          'first_time': 0.0}
 
 
 def measured_round_s(speeds_s, counts) -> float:
@@ -206,36 +219,22 @@ IDEALS = {'nonblocking': 'nonblocking, simulated ideal: first-finisher trigger',
           'wagma': 'wagma, simulated ideal: wait-avoiding groups'}
 
 
-def realized_sleep_s(seconds: float, repeats: int = 50) -> float:
-  """The median of `repeats` timed `time.sleep(seconds)`: how long the TEST-ONLY slowdown's sleep really lasts
-  on this machine now (a loaded machine wakes a sleeper late: 0.5-1.3 ms after 4 ms at load 6-13)."""
-  if seconds <= 0:
-    return 0.0
-  times = []
-  for _ in range(repeats):
-    begin = time.perf_counter()
-    time.sleep(seconds)
-    times.append(time.perf_counter() - begin)
-  return float(np.median(times))
+def measured_slow_microbatch_s(runs: dict, process: int) -> Optional[float]:
+  """The slowed worker's seconds per micro-batch as the runs measured it: the median over the runs in which every
+  device ran all m micro-batches (all but nonblocking's) of its fitted c / m + s; None with no slowed worker."""
+  if process < 0:
+    return None
+  per_run = [r['overhead_s'][process] / FLAGS.microbatches + r['speeds_s'][process]
+             for name, rounds in runs.items() if name != 'nonblocking' for r in rounds if r['speeds_s']]
+  return float(np.median(per_run)) if per_run else None
 
 
-def sleep_after(workdir: str, seconds: float) -> float:
-  """`realized_sleep_s(seconds)` right after the run in `workdir`, kept there (`realized_sleep.json`): a run read
-  again (`--workdir`) keeps the sleep measured when it ran, not one of the machine's load now."""
-  path = os.path.join(workdir, 'realized_sleep.json')
-  if os.path.isfile(path):
-    with open(path) as f:
-      return float(json.load(f)['seconds'])
-  realized = realized_sleep_s(seconds)
-  with open(path, 'w') as f:
-    json.dump({'seconds': realized, 'load': os.getloadavg()[0]}, f)
-  return realized
-
-
-def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) -> dict:
+def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400,
+                       slow_microbatch_s: Optional[float] = None) -> dict:
   """name -> predicted seconds per iteration on `--profile` (what the real program runs), and IDEALS[name] ->
   the rule's own simulated ideal where no lock-step program runs it; `_micro-batch_s`: the profile's t_d;
-  `slow`: (process, seconds it adds to each of its micro-batches), -1 for none."""
+  `slow`: (process, seconds it adds to each of its micro-batches), -1 for none; `slow_microbatch_s`: instead,
+  the slowed worker's whole micro-batch (`measured_slow_microbatch_s`, a diagnostic)."""
   from waitless.cluster import factory  # pylint: disable=g-import-not-at-top
   from waitless.cluster import measured_speeds  # pylint: disable=g-import-not-at-top
   from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
@@ -248,7 +247,7 @@ def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) ->
     t = cost.overhead_s + cost.base_s  # the profile's micro-batch call
     factors = np.ones(config.workers)
     if slow[0] >= 0:
-      factors[slow[0]] = (t + slow[1]) / t
+      factors[slow[0]] = (t + slow[1]) / t if slow_microbatch_s is None else slow_microbatch_s / t
     config.stragglers.worker_factors = tuple(float(f) for f in factors)
     nbytes = simulate.model_bytes(config)
 
@@ -292,27 +291,28 @@ def _error(predicted: Optional[float], real: Optional[float]) -> str:
   return '-' if predicted is None or real is None else f'{100 * (predicted - real) / real:+.0f}%'
 
 
-def report(results: dict, predicted: dict, nominal: dict, load: tuple, target_loss: float) -> str:
-  """The table: `predicted` with the slowdown's sleep as realized (`_sleep_s`), `nominal` with the nominal one."""
+def report(results: dict, predicted: dict, measured: dict, load: tuple, target_loss: float) -> str:
+  """The table: `predicted` on the profile, `measured` the diagnostic with the slowed worker's measured
+  micro-batch (`_slow_microbatch_s`; {} for none)."""
   nb = results.get('nonblocking')
   ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)  # pylint: disable=unnecessary-lambda-assignment
   lines = [f"digits MLP, 2 processes x 1 CPU device, m = {FLAGS.microbatches}, {FLAGS.num_steps} steps, seeds "
            f"{','.join(FLAGS.seeds)} x {FLAGS.repeats} round(s), --debug_slow_process={FLAGS.debug_slow_process}, "
            f"target accuracy {FLAGS.target_accuracy}, target loss {target_loss:.4f}; profile {FLAGS.profile}; "
            f"load average {load[0]:.2f} before, {load[1]:.2f} after",
-           f"profile's micro-batch per worker (ms): {ms(predicted['_microbatch_s'])}, the slowdown's sleep as "
-           f"realized {predicted.get('_sleep_s', float('nan')) * 1e3:.2f} ms (median of timed sleeps after each "
-           f"run)"]
+           f"profile's micro-batch per worker (ms): {ms(predicted['_microbatch_s'])}; the slowed worker's as the runs "
+           f"measured it {measured.get('_slow_microbatch_s', float('nan')) * 1e3:.2f} ms (the diagnostic column)"]
   if nb is not None:
     lines.append(f"nonblocking: real counts per worker {', '.join(f'{c:.2f}' for c in nb['counts'])}, predicted "
                  f"{predicted.get('_counts')}; its fitted c (ms) {ms(nb['overhead_s'])}, s (ms) {ms(nb['speeds_s'])}")
-  lines += ['', 'Times to target from the end of the first metrics row (the warm-up: first executions, nonblocking\'s '
-            'probes), predicted as ms/it x the real steps after it.', '',
+  lines += ['', 'Times to target from the end of the warm-up rows (first executions; nonblocking\'s probes and its '
+            'second program: 2 rows), predicted as ms/it x the real steps after them.', '',
             '| algorithm | real ms/it: median of rows (range) | real mean | predicted on the profile | error | '
-            'predicted, nominal sleep | real s to target acc (step) | predicted | real s to target loss (step) | '
-            'predicted | error | final accuracy |', '|---|---|---|---|---|---|---|---|---|---|---|---|']
+            'diagnostic: slowed worker as measured | real s to target acc (step) | predicted | '
+            'real s to target loss (step) | predicted | error | final accuracy |',
+            '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results.items():
-    sim, before = predicted[name], nominal.get(name)
+    sim, before = predicted[name], measured.get(name)
     low, high = r['range']
     first_step, first_time = r['first_step'], r['first_time']  # times to target from the end of the warm-up row
     loss_step, loss_time = r['step_at_target_loss'], r['time_to_target_loss']
@@ -354,18 +354,16 @@ def main(argv):
   root = FLAGS.workdir or tempfile.mkdtemp(prefix='real_run_')
   before = os.getloadavg()[0]
   runs = {name: [] for name in names}
-  sleeps = []  # the slowdown as this machine realizes it, right after each run
   for seed in FLAGS.seeds:
     for round_ in range(FLAGS.repeats):
       for name in names:
-        workdir = os.path.join(root, f'{name}_seed{seed}_{round_}')
-        runs[name].append(run(name, int(seed), workdir))
-        sleeps.append(sleep_after(workdir, slow[1]))
+        runs[name].append(run(name, int(seed), os.path.join(root, f'{name}_seed{seed}_{round_}')))
         print(f'{name} seed {seed} round {round_}: {runs[name][-1]["seconds_per_iteration"] * 1e3:.2f} ms/it, '
               f'time to target {runs[name][-1]["time_to_target"]}', file=sys.stderr)
   load = (before, os.getloadavg()[0])
-  nominal, slow = predicted, (slow[0], float(np.median(sleeps)))
-  predicted = {**predict_on_profile(names, slow), '_sleep_s': slow[1], '_sleeps_s': sleeps}
+  slow_s = measured_slow_microbatch_s(runs, slow[0])
+  measured = {} if slow_s is None else {**predict_on_profile(names, slow, slow_microbatch_s=slow_s),
+                                        '_slow_microbatch_s': slow_s}
   target_loss = default_target_loss(runs) if FLAGS.target_loss is None else FLAGS.target_loss
   runs = {name: [at_target_loss(r, target_loss) for r in rounds] for name, rounds in runs.items()}
   results = {name: median_of(r) for name, r in runs.items()}
@@ -375,10 +373,10 @@ def main(argv):
     ideal = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
         np.asarray(nb['speeds_s'])[None], FLAGS.microbatches, 4 * nb['num_params'], 400, FLAGS.local_steps,
         nonblocking_deadline_s=measured_round_s(nb['speeds_s'], nb['counts']))
-  print(report(results, predicted, nominal, load, target_loss))
+  print(report(results, predicted, measured, load, target_loss))
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
-      json.dump({'results': results, 'runs': runs, 'predicted_s': predicted, 'nominal_sleep_predicted_s': nominal,
+      json.dump({'results': results, 'runs': runs, 'predicted_s': predicted, 'measured_slow_predicted_s': measured,
                  'ideal_network_s': ideal,
                  'load': load, 'workdir': root, 'target_loss': target_loss, 'profile': FLAGS.profile}, f, indent=1)
 
