@@ -5,11 +5,12 @@ r"""Measures the machine at hand and writes a cluster profile (`cluster/profiles
   python -m waitless.experiments.simulate --config=experiments/configs/digits.py:sync \
       --config.cluster.profile=this_machine.json
 
-Three measurements, each fitted several times (`--rounds`, interleaved: every round runs each measurement once,
-so that a change of the machine's load moves them alike). A figure is the median of its rounds after the
-outliers are dropped (a round further than 3 scaled median absolute deviations from the median: another user's
-job landed on it, `robust`); `spread` is the kept rounds' scaled MAD, `rounds` every round's value, `dropped` the
-outliers' indices and, for the harness's figures, `load` the load average when each round started:
+Three measurements, each fitted several times (`--rounds`; the harness's runs interleaved: every round runs
+each of them once, so that a change of the machine's load moves them alike). A figure is the median of its
+rounds after the outliers are dropped (a round further than 3 scaled median absolute deviations from the
+median: another user's job landed on it, `robust`); `spread` is the kept rounds' scaled MAD, `rounds` every
+round's value, `dropped` the outliers' indices and, for the harness's figures, `load` the load average when
+each round started:
   compute       one worker's micro-batch call of the config's model (`harness.call_timing.make_call`, what
                 `benchmarks.call_overhead` times) at several sizes s, fitted as t(s) = c + s x per_sample_s
                 (`calibration.fit_overhead`): per_sample_s; c, the cost of a separately dispatched call, is
