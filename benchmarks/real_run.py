@@ -11,10 +11,12 @@ stragglers.kind=measured,workers=2,devices=2,...` run (`experiments/harness/meas
 run's clock is its measured training time, nonblocking's counts come from measured speeds), with the same
 seed, data and model, and the TEST-ONLY `--debug_slow_process=I:S` (process I sleeps S seconds in every
 micro-batch it computes). From each run's metrics.jsonl and summary.json the table gives:
-  - real s/it: the median over the metrics rows after the first (whose window holds nonblocking's probe and the
-    first executions) of measured seconds per iteration;
-  - real time to target accuracy and to target loss: the measured seconds from the end of the first metrics row
-    (the warm-up: first executions, nonblocking's probes, which no simulator models) until the evaluation
+  - real s/it: the median over the metrics rows after the warm-up (the first row, whose window holds the first
+    executions; nonblocking's first two, `WARMUP_ROWS`) of measured seconds per iteration, robust to another
+    user's burst of load; and the mean, measured seconds over the iterations after the warm-up, which a time to
+    target adds up (the simulator's mean iteration time predicts both where the load is steady);
+  - real time to target accuracy and to target loss: the measured seconds from the end of the warm-up (first
+    executions, nonblocking's probes and its second program, which no simulator models) until the evaluation
     accuracy first reached `--target_accuracy`, and the evaluation loss first fell to `--target_loss` (evaluations every
     `--eval_every` steps, left out of the clock; interpolated between the two evaluations around the crossing,
     `experiments.comparison.statistics.crossing`, as `experiments.compare` does), and the step of each
@@ -26,19 +28,23 @@ micro-batch it computes). From each run's metrics.jsonl and summary.json the tab
     the clock charges the profile's per-sample and per-call compute, its all-reduce and point-to-point costs and
     its host time per iteration; the TEST-ONLY slowdown, S seconds in every micro-batch of process I, is
     `stragglers.worker_factors` with worker I's factor (t + S) / t, t = overhead_s + (B / m) per_sample_s the
-    profile's micro-batch. Nothing is fitted to the real runs. For the two rules that no lock-step program
+    profile's micro-batch. Nothing is fitted to the real runs. Beside it, a diagnostic that is: the prediction
+    with the slowed worker's micro-batch as the runs measured it (`measured_slow_microbatch_s`: the sleep, its
+    host callback and the compute of a device that sleeps, which no profile figure holds), so that the error
+    the slowdown's own cost makes is told from the profile's. For the two rules that no lock-step program
     runs, the table predicts what the real program runs and names the rule's own figure a simulated ideal:
     nonblocking with measured speeds runs the deadline trigger at the budget max_d n_d t_d of the counts
     n_d that `measured_speeds.microbatch_counts` gives the profile's speeds (the ideal: He & Dube's
     first-finisher trigger); WAGMA runs lock-step groups that wait for every member, with no overlap on a CPU
     (`wait_avoiding=False, rule='step_then_average'`; the ideal: the wait-avoiding rule). Predicted times to
     target are the predicted seconds per iteration times the real run's steps at the target;
-  - the previous prediction, for comparison: `benchmarks.real_stragglers.simulate_iteration_seconds` on an
-    ideal network with the s_d that the nonblocking run fitted (no per-call cost, collectives or host time).
+  - in --out only (`ideal_network_s`), an earlier prediction: `benchmarks.real_stragglers.simulate_iteration_seconds`
+    on an ideal network with the s_d that the nonblocking run fitted (no per-call cost, collectives or host time).
 Every seed of `--seeds` is one round of every algorithm (`--repeats` rounds per seed), run one at a time and
 interleaved, so that other users of the machine slow all algorithms alike; the table gives the median over
 the rounds of each figure and the range of real s/it; "ranking" compares every pair of algorithms whose real
-times per iteration differ by more than their ranges (the noise) with the predicted order.
+times per iteration differ by more than their ranges (the noise; 2 runs or more of each) with the predicted
+order.
 """
 
 from __future__ import annotations
@@ -108,34 +114,46 @@ def config_arg(name: str, seed: int) -> str:
 def run(name: str, seed: int, workdir: str) -> dict:
   """One 2-process run of `name` in `workdir`; its figures (`figures`, before the target loss is known). A run
   that finished there before (`--workdir` of an earlier call) is read, not run again."""
+  warmup = WARMUP_ROWS.get(name, 1)
   if os.path.isfile(os.path.join(workdir, 'summary.json')):
-    return figures(workdir, FLAGS.target_accuracy)
+    return figures(workdir, FLAGS.target_accuracy, warmup)
   command = ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), '2', f'--config={config_arg(name, seed)}',
              f'--workdir={workdir}', f'--debug_slow_process={FLAGS.debug_slow_process}']
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
     raise SystemExit(f'{name} failed (status {done.returncode}):\n{done.stderr[-3000:]}')
-  return figures(workdir, FLAGS.target_accuracy)
+  return figures(workdir, FLAGS.target_accuracy, warmup)
 
 
-def figures(workdir: str, target_accuracy: float) -> dict:
+# Metrics rows of warm-up per algorithm (1 otherwise): the first row holds the first executions (and a
+# process's compile that the other waits for at the first collective). Non-blocking SGD's probes run blocks
+# of one iteration, so its first block of the usual length runs a second program, in its second row: the
+# other process's compile of it delays the first collective (36-110 ms per iteration in that row against
+# 20 after it, every seed), a warm-up that no simulator models.
+WARMUP_ROWS = {'nonblocking': 2}
+
+
+def figures(workdir: str, target_accuracy: float, warmup_rows: int = 1) -> dict:
   """A finished measured run's figures from its metrics.jsonl and summary.json (`rows`: its evaluation rows,
-  for `at_target_loss` once the target loss is known)."""
+  for `at_target_loss` once the target loss is known); per iteration and counts from the rows after the first
+  `warmup_rows`, times to target counted from the end of the last of them (`first_step`, `first_time`)."""
   with open(os.path.join(workdir, 'summary.json')) as f:
     summary = json.load(f)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   steps = np.array([r['step'] for r in rows], np.float64)
   times = np.array([r['sim_time'] for r in rows], np.float64)
-  per_iteration = np.diff(times) / np.diff(steps)  # rows after the first
+  w = warmup_rows - 1  # the last warm-up row
+  per_iteration = np.diff(times[w:]) / np.diff(steps[w:])  # rows after the warm-up
   evals = [{k: r[k] for k in ('step', 'sim_time', 'eval_accuracy', 'eval_loss')} for r in rows
            if r.get('eval_accuracy') is not None]
-  counts = np.array([r['microbatches_done'] for r in rows[1:]], np.float64)
+  counts = np.array([r['microbatches_done'] for r in rows[w + 1:]], np.float64)
   return {'seconds_per_iteration': float(np.median(per_iteration)),
+          'mean_seconds_per_iteration': float((times[-1] - times[w]) / (steps[-1] - steps[w])),
           'time_to_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True)[0],
           'step_at_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True, x='step')[0],
           'lowest_eval_loss': min(r['eval_loss'] for r in evals), 'rows': evals,
-          'first_step': float(steps[0]), 'first_time': float(times[0]),  # the warm-up row
+          'first_step': float(steps[w]), 'first_time': float(times[w]),  # the end of the warm-up
           'counts': counts.mean(axis=0).tolist(),
           'final_eval_accuracy': summary['final_eval_accuracy'], 'measured_time': summary['measured_time'],
           'wall_time': summary['wall_time'], 'num_params': summary['num_params'],
@@ -163,18 +181,23 @@ def _median_or_none(values: list) -> Optional[float]:
 
 def median_of(runs: list[dict]) -> dict:
   """The median over the rounds of each figure of one algorithm's runs (a time to target or its step missed in
-  a round counts as infinite; None when the median misses); `range`: min and max real s/it."""
+  a round counts as infinite; None when the median misses); `range`: min and max real s/it. Times to target
+  are each run's seconds after its warm-up (`first_time` of the result: 0)."""
   per_iteration = [r['seconds_per_iteration'] for r in runs]
-  missable = ('time_to_target', 'step_at_target', 'time_to_target_loss', 'step_at_target_loss')
+  after = lambda r, key: None if r[key] is None else r[key] - r.get('first_time', 0.0)  # pylint: disable=unnecessary-lambda-assignment
+  steps = ('step_at_target', 'step_at_target_loss')
   return {'seconds_per_iteration': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
-          **{key: _median_or_none([r[key] for r in runs]) for key in missable},
+          'mean_seconds_per_iteration': float(np.median([r.get('mean_seconds_per_iteration', r['seconds_per_iteration'])
+                                                         for r in runs])),
+          **{key: _median_or_none([after(r, key) for r in runs]) for key in ('time_to_target', 'time_to_target_loss')},
+          **{key: _median_or_none([r[key] for r in runs]) for key in steps},
           'counts': np.median([r['counts'] for r in runs], axis=0).tolist(),
           'final_eval_accuracy': float(np.median([r['final_eval_accuracy'] for r in runs])),
           'speeds_s': np.median([r['speeds_s'] for r in runs], axis=0).tolist(),
           'overhead_s': np.median([r['overhead_s'] for r in runs], axis=0).tolist(),
           'num_params': runs[0]['num_params'], 'runs': len(runs),
           'first_step': runs[0].get('first_step', 0.0),
-          'first_time': float(np.median([r.get('first_time', 0.0) for r in runs]))}
+          'first_time': 0.0}
 
 
 def measured_round_s(speeds_s, counts) -> float:
@@ -182,12 +205,6 @@ def measured_round_s(speeds_s, counts) -> float:
   rounded) at its fitted s_d; the budget at which the simulator's deadline trigger gives every device the
   count measured speeds gave it."""
   return float(np.max(np.rint(np.asarray(counts, np.float64)) * np.asarray(speeds_s, np.float64)))
-
-
-def simulated_for(name: str, predicted: dict) -> Optional[float]:
-  """The prediction for `name`'s row: for nonblocking, the rule that ran (the deadline trigger at the measured
-  round), not He & Dube's first-finisher trigger, which cuts a device that has not finished one micro-batch."""
-  return predicted.get('nonblocking_deadline' if name == 'nonblocking' else name)
 
 
 def _to_target(seconds: Optional[float], step: Optional[float], first_time: float = 0.0) -> str:
@@ -202,9 +219,22 @@ IDEALS = {'nonblocking': 'nonblocking, simulated ideal: first-finisher trigger',
           'wagma': 'wagma, simulated ideal: wait-avoiding groups'}
 
 
-def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) -> dict:
+def measured_slow_microbatch_s(runs: dict, process: int) -> Optional[float]:
+  """The slowed worker's seconds per micro-batch as the runs measured it: the median over the runs in which every
+  device ran all m micro-batches (all but nonblocking's) of its fitted c / m + s; None with no slowed worker."""
+  if process < 0:
+    return None
+  per_run = [r['overhead_s'][process] / FLAGS.microbatches + r['speeds_s'][process]
+             for name, rounds in runs.items() if name != 'nonblocking' for r in rounds if r['speeds_s']]
+  return float(np.median(per_run)) if per_run else None
+
+
+def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400,
+                       slow_microbatch_s: Optional[float] = None) -> dict:
   """name -> predicted seconds per iteration on `--profile` (what the real program runs), and IDEALS[name] ->
-  the rule's own simulated ideal where no lock-step program runs it; `_micro-batch_s`: the profile's t_d."""
+  the rule's own simulated ideal where no lock-step program runs it; `_micro-batch_s`: the profile's t_d;
+  `slow`: (process, seconds it adds to each of its micro-batches), -1 for none; `slow_microbatch_s`: instead,
+  the slowed worker's whole micro-batch (`measured_slow_microbatch_s`, a diagnostic)."""
   from waitless.cluster import factory  # pylint: disable=g-import-not-at-top
   from waitless.cluster import measured_speeds  # pylint: disable=g-import-not-at-top
   from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
@@ -217,7 +247,7 @@ def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) ->
     t = cost.overhead_s + cost.base_s  # the profile's micro-batch call
     factors = np.ones(config.workers)
     if slow[0] >= 0:
-      factors[slow[0]] = (t + slow[1]) / t
+      factors[slow[0]] = (t + slow[1]) / t if slow_microbatch_s is None else slow_microbatch_s / t
     config.stragglers.worker_factors = tuple(float(f) for f in factors)
     nbytes = simulate.model_bytes(config)
 
@@ -244,8 +274,9 @@ def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400) ->
 
 def ranking(results: dict, predicted: dict) -> list[str]:
   """The pairs whose real times per iteration differ by more than the noise (their ranges over the runs do not
-  overlap), each with whether the prediction orders them the same way."""
-  lines, names = [], list(results)
+  overlap), each with whether the prediction orders them the same way; with fewer than 2 runs of an algorithm
+  there is no noise to compare with, and its pairs are not judged."""
+  lines, names = [], [name for name in results if results[name]['runs'] >= 2]
   for i, a in enumerate(names):
     for b in names[i + 1:]:
       (low_a, high_a), (low_b, high_b) = results[a]['range'], results[b]['range']
@@ -260,30 +291,35 @@ def _error(predicted: Optional[float], real: Optional[float]) -> str:
   return '-' if predicted is None or real is None else f'{100 * (predicted - real) / real:+.0f}%'
 
 
-def report(results: dict, predicted: dict, previous: dict, load: tuple, target_loss: float) -> str:
+def report(results: dict, predicted: dict, measured: dict, load: tuple, target_loss: float) -> str:
+  """The table: `predicted` on the profile, `measured` the diagnostic with the slowed worker's measured
+  micro-batch (`_slow_microbatch_s`; {} for none)."""
   nb = results.get('nonblocking')
   ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)  # pylint: disable=unnecessary-lambda-assignment
   lines = [f"digits MLP, 2 processes x 1 CPU device, m = {FLAGS.microbatches}, {FLAGS.num_steps} steps, seeds "
            f"{','.join(FLAGS.seeds)} x {FLAGS.repeats} round(s), --debug_slow_process={FLAGS.debug_slow_process}, "
            f"target accuracy {FLAGS.target_accuracy}, target loss {target_loss:.4f}; profile {FLAGS.profile}; "
            f"load average {load[0]:.2f} before, {load[1]:.2f} after",
-           f"profile's micro-batch per worker (ms): {ms(predicted['_microbatch_s'])}"]
+           f"profile's micro-batch per worker (ms): {ms(predicted['_microbatch_s'])}; the slowed worker's as the runs "
+           f"measured it {measured.get('_slow_microbatch_s', float('nan')) * 1e3:.2f} ms (the diagnostic column)"]
   if nb is not None:
     lines.append(f"nonblocking: real counts per worker {', '.join(f'{c:.2f}' for c in nb['counts'])}, predicted "
                  f"{predicted.get('_counts')}; its fitted c (ms) {ms(nb['overhead_s'])}, s (ms) {ms(nb['speeds_s'])}")
-  lines += ['', 'Times to target from the end of the first metrics row (the warm-up: first executions, nonblocking\'s '
-            'probes), predicted as ms/it x the real steps after it.', '',
-            '| algorithm | real ms/it (range) | predicted on the profile | error | ideal network, fitted s_d '
-            '(before) | real s to target acc (step) | predicted | real s to target loss (step) | predicted | '
-            'error | final accuracy |', '|---|---|---|---|---|---|---|---|---|---|---|']
+  lines += ['', 'Times to target from the end of the warm-up rows (first executions; nonblocking\'s probes and its '
+            'second program: 2 rows), predicted as ms/it x the real steps after them.', '',
+            '| algorithm | real ms/it: median of rows (range) | real mean | predicted on the profile | error | '
+            'diagnostic: slowed worker as measured | real s to target acc (step) | predicted | '
+            'real s to target loss (step) | predicted | error | final accuracy |',
+            '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results.items():
-    sim, before = predicted[name], simulated_for(name, previous)
+    sim, before = predicted[name], measured.get(name)
     low, high = r['range']
     first_step, first_time = r['first_step'], r['first_time']  # times to target from the end of the warm-up row
     loss_step, loss_time = r['step_at_target_loss'], r['time_to_target_loss']
     loss_sim = None if loss_step is None else sim * (loss_step - first_step)
     lines.append(
-        f"| {name} | {r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f}) | {sim * 1e3:.2f} | "
+        f"| {name} | {r['seconds_per_iteration'] * 1e3:.2f} ({low * 1e3:.1f}-{high * 1e3:.1f}) | "
+        f"{r['mean_seconds_per_iteration'] * 1e3:.2f} | {sim * 1e3:.2f} | "
         f"{_error(sim, r['seconds_per_iteration'])} | {'-' if before is None else f'{before * 1e3:.2f}'} | "
         f"{_to_target(r['time_to_target'], r['step_at_target'], first_time)} | "
         f"{_simulated_to_target(sim, r['step_at_target'], first_step)} | "
@@ -291,7 +327,8 @@ def report(results: dict, predicted: dict, previous: dict, load: tuple, target_l
         f"{_error(loss_sim, None if loss_time is None else loss_time - first_time)} | "
         f"{r['final_eval_accuracy']:.3f} |")
     if name in IDEALS:
-      lines.append(f"| {IDEALS[name]} | (no lock-step program) | {predicted[IDEALS[name]] * 1e3:.2f} | | | | | | | | |")
+      lines.append(f"| {IDEALS[name]} | (no lock-step program) | | {predicted[IDEALS[name]] * 1e3:.2f} | | | | | | | "
+                   "| |")
   lines += ['', 'ranking where the real gap exceeds the noise: ' + ('; '.join(ranking(results, predicted)) or 'none')]
   return '\n'.join(lines)
 
@@ -324,19 +361,23 @@ def main(argv):
         print(f'{name} seed {seed} round {round_}: {runs[name][-1]["seconds_per_iteration"] * 1e3:.2f} ms/it, '
               f'time to target {runs[name][-1]["time_to_target"]}', file=sys.stderr)
   load = (before, os.getloadavg()[0])
+  slow_s = measured_slow_microbatch_s(runs, slow[0])
+  measured = {} if slow_s is None else {**predict_on_profile(names, slow, slow_microbatch_s=slow_s),
+                                        '_slow_microbatch_s': slow_s}
   target_loss = default_target_loss(runs) if FLAGS.target_loss is None else FLAGS.target_loss
   runs = {name: [at_target_loss(r, target_loss) for r in rounds] for name, rounds in runs.items()}
   results = {name: median_of(r) for name, r in runs.items()}
-  previous = {}
+  ideal = {}
   if 'nonblocking' in results:
     nb = results['nonblocking']
-    previous = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
+    ideal = real_stragglers.simulate_iteration_seconds(  # constant compute: a one-row trace
         np.asarray(nb['speeds_s'])[None], FLAGS.microbatches, 4 * nb['num_params'], 400, FLAGS.local_steps,
         nonblocking_deadline_s=measured_round_s(nb['speeds_s'], nb['counts']))
-  print(report(results, predicted, previous, load, target_loss))
+  print(report(results, predicted, measured, load, target_loss))
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
-      json.dump({'results': results, 'runs': runs, 'predicted_s': predicted, 'ideal_network_s': previous,
+      json.dump({'results': results, 'runs': runs, 'predicted_s': predicted, 'measured_slow_predicted_s': measured,
+                 'ideal_network_s': ideal,
                  'load': load, 'workdir': root, 'target_loss': target_loss, 'profile': FLAGS.profile}, f, indent=1)
 
 

@@ -57,6 +57,13 @@ class FiguresTest(absltest.TestCase):
     self.assertEqual(figures['counts'], [4.0, 1.5])
     self.assertEqual(figures['lowest_eval_loss'], 0.3)
 
+  def test_warm_up_rows_are_left_out_and_times_to_target_counted_after_them(self):
+    figures = real_run.figures(self.workdir, target_accuracy=0.95, warmup_rows=2)
+    self.assertEqual((figures['first_step'], figures['first_time']), (20.0, 0.7))
+    self.assertAlmostEqual(figures['seconds_per_iteration'], 0.02)
+    self.assertEqual(figures['counts'], [4.0, 2.0])  # the third row only
+    self.assertEqual(real_run.WARMUP_ROWS['nonblocking'], 2)
+
   def test_a_target_never_reached_is_none(self):
     figures = real_run.at_target_loss(real_run.figures(self.workdir, target_accuracy=0.99), target_loss=0.1)
     for key in ('time_to_target', 'step_at_target', 'time_to_target_loss', 'step_at_target_loss'):
@@ -85,21 +92,35 @@ class OverRoundsTest(absltest.TestCase):
     self.assertEqual(real_run.default_target_loss(runs), 0.35)
 
   def test_report_has_a_row_per_algorithm_with_the_prediction_and_the_ideals(self):
-    results = {'nonblocking': real_run.median_of([self._round(0.01, 1.0)]),
-               'sync': real_run.median_of([self._round(0.02, None)])}
+    rounds = lambda seconds, to_target: [self._round(seconds, to_target), self._round(seconds * 1.1, to_target)]  # pylint: disable=unnecessary-lambda-assignment
+    results = {'nonblocking': real_run.median_of(rounds(0.01, 1.0)), 'sync': real_run.median_of(rounds(0.02, None))}
     settings = types.SimpleNamespace(microbatches=4, num_steps=200, repeats=1, debug_slow_process='1:0.004',
-                                     target_accuracy=0.96, seeds=['0'], profile='this_machine')
+                                     target_accuracy=0.96, seeds=['0', '1'], profile='this_machine')
     predicted = {'nonblocking': 0.011, real_run.IDEALS['nonblocking']: 0.002, 'sync': 0.018,
                  '_microbatch_s': [0.001, 0.005], '_counts': [4, 1]}
-    previous = {'nonblocking': 0.001, 'nonblocking_deadline': 0.005, 'sync': 0.01}
+    measured = {'nonblocking': 0.009, 'sync': 0.016, '_slow_microbatch_s': 0.0045}
     with mock.patch.object(real_run, 'FLAGS', settings):
-      text = real_run.report(results, predicted, previous, (1.0, 1.0), 0.3)
-    self.assertIn('| nonblocking | 10.00 (10.0-10.0) | 11.00 | +10% | 5.00 | 1.00 (50) | 0.55 | 1.00 (40) | 0.44 | '
-                  '-56% |', text)
-    self.assertIn('| nonblocking, simulated ideal: first-finisher trigger | (no lock-step program) | 2.00 |', text)
-    self.assertIn('| sync | 20.00 (20.0-20.0) | 18.00 | -10% | 10.00 | not reached | - | not reached | - | - |', text)
+      text = real_run.report(results, predicted, measured, (1.0, 1.0), 0.3)
+    # median 10.5 ms of 10 and 11 (mean 10.5 likewise), predicted 11: +5%; to the loss target 40 - 0 steps x 11 ms
+    self.assertIn('| nonblocking | 10.50 (10.0-11.0) | 10.50 | 11.00 | +5% | 9.00 | 1.00 (50) | 0.55 | 1.00 (40) | '
+                  '0.44 | -56% |', text)
+    self.assertIn('| nonblocking, simulated ideal: first-finisher trigger | (no lock-step program) | | 2.00 |', text)
+    self.assertIn('| sync | 21.00 (20.0-22.0) | 21.00 | 18.00 | -14% | 16.00 | not reached | - | not reached | - | - |',
+                  text)
     self.assertIn('nonblocking < sync: same order', text)
+    self.assertIn('measured it 4.50 ms', text)
     self.assertIn('target loss 0.3000', text)
+
+  def test_one_run_per_algorithm_judges_no_ranking(self):
+    results = {'a': real_run.median_of([self._round(0.01, 1.0)]), 'b': real_run.median_of([self._round(0.02, 1.0)])}
+    self.assertEqual(real_run.ranking(results, {'a': 0.02, 'b': 0.01}), [])
+
+  def test_the_slowed_workers_measured_microbatch_is_from_the_runs_that_ran_all_m(self):
+    runs = {'sync': [{**self._round(0.02, 1.0), 'speeds_s': [0.001, 0.004], 'overhead_s': [0.0, 0.004]}],
+            'nonblocking': [{**self._round(0.01, 1.0), 'speeds_s': [0.001, 0.009], 'overhead_s': [0.0, 0.0]}]}
+    with mock.patch.object(real_run, 'FLAGS', types.SimpleNamespace(microbatches=4)):
+      self.assertAlmostEqual(real_run.measured_slow_microbatch_s(runs, 1), 0.004 + 0.004 / 4)
+      self.assertIsNone(real_run.measured_slow_microbatch_s(runs, -1))
 
 
 class PredictionTest(absltest.TestCase):

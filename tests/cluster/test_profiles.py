@@ -4,6 +4,8 @@ import copy
 import json
 import math
 import os
+import subprocess
+import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -18,6 +20,8 @@ from waitless.cluster import registry
 from waitless.cluster.rules import sync
 from waitless.experiments.configs import common
 from waitless.experiments.configs import mnist1d
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Round figures, so that the closed forms are easy to read.
 PROFILE = {
@@ -151,6 +155,23 @@ class ProfilesTest(parameterized.TestCase):
     config = self.config(self.bad(edit))
     with self.assertRaisesRegex(errors.ConfigError, r'^cluster\.profile\[.*\]\.' + message):
       factory.validate(config)
+
+  @parameterized.named_parameters(
+      ('missing_field', lambda d: d['network']['p2p'].pop('latency_s'), r'network\.p2p\.latency_s=.missing'),
+      ('negative_field', lambda d: d['host_s'].update(value=-1.0), r'host_s\.value=-1\.0 .*>= 0'),
+      ('another_model', lambda d: d.update(compute={'digits/mlp': d['compute']['mnist1d/cnn1d']}),
+       r"compute='mnist1d/cnn1d' .*written for digits/mlp"),
+  )
+  def test_a_program_given_a_bad_profile_file_says_one_line_and_exits_2(self, edit, message):
+    path = self.bad(edit)
+    out = subprocess.run([sys.executable, '-m', 'waitless.experiments.simulate',
+                          '--config=experiments/configs/mnist1d.py:sync', f'--config.cluster.profile={path}',
+                          '--iterations=5', '--model_bytes=10'], cwd=ROOT, capture_output=True, text=True,
+                         check=False, env=dict(os.environ, PYTHONPATH=ROOT))
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    lines = out.stderr.strip().splitlines()
+    self.assertLen(lines, 1, out.stderr)
+    self.assertRegex(lines[0], r'^error: cluster\.profile\[.*\]\.' + message)
 
   def test_unknown_name_lists_the_shipped_ones(self):
     with self.assertRaisesRegex(errors.ConfigError, r"cluster\.profile='nowhere' .*shipped: .*dgx_h100"):

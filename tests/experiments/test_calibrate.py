@@ -9,6 +9,7 @@ from absl.testing import absltest
 import pytest
 
 from waitless.cluster import profiles
+from waitless.experiments import calibrate
 from waitless.experiments import simulate
 from waitless.experiments.configs import digits
 
@@ -28,6 +29,16 @@ class CalibrateTest(absltest.TestCase):
     self.assertRegex(out.stderr.strip(), r'^error: --processes=1 is not allowed: .*2 or more real processes')
     self.assertNotIn('Traceback', out.stderr)
 
+  def test_a_round_another_job_slowed_is_dropped(self):
+    value, spread, dropped = calibrate.robust([1.0, 1.1, 0.9, 1.05, 5.0])
+    self.assertEqual(dropped, [4])
+    self.assertAlmostEqual(value, 1.025)  # the median of the four kept rounds
+    self.assertAlmostEqual(spread, calibrate.MAD_SCALE * 0.05)  # their scaled MAD, not inflated by 5.0
+    self.assertEqual(calibrate.robust([1.0, 9.0])[2], [])  # two rounds: nothing to tell the outlier by
+    self.assertEqual(calibrate.robust([2.0, 2.0, 2.0, 7.0])[2], [])  # MAD 0: nothing dropped
+    figure = calibrate._figure([1.0, 1.1, 0.9, 1.05, 5.0], 'test', loads=[1, 2, 3, 4, 12.5])
+    self.assertEqual((figure['dropped'], figure['load'], figure['rounds'][-1]), ([4], [1, 2, 3, 4, 12.5], 5.0))
+
   @pytest.mark.slow
   def test_writes_a_profile_every_program_reads(self):
     path = os.path.join(self.create_tempdir().full_path, 'here.json')
@@ -41,8 +52,9 @@ class CalibrateTest(absltest.TestCase):
     entry = doc['compute']['digits/mlp']
     for figure in (entry['per_sample_s'], entry['overhead_s'], doc['host_s'], doc['network']['p2p']['latency_s'],
                    doc['network']['allreduce']['bandwidth_gbps']):
-      self.assertContainsSubset(['value', 'spread', 'rounds', 'source'], figure)
+      self.assertContainsSubset(['value', 'spread', 'rounds', 'dropped', 'source'], figure)
       self.assertIn('measured by experiments.calibrate', figure['source'])
+    self.assertLen(doc['network']['allreduce']['latency_s']['load'], 1)  # the load when the round started
     profile = profiles.load(path)
     config = digits.get_config('sync')
     config.cluster.profile = path

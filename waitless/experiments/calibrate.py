@@ -5,8 +5,12 @@ r"""Measures the machine at hand and writes a cluster profile (`cluster/profiles
   python -m waitless.experiments.simulate --config=experiments/configs/digits.py:sync \
       --config.cluster.profile=this_machine.json
 
-Three measurements, each fitted several times (`--rounds`), the median written as the figure and the standard
-deviation over the rounds as its `spread`:
+Three measurements, each fitted several times (`--rounds`; the harness's runs interleaved: every round runs
+each of them once, so that a change of the machine's load moves them alike). A figure is the median of its
+rounds after the outliers are dropped (a round further than 3 scaled median absolute deviations from the
+median: another user's job landed on it, `robust`); `spread` is the kept rounds' scaled MAD, `rounds` every
+round's value, `dropped` the outliers' indices and, for the harness's figures, `load` the load average when
+each round started:
   compute       one worker's micro-batch call of the config's model (`harness.call_timing.make_call`, what
                 `benchmarks.call_overhead` times) at several sizes s, fitted as t(s) = c + s x per_sample_s
                 (`calibration.fit_overhead`): per_sample_s; c, the cost of a separately dispatched call, is
@@ -51,7 +55,8 @@ flags.declare_key_flag('config')
 _PROCESSES = flags.DEFINE_integer('processes', 2, 'Processes of the collectives\' mesh (>= 2).')
 _OUT = flags.DEFINE_string('out', None, 'The profile JSON to write.')
 _NAME = flags.DEFINE_string('name', 'this_machine', 'The profile\'s name.')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of each measurement (the spread of its fitted figures).')
+_ROUNDS = flags.DEFINE_integer('rounds', 4, 'Rounds of each measurement (the spread of its fitted figures; '
+                               'outliers are dropped from 3 rounds on).')
 _REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per size of the compute measurement (median kept).')
 _HARNESS_STEPS = flags.DEFINE_integer('harness_steps', 120, 'Iterations of each 1-process harness run.')
 _HARNESS_M = flags.DEFINE_integer('harness_microbatches', 4, 'M, the larger micro-batch count of the harness runs '
@@ -62,11 +67,36 @@ _COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '65536', '104
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _figure(values, source: str, **extra) -> dict:
-  """A profile figure: the median of the rounds' values, their standard deviation as `spread`."""
+MAD_SCALE = 1.4826  # a normal sample's standard deviation / its median absolute deviation
+OUTLIER_MADS = 3.0  # a round further than this many scaled MADs from the median is dropped
+
+
+def robust(values) -> tuple[float, float, list[int]]:
+  """(median of the kept rounds, their scaled MAD, the dropped rounds' indices) of a figure's per-round values.
+
+  A shared machine makes some rounds slow (another user's job lands on them): a round further than
+  OUTLIER_MADS scaled median absolute deviations from the median of all rounds is dropped, and the spread is
+  the kept rounds' scaled MAD (their standard deviation if they were normal, not inflated by a dropped round).
+  Two rounds can drop nothing (both lie one MAD from their median); a MAD of 0 drops nothing either."""
   values = np.asarray(values, np.float64)
-  return {'value': float(np.median(values)), 'spread': float(values.std()), 'rounds': values.tolist(),
-          'source': source, **extra}
+  median = np.median(values)
+  mad = MAD_SCALE * np.median(np.abs(values - median))
+  dropped = [i for i, v in enumerate(values) if mad > 0 and abs(v - median) > OUTLIER_MADS * mad]
+  kept = np.delete(values, dropped)
+  median = float(np.median(kept))
+  return median, float(MAD_SCALE * np.median(np.abs(kept - median))), dropped
+
+
+def _figure(values, source: str, loads=None, **extra) -> dict:
+  """A profile figure: the median of the rounds' values after `robust` dropped the outliers, the kept rounds'
+  scaled MAD as `spread`, every round's value (`rounds`), the dropped ones (`dropped`, indices) and, where
+  given, the load average when each round started (`load`: what the machine's other users were doing)."""
+  value, spread, dropped = robust(values)
+  out = {'value': value, 'spread': spread, 'rounds': np.asarray(values, np.float64).tolist(), 'dropped': dropped,
+         'source': source, **extra}
+  if loads is not None:
+    out['load'] = [round(float(x), 2) for x in loads]
+  return out
 
 
 def measure_compute(config, rounds: int, repeats: int) -> tuple[np.ndarray, list]:
@@ -115,8 +145,8 @@ def harness_seconds_per_iteration(config_arg: str, flags_: list[str], algorithm:
 def harness_collectives(config_arg: str, flags_: list[str], processes: int, steps: int, workdir: str) -> tuple:
   """(seconds of the all-reduce, seconds of one point-to-point exchange) of the config's model as the harness
   pays them on `processes` processes: sync, D-PSGD (ring_neighbours exchanges) and local SGD that never averages
-  within the run, one micro-batch, nobody slowed; a collective's time is its run's time per iteration minus
-  local SGD's."""
+  within the run, one micro-batch, nobody slowed, run one after another (a round: a change of load between
+  rounds moves its three runs alike); a collective's time is its run's time per iteration minus local SGD's."""
   from waitless.cluster.rules import synchronous  # pylint: disable=g-import-not-at-top
   seconds = {name: harness_seconds_per_iteration(config_arg, flags_, name, 1, steps, os.path.join(workdir, slug),
                                                  processes)
@@ -143,11 +173,13 @@ def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str)
     return json.load(f)
 
 
-def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, nbytes: float, model: str) -> dict:
+def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, nbytes: float, model: str,
+                    loads=None) -> dict:
   """The profile's `network` section from the collectives' rows, fitted per round: the bandwidths from the
   micro-benchmark's fit; the latencies from `in_harness` ((all-reduce, point-to-point) seconds per round of
   the model's `nbytes` as the harness pays them, `harness_collectives`) less the bandwidth term, at least 0. The
-  micro-benchmark's own latencies are kept as `microbenchmark_latency_s`."""
+  micro-benchmark's own latencies are kept as `microbenchmark_latency_s`; `loads`: the load average when each
+  round of `in_harness` started."""
   from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
   allreduce, p2p = [], []
   kept = {kind: [row for row in rows[kind] if row[-1] > 0] for kind in rows}  # <= 0: below the timer's noise
@@ -176,10 +208,10 @@ def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, n
   ring = where + '; psum, relative least squares on the ring form (calibration.fit_alpha_beta)'
   shift = where + '; a ring shift (ppermute), t = alpha + M / beta, relative least squares'
   return {
-      'allreduce': {'form': 'ring', 'latency_s': _figure(ar_latency, harness_where),
+      'allreduce': {'form': 'ring', 'latency_s': _figure(ar_latency, harness_where, loads),
                     'bandwidth_gbps': _figure(allreduce[:, 1], ring),
                     'microbenchmark_latency_s': _figure(allreduce[:, 0], ring)},
-      'p2p': {'latency_s': _figure(p2p_latency, harness_where), 'bandwidth_gbps': _figure(p2p[:, 1], shift),
+      'p2p': {'latency_s': _figure(p2p_latency, harness_where, loads), 'bandwidth_gbps': _figure(p2p[:, 1], shift),
               'microbenchmark_latency_s': _figure(p2p[:, 0], shift)},
       'measurements': rows,
   }
@@ -204,9 +236,10 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   compute_fits, sizes = measure_compute(config, rounds, repeats)
   per_sample = float(np.median(compute_fits[:, 0]))
   batch = config.batch_size
-  overheads, hosts, in_harness = [], [], []
+  overheads, hosts, in_harness, loads = [], [], [], []
   with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
     for r in range(rounds):
+      loads.append(os.getloadavg()[0])
       in_harness.append(harness_collectives(config_arg, flags_, processes, harness_steps,
                                             os.path.join(tmp, f'collectives_{r}')))
       t1 = harness_seconds_per_iteration(config_arg, flags_, 'sync', 1, harness_steps, os.path.join(tmp, f'm1_{r}'))
@@ -222,7 +255,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   compute[key] = {
       'per_sample_s': _figure(compute_fits[:, 0], f'measured by experiments.calibrate: one worker\'s micro-batch '
                               f'call at {sizes} samples, least squares t(s) = c + s x per_sample_s'),
-      'overhead_s': _figure(overheads, harness_where + ': (T(M) - T(1)) / (M - 1)'),
+      'overhead_s': _figure(overheads, harness_where + ': (T(M) - T(1)) / (M - 1)', loads),
       'dispatch_overhead_s': _figure(compute_fits[:, 1], 'measured by experiments.calibrate: c of the call fit (a '
                                      'separately dispatched call; informational)'),
   }
@@ -232,8 +265,8 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                       f'{platform.processor() or platform.machine()}, calibrated '
                       f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'),
       'compute': compute,
-      'network': network_figures(rows, rounds, processes, in_harness, tasks.model_bytes(config), key),
-      'host_s': _figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s'),
+      'network': network_figures(rows, rounds, processes, in_harness, tasks.model_bytes(config), key, loads),
+      'host_s': _figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s', loads),
   }
   profiles.parse(profile, out)  # what it writes, it can read
   with open(out, 'w') as f:
