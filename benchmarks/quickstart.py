@@ -42,6 +42,7 @@ def _child(workdir: str, report: str) -> None:
   from absl import app  # pylint: disable=g-import-not-at-top
   from waitless.cluster import clock as clock_lib  # pylint: disable=g-import-not-at-top
   from waitless.experiments import compare  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import shared_flags  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
 
   totals = collections.Counter()
@@ -80,7 +81,7 @@ def _child(workdir: str, report: str) -> None:
   timed(clock_lib.Clock, 'next_block', 'clock')
   sys.argv = ['compare', f'--flagfile={FLAGFILE}', f'--workdir={workdir}']
   try:
-    app.run(compare.main)
+    app.run(compare.main, flags_parser=shared_flags.parse_flags)  # as `python -m waitless.experiments.compare`
   except SystemExit as e:
     if e.code not in (0, None):
       raise

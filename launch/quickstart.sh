@@ -18,7 +18,7 @@
 #   Another cluster: --config.cluster.profile=NAME (a shipped profile, or the JSON `python -m
 #   waitless.experiments.calibrate` wrote for yours); the budget follows it (below).
 # The flags are in launch/quickstart.flags (benchmarks/quickstart.py times the same command). Every run gets the
-# simulated time sync needs for 470 iterations on the profile (--sim_baseline_steps; 0.6 s on commodity_10gbe):
+# simulated time sync needs for 300 iterations on the profile (--sim_baseline_steps; 0.38 s on commodity_10gbe, 2.8 times what sync needs to reach the target):
 # the same time for every algorithm, not the same number of iterations (an asynchronous iteration is one
 # gradient, a synchronous one 8), at most 4,500 iterations, evaluated 50 times; each algorithm at the better of
 # two step sizes: SGD learning rate 0.2 with momentum 0.9 (the workload's default) or 0.1 without momentum (stale
