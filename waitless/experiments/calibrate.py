@@ -8,9 +8,9 @@ r"""Measures the machine at hand and writes a cluster profile (`cluster/profiles
 Three measurements, each fitted several times (`--rounds`; the harness's runs interleaved: every round runs
 each of them once, so that a change of the machine's load moves them alike). A figure is the median of its
 rounds after the outliers are dropped (a round further than 3 scaled median absolute deviations from the
-median: another user's job landed on it, `robust`); `spread` is the kept rounds' scaled MAD, `rounds` every
-round's value, `dropped` the outliers' indices and, for the harness's figures, `load` the load average when
-each round started:
+median: another user's job landed on it, `cluster.profile_figures.robust`); `spread` is the kept rounds'
+scaled MAD, `rounds` every round's value, `dropped` the outliers' indices and, for the harness's figures,
+`load` the load average when each round started:
   compute       one worker's micro-batch call of the config's model (`harness.call_timing.make_call`, what
                 `benchmarks.call_overhead` times) at several sizes s, fitted as t(s) = c + s x per_sample_s
                 (`calibration.fit_overhead`): per_sample_s; c, the cost of a separately dispatched call, is
@@ -48,6 +48,7 @@ from absl import flags
 import numpy as np
 
 from waitless import config_errors as errors
+from waitless.cluster import profile_figures as pf
 from waitless.experiments import config_paths
 
 _CONFIG = config_paths.config_flag()
@@ -65,38 +66,6 @@ _COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '65536', '104
                                       'Bytes per collective.')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-MAD_SCALE = 1.4826  # a normal sample's standard deviation / its median absolute deviation
-OUTLIER_MADS = 3.0  # a round further than this many scaled MADs from the median is dropped
-
-
-def robust(values) -> tuple[float, float, list[int]]:
-  """(median of the kept rounds, their scaled MAD, the dropped rounds' indices) of a figure's per-round values.
-
-  A shared machine makes some rounds slow (another user's job lands on them): a round further than
-  OUTLIER_MADS scaled median absolute deviations from the median of all rounds is dropped, and the spread is
-  the kept rounds' scaled MAD (their standard deviation if they were normal, not inflated by a dropped round).
-  Two rounds can drop nothing (both lie one MAD from their median); a MAD of 0 drops nothing either."""
-  values = np.asarray(values, np.float64)
-  median = np.median(values)
-  mad = MAD_SCALE * np.median(np.abs(values - median))
-  dropped = [i for i, v in enumerate(values) if mad > 0 and abs(v - median) > OUTLIER_MADS * mad]
-  kept = np.delete(values, dropped)
-  median = float(np.median(kept))
-  return median, float(MAD_SCALE * np.median(np.abs(kept - median))), dropped
-
-
-def _figure(values, source: str, loads=None, **extra) -> dict:
-  """A profile figure: the median of the rounds' values after `robust` dropped the outliers, the kept rounds'
-  scaled MAD as `spread`, every round's value (`rounds`), the dropped ones (`dropped`, indices) and, where
-  given, the load average when each round started (`load`: what the machine's other users were doing)."""
-  value, spread, dropped = robust(values)
-  out = {'value': value, 'spread': spread, 'rounds': np.asarray(values, np.float64).tolist(), 'dropped': dropped,
-         'source': source, **extra}
-  if loads is not None:
-    out['load'] = [round(float(x), 2) for x in loads]
-  return out
 
 
 def measure_compute(config, rounds: int, repeats: int) -> tuple[np.ndarray, list]:
@@ -208,11 +177,11 @@ def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, n
   ring = where + '; psum, relative least squares on the ring form (calibration.fit_alpha_beta)'
   shift = where + '; a ring shift (ppermute), t = alpha + M / beta, relative least squares'
   return {
-      'allreduce': {'form': 'ring', 'latency_s': _figure(ar_latency, harness_where, loads),
-                    'bandwidth_gbps': _figure(allreduce[:, 1], ring),
-                    'microbenchmark_latency_s': _figure(allreduce[:, 0], ring)},
-      'p2p': {'latency_s': _figure(p2p_latency, harness_where, loads), 'bandwidth_gbps': _figure(p2p[:, 1], shift),
-              'microbenchmark_latency_s': _figure(p2p[:, 0], shift)},
+      'allreduce': {'form': 'ring', 'latency_s': pf.figure(ar_latency, harness_where, loads),
+                    'bandwidth_gbps': pf.figure(allreduce[:, 1], ring),
+                    'microbenchmark_latency_s': pf.figure(allreduce[:, 0], ring)},
+      'p2p': {'latency_s': pf.figure(p2p_latency, harness_where, loads), 'bandwidth_gbps': pf.figure(p2p[:, 1], shift),
+              'microbenchmark_latency_s': pf.figure(p2p[:, 0], shift)},
       'measurements': rows,
   }
 
@@ -253,10 +222,10 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                    f'm = 1 and m = {harness_m}, batch {batch}, {harness_steps} steps')
   compute = dict(doc.get('compute', {}))
   compute[key] = {
-      'per_sample_s': _figure(compute_fits[:, 0], f'measured by experiments.calibrate: one worker\'s micro-batch '
+      'per_sample_s': pf.figure(compute_fits[:, 0], f'measured by experiments.calibrate: one worker\'s micro-batch '
                               f'call at {sizes} samples, least squares t(s) = c + s x per_sample_s'),
-      'overhead_s': _figure(overheads, harness_where + ': (T(M) - T(1)) / (M - 1)', loads),
-      'dispatch_overhead_s': _figure(compute_fits[:, 1], 'measured by experiments.calibrate: c of the call fit (a '
+      'overhead_s': pf.figure(overheads, harness_where + ': (T(M) - T(1)) / (M - 1)', loads),
+      'dispatch_overhead_s': pf.figure(compute_fits[:, 1], 'measured by experiments.calibrate: c of the call fit (a '
                                      'separately dispatched call; informational)'),
   }
   profile = {
@@ -266,7 +235,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                       f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'),
       'compute': compute,
       'network': network_figures(rows, rounds, processes, in_harness, tasks.model_bytes(config), key, loads),
-      'host_s': _figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s', loads),
+      'host_s': pf.figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s', loads),
   }
   profiles.parse(profile, out)  # what it writes, it can read
   with open(out, 'w') as f:
