@@ -508,6 +508,8 @@ class CommandLineTest(parameterized.TestCase):
     clock = cluster_factory.make_clock(config, registry.time_rule(config), tasks_lib.model_bytes(config))
     budget = float(clock.next_block(30).sim_time[-1])
     self.assertIn(f'sync needs {budget:.4g} simulated seconds for 30 iterations on commodity_10gbe', result.stderr)
+    with open(os.path.join(root, 'comparison.md')) as f:  # the title names the budget, not one run's steps
+      self.assertIn(f'{budget:.4g} simulated seconds per run (what sync needs for 30 iterations)', f.readline())
     planned, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd'], [()], 1, root,
                                    overrides={'cluster.profile': 'commodity_10gbe'}, sim_time=budget, evals=2)
     for run in planned:  # each run gets the iterations its own clock needs for the same seconds

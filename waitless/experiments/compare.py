@@ -147,13 +147,14 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   from waitless.experiments.harness import workdir_lock  # pylint: disable=g-import-not-at-top
   lock = workdir_lock.WorkdirLock(root)  # a second comparison on this workdir would train every run twice
   try:
-    return _run_and_report(runs, root, path, skipped)
+    return _run_and_report(runs, root, path, skipped, sim_time)
   finally:
     lock.release()
 
 
-def _run_and_report(runs, root: str, path: str, skipped: dict[str, str]) -> dict[str, Any]:
-  """Trains the unfinished runs, then writes the report."""
+def _run_and_report(runs, root: str, path: str, skipped: dict[str, str], sim_time: float | None) -> dict[str, Any]:
+  """Trains the unfinished runs, then writes the report (`sim_time`: the budget of every run, --sim_time's or
+  the one --sim_baseline_steps gave; None: config.num_steps)."""
   print(f'[compare] {len(runs)} runs ({len(set(r.entry for r in runs))} entries x '
         f'{len(set(r.sweep for r in runs))} sweep points x {shared_flags.SEEDS.value} seeds) in {root}',
         file=sys.stderr)
@@ -162,14 +163,21 @@ def _run_and_report(runs, root: str, path: str, skipped: dict[str, str]) -> dict
   if cache:
     compilation_cache.enable(cache)
   compare_runs.run_all(runs, max_replicas=shared_flags.MAX_REPLICAS.value)
-  budget = (f'{_SIM_TIME.value:g} simulated seconds per run' if _SIM_TIME.value is not None
-            else f'{runs[0].config.num_steps} steps per run')
+  budget = (f'{runs[0].config.num_steps} steps per run' if sim_time is None else
+            f'{sim_time:.4g} simulated seconds per run' + (f' (what {_budget_entry([r.entry for r in runs])} needs for '
+                                                           f'{_SIM_BASELINE_STEPS.value} iterations)'
+                                                           if _SIM_BASELINE_STEPS.value is not None else ''))
   profile = runs[0].config.get('cluster', {}).get('profile', '')  # every table names the cluster it holds for
   cluster = f'cluster profile {profile}' if profile else 'no cluster profile (configured times, ideal network)'
   title = f'{os.path.basename(path)}: {runs[0].config.workers} workers, {budget}, {cluster}'
   return report_lib.write_report(runs, root, title, runs[0].config.target_accuracy, _TARGET_LOSS.value,
                                  _BASELINE.value, skipped, tuning_seeds=_TUNING_SEEDS.value,
                                  confidence=_CONFIDENCE.value)
+
+
+def _budget_entry(entries: list[str]) -> str:
+  """The entry whose iterations --sim_baseline_steps counts: the baseline, or the first entry without one."""
+  return _BASELINE.value if _BASELINE.value in entries else entries[0]
 
 
 def _budget_of_baseline_steps(get_config, entries: list[str], common_pairs: list[str],
@@ -184,7 +192,7 @@ def _budget_of_baseline_steps(get_config, entries: list[str], common_pairs: list
   errors.require(_SIM_TIME.value is None, '--sim_baseline_steps', steps,
                  f'and --sim_time={_SIM_TIME.value} both give the budget: set one of them')
   errors.require_int(steps, '--sim_baseline_steps', 1)
-  entry = _BASELINE.value if _BASELINE.value in entries else entries[0]
+  entry = _budget_entry(entries)
   config = compare_plan.entry_config(get_config, entry, (), common_pairs, overrides)
   validation.validate(config)
   sim_time = sim_budget.sim_time_of_steps(config, steps)
