@@ -246,9 +246,9 @@ class BudgetTest(parameterized.TestCase):
     self.assertEqual({k: got[k] for k in expected}, expected)
     self.assertEqual(got['log_every'], got['eval_every'])
     self.assertEqual(got['checkpoint_every'] % got['eval_every'], 0)
-    # The config's checkpoint period, or a longer one: at most about CHECKPOINTS_PER_RUN saves in the run.
-    self.assertGreaterEqual(got['checkpoint_every'], digits.get_config(entry).checkpoint_every)
-    self.assertLessEqual(got['num_steps'] // got['checkpoint_every'], sim_budget.CHECKPOINTS_PER_RUN)
+    # Checkpoints by step at the end only (the ones in between come from the wall-clock period), with the same
+    # period for every seed of an entry, whatever its own num_steps: one program.
+    self.assertGreaterEqual(got['checkpoint_every'], max_steps or sim_budget.MAX_STEPS)
 
   def test_a_budget_beyond_max_steps_is_refused_before_the_clock_runs_that_far(self):
     # Issue 39: --sim_time beyond 10^7 iterations was refused only after the clock had run 10^7 of them.

@@ -169,10 +169,10 @@ class MeasuredRunTest(absltest.TestCase):
     workdir = self.create_tempdir().full_path
 
     class StopAt(preemption.StopRequests):
-      def agreed(self, step):
+      def agreed(self, step, checkpoint_due=False):
         if step >= 8:
           self.request('test')
-        return super().agreed(step)
+        return super().agreed(step, checkpoint_due)
 
     with self.assertRaises(preemption.Preempted):
       train.train_and_evaluate(config, workdir, stop_requests=StopAt())

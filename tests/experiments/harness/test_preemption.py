@@ -24,10 +24,10 @@ class StopAt(preemption.StopRequests):
     super().__init__()
     self.at = step
 
-  def agreed(self, step: int) -> bool:
+  def agreed(self, step: int, checkpoint_due: bool = False) -> preemption.Agreement:
     if step >= self.at:
       self.request('test')
-    return super().agreed(step)
+    return super().agreed(step, checkpoint_due)
 
 
 class PreemptionTest(parameterized.TestCase):

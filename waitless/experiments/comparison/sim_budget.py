@@ -18,7 +18,6 @@ from waitless.experiments.harness import tasks
 
 
 MAX_STEPS = 10 ** 7  # the iterations a budget may buy without --max_steps
-CHECKPOINTS_PER_RUN = 10  # at most about this many checkpoints in a run of `even_blocks`
 
 
 def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
@@ -78,9 +77,11 @@ def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
   evaluation period), eval_every the period steps // evals rounded up to a multiple of it (a period was first
   chosen, and blocks that divide it: a prime period such as 83 left blocks of one iteration, a jitted call and a
   transfer per iteration), num_steps a multiple of it: `steps` rounded up (down when that would pass
-  `max_steps`); checkpoint_every a multiple of it too, the config's or, if that is shorter, about a tenth of the
-  run (`CHECKPOINTS_PER_RUN`: a short run does not spend its time saving, and a kill loses at most a tenth of it;
-  SIGTERM and Ctrl-C still checkpoint where they stop). `cadence_steps` (default `steps`) sets the cadence instead: the
+  `max_steps`); checkpoint_every the multiple of it at or past the most steps a run may have (`max_steps`, else
+  `MAX_STEPS`), the same for every seed: by step, a run checkpoints at its end only. Its checkpoints in between
+  come from the config's wall-clock period (`checkpoint_every_s`), so that a kill loses at most that much of a
+  long run and a short one (a quickstart program of half a minute) does not spend a fifth of its time saving;
+  SIGTERM and Ctrl-C still checkpoint where they stop. `cadence_steps` (default `steps`) sets the cadence instead: the
   seeds of one comparison entry take their first seed's, so that they share one program
   (`experiments/harness/replicas.py`) and differ only in their own `num_steps`.
   """
@@ -91,6 +92,5 @@ def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
   num_steps = -(-steps // every) * every
   if max_steps is not None and num_steps > max_steps:
     num_steps = max(every, max_steps // every * every)
-  checkpoint_every = max(config.checkpoint_every, num_steps // CHECKPOINTS_PER_RUN)
   return {'num_steps': num_steps, 'eval_every': every, 'log_every': every, 'steps_per_call': per_call,
-          'checkpoint_every': -(-checkpoint_every // every) * every}
+          'checkpoint_every': -(-(MAX_STEPS if max_steps is None else max_steps) // every) * every}

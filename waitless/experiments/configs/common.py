@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 50            # steps between evaluations (and at the end)
   c.log_every = 10             # steps between metrics rows (train_loss = mean over the window)
   c.checkpoint_every = 100     # steps between orbax checkpoints (and at the end)
+  c.checkpoint_every_s = 120.0  # also one after a block that ends this many wall seconds after the last (0: off)
   c.steps_per_call = 10        # iterations per jitted call (lax.scan over pre-sampled schedules)
   c.eval_batch_size = 512
   c.target_accuracy = 0.9      # summary.json's time_to_target: first sim_time with eval accuracy >= this

@@ -142,6 +142,7 @@ class Loop:
     self.evaluator: Optional[evaluation.Evaluator] = None
     self.start_wall = time.time()
     self._slice_all = None  # the jitted `replica_states`
+    self.last_checkpoint = self.start_wall  # the wall time of the last checkpoint (`checkpoint_due`)
     share_clocks(replicas)
 
   def running(self, at: int) -> list[int]:
@@ -337,6 +338,7 @@ class Loop:
     self.evaluator = evaluation.make_evaluator(self.group)
     log.info('compiling the block step (or loading it from the compilation cache); the first block waits for it')
     self.start_wall, start_step, last_progress = time.time(), step, time.time()
+    self.last_checkpoint = self.start_wall
     for r in replicas:  # a run resumed at its end (killed before its summary was written)
       if r.config.num_steps <= step:
         self.finish(r, step)
@@ -354,9 +356,10 @@ class Loop:
         live, end = current.live, step + current.length
         evaluates = {i: end % replicas[i].config.eval_every == 0 or end == replicas[i].config.num_steps
                      for i in live}
-        stop = stop_requests.agreed(step)  # then this block is the last: checkpoint after it, no lookahead
+        # A stop makes this block the last: checkpoint after it, no lookahead. So does the wall-clock period.
+        stop, due = stop_requests.agreed(step, self.checkpoint_due())
         checkpoints = {i: end % replicas[i].config.checkpoint_every == 0 or end == replicas[i].config.num_steps
-                       or stop for i in live}
+                       or due for i in live}
         following = next_measured = None
         # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
         # A measured run takes it after its block's results (`measured_time`): compiling it on this thread while
@@ -370,6 +373,8 @@ class Loop:
         if run.measured and any(evaluates.values()):
           snapshot = self.evaluator.consensus(state)
         self.record(current, host, state, snapshot, evaluates, checkpoints)
+        if any(checkpoints.values()):
+          self.last_checkpoint = time.time()
         step = end
         if time.time() - last_progress >= run.config.progress_every_s or not self.running(step):
           last_progress = time.time()
@@ -387,6 +392,14 @@ class Loop:
           current, measured = following, next_measured
     finally:
       stop_requests.uninstall()
+
+  def checkpoint_due(self) -> bool:
+    """Whether the group's wall-clock checkpoint period (`checkpoint_every_s`; 0: none) has passed since its
+    last checkpoint (or the start of this call): then the block being dispatched ends with a checkpoint of every
+    live replica, wherever it ends. Blocks never depend on it (their lengths come from step numbers alone), so
+    neither does the trajectory; it bounds what a crash loses to that period, whatever the run's length."""
+    period = self.lead.config.checkpoint_every_s
+    return period > 0 and time.time() - self.last_checkpoint >= period
 
   def log_progress(self, step: int, live: list[int], num_steps: int, rate: float) -> None:
     replicas = self.replicas

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NamedTuple
 
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: temporary failure, rerun to resume
@@ -104,15 +105,24 @@ class StopRequests:
     """Asks the loop to stop after the current block (what a signal does)."""
     self.signal_name = name
 
-  def agreed(self, step: int) -> bool:
-    """Whether to stop after the block that starts at `step`; the same answer on every process."""
+  def agreed(self, step: int, checkpoint_due: bool = False) -> 'Agreement':
+    """Whether to stop, and whether to checkpoint, after the block that starts at `step`: the same answers on
+    every process. `checkpoint_due`: this process's own wish to checkpoint (its wall-clock period passed,
+    `checkpoint_every_s`); agreed in the same exchange, so a multi-process run pays one per block for both."""
     self.completed_step = step
     asked = self.signal_name is not None
     import jax  # pylint: disable=g-import-not-at-top  # not at module level: main imports this before JAX
     if jax.process_count() > 1:
       import numpy as np  # pylint: disable=g-import-not-at-top
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      asked = bool(np.any(multihost_utils.process_allgather(np.int32(asked))))
+      wishes = np.any(multihost_utils.process_allgather(np.array([asked, checkpoint_due], np.int32)), axis=0)
+      asked, checkpoint_due = bool(wishes[0]), bool(wishes[1])
       if asked and self.signal_name is None:
         self.signal_name = 'a peer process'
-    return asked
+    return Agreement(stop=asked, checkpoint=asked or checkpoint_due)
+
+
+class Agreement(NamedTuple):
+  """What every process does after a block (`StopRequests.agreed`)."""
+  stop: bool        # stop after it: a signal reached this process or a peer
+  checkpoint: bool  # checkpoint after it: a stop, or the wall-clock checkpoint period passed here or on a peer

@@ -75,6 +75,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors.require_int(config.seed, 'seed', 0, SEED_MAX, 'the compiled programs take the seed as an int32')
   errors.require_number(config.target_accuracy, 'target_accuracy', 'must be a number in (0, 1]',
                         lambda v: 0 < v <= 1)
+  errors.require_number(config.checkpoint_every_s, 'checkpoint_every_s',
+                        'must be a number of seconds >= 0 (0: checkpoints at checkpoint_every steps only)',
+                        lambda v: v >= 0)
   errors.require_number(config.progress_every_s, 'progress_every_s', 'must be a number of seconds > 0',
                         lambda v: v > 0)
   errors.require(config.workers % config.devices == 0 or ray_config.is_ray(config), 'workers', config.workers,

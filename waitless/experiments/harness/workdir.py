@@ -6,7 +6,7 @@ import json
 import os
 
 # Fields that may differ when a run is resumed: they do not change the trajectory.
-RESUMABLE_CHANGES = frozenset({'progress_every_s', 'devices', 'eval_batch_size', 'bleu'})
+RESUMABLE_CHANGES = frozenset({'progress_every_s', 'checkpoint_every_s', 'devices', 'eval_batch_size', 'bleu'})
 
 
 class WorkdirConflict(ValueError):
