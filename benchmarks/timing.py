@@ -68,6 +68,7 @@ def gradient_ratio(config, iterations: int = 2000) -> float:
   computed = pushed = 0
   for _ in range(iterations // config.steps_per_call):
     done = clock.next_block(config.steps_per_call).schedule.microbatches_done
-    computed += step_lib.gradients_computed(done, run.layout.devices, run.microbatches, run.finished_only)
+    computed += step_lib.gradients_computed(done, run.layout.devices, run.microbatches, run.finished_only,
+                                            block_step_lib.busy_loop_pays_off(run.layout))
     pushed += int(done.sum())
   return computed / max(pushed, 1)

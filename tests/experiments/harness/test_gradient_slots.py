@@ -48,19 +48,43 @@ class GradientSlotsTest(parameterized.TestCase):
     self.assertEqual(step_lib.gradients_computed(done, devices=8, microbatches=1, finished_only=False), 1)
     self.assertEqual(step_lib.gradients_computed(np.ones((2, 8), np.int32), 8, 1, False), 16)
 
+  def test_a_busy_loop_computes_the_busy_slots_only(self):
+    done = np.zeros((3, 1, 8), np.int32)  # (R, n, P): replicas 0 and 1 busy on device 0 of 2, replica 2 on 1
+    done[0, 0, 1] = done[1, 0, 2] = 2
+    done[2, 0, 5] = 1
+    self.assertEqual(step_lib.gradient_slots(done, devices=2), 2)
+    # Padded: device 0 computes its 2 slots, device 1 pads its 1 busy slot to 2; each scans 2 micro-batches.
+    self.assertEqual(step_lib.gradients_computed(done, 2, microbatches=2, finished_only=False), 8)
+    self.assertEqual(step_lib.gradients_computed(done, 2, 2, False, busy_loop=True), 6)
+    self.assertEqual(step_lib.gradients_computed(done, 2, 2, True, busy_loop=True), 5)  # what each finished
+
+  @parameterized.named_parameters(('kasync', 'kasync,k=4'), ('async', 'async'))
+  def test_replicas_in_a_busy_loop_compute_the_gradients_the_cluster_pushes(self, arg):
+    config = digits.get_config(arg + ',stragglers=heterogeneous')  # the quickstart's cluster
+    run = setup.build(config)
+    clock = setup.clock_for(run, 4.0 * 10_000)
+    blocks = [clock.next_block(10).schedule.microbatches_done for _ in range(14)]
+    done = np.stack(blocks)  # 14 blocks as if 14 replicas: (R, n, P)
+    padded = step_lib.gradients_computed(done, 8, run.microbatches, run.finished_only)
+    looped = step_lib.gradients_computed(done, 8, run.microbatches, run.finished_only, busy_loop=True)
+    self.assertEqual(looped, int(done.sum()))
+    self.assertGreater(padded, looped)  # what the vmapped, padded slots computed on top
+
 
 class GatheredEqualsDenseTest(parameterized.TestCase):
   """The program with gathered slots gives the same state as the one computing every worker (float64)."""
 
-  @parameterized.named_parameters(('async_vmapped_workers', 'async', 2), ('kbatch_async', 'kbatch_async,k=2', 1),
-                                  ('kasync_one_per_device', 'kasync,k=2', 4))
-  def test_same_state(self, arg, devices):
+  @parameterized.named_parameters(('async_vmapped_workers', 'async', 2, False), ('kbatch_async', 'kbatch_async,k=2', 1, False),
+                                  ('kasync_one_per_device', 'kasync,k=2', 4, False),
+                                  ('async_busy_loop', 'async', 2, True), ('kbatch_async_busy_loop', 'kbatch_async,k=2', 1, True),
+                                  ('kasync_busy_loop', 'kasync,k=2', 4, True))
+  def test_same_state(self, arg, devices, busy_loop):
     with jax.enable_x64(True):
       config = harness.synthetic_config(arg, workers=4, devices=devices, microbatches=2, **{
           'model.param_dtype': 'float64', 'model.dtype': 'float64'})
       run = setup.build(config)
       clock = setup.clock_for(run, 1e4)
-      block_step = block_step_lib.BlockStep(run)
+      block_step = block_step_lib.BlockStep(run, busy_loop=busy_loop)
       inputs, _ = inputs_lib.block_inputs(run, clock.next_block(6), np.zeros(config.workers, np.int64), 0)
       *args, slots = inputs
       self.assertIsNotNone(slots)  # some worker of the block finished nothing: the gathered program runs
@@ -81,13 +105,21 @@ class ReusedSlotsTest(absltest.TestCase):
                                         np.zeros(config.workers, np.int64), 0)
     *args, slots = inputs
     self.assertEqual(slots, 1)
-    reused = block_step_lib.BlockStep(run)
+    reused = block_step_lib.BlockStep(run, busy_loop=False)
     reused(setup.init_state(run), *args, slots=2)  # compiles the program for 2 slots
     state, measured = reused(setup.init_state(run), *args, slots=1)
     self.assertEqual(reused.per_iteration._cache_size(), 1)  # pylint: disable=protected-access
-    own_state, own_measured = block_step_lib.BlockStep(run)(setup.init_state(run), *args, slots=1)
+    own_state, own_measured = block_step_lib.BlockStep(run, busy_loop=False)(setup.init_state(run), *args, slots=1)
     jax.tree.map(np.testing.assert_array_equal, (state, measured), (own_state, own_measured))
     self.assertEqual(reused.reuse_slots(reused.per_iteration, args[0], args[1], 8), 8)  # every slot: no gather
+
+  def test_a_busy_loop_runs_every_count_on_one_program(self):
+    config = harness.synthetic_config('async', workers=8, devices=1, microbatches=2)
+    run = setup.build(config)
+    step = block_step_lib.BlockStep(run, busy_loop=True)
+    self.assertEqual({step.reuse_slots(step.per_iteration, None, None, s) for s in (1, 2, 5, 8)}, {1})
+    self.assertIsNone(step.reuse_slots(step.per_iteration, None, None, None))  # every worker busy: dense
+    self.assertTrue(block_step_lib.busy_loop_pays_off(run.layout))  # on this CPU
 
 
 if __name__ == '__main__':

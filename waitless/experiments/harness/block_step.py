@@ -37,6 +37,14 @@ def rounds_pay_off(layout: workers_lib.WorkerLayout) -> bool:
   return layout.mesh.devices.flat[0].platform != 'cpu'
 
 
+def busy_loop_pays_off(layout: workers_lib.WorkerLayout) -> bool:
+  """Whether a device computes its busy gradient slots in a loop of exactly as many trips (`step.make_block_step`'s
+  `busy_loop`): on XLA:CPU, where a vmapped gradient of k slots costs k single ones (MNIST-1D's CNN: 63-69 us per
+  slot for 1 to 16 slots), so the vmap's padding to the block's most busy slots was computed for nothing; not on
+  accelerators, where the slots of one vmap run side by side."""
+  return layout.mesh.devices.flat[0].platform == 'cpu'
+
+
 class BlockStep:
   """The jitted block step (`step.make_block_step`) of a run or a group, with the algorithm's hooks.
 
@@ -52,14 +60,16 @@ class BlockStep:
   """
 
   def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True,
-               loss_hook=None):
+               loss_hook=None, busy_loop: bool | None = None):
     """`rounds`: whole-round blocks run the round-structured program (None: `rounds_pay_off`, on accelerators);
+    `busy_loop`: busy gradient slots computed in a loop (None: `busy_loop_pays_off`, on CPU);
     `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`);
     `loss_hook`: TEST-ONLY, on every micro-batch's loss (`experiments.harness.slowdown`)."""
     group = setup.as_group(run_or_group)
     run = group.lead
     # A measured run times every device's gradient phase (`step.Stopwatch`); `compiled`: the last call compiled.
     self.stopwatch = step_lib.Stopwatch() if run.measured else None
+    self.busy_loop = busy_loop_pays_off(run.layout) if busy_loop is None else busy_loop
     self.compiled = False
     replica_axis, self.values = None, None
     streams = run.dataset.train
@@ -75,7 +85,7 @@ class BlockStep:
         step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
         schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params,
         finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis,
-        loss_hook=loss_hook, stopwatch=self.stopwatch)
+        loss_hook=loss_hook, stopwatch=self.stopwatch, busy_loop=self.busy_loop)
     if rounds is None:
       rounds = rounds_pay_off(run.layout)
     self.round_length = run.round_length if rounds else None
@@ -98,8 +108,13 @@ class BlockStep:
     two as its replicas' stragglers line up and as replicas freeze; each new count was a compile of seconds).
     Only among the programs that gather their busy slots (fewer than every slot of the device): a gathered
     slot's gradient is the same computation whatever the count, and the padding is dropped, so the update is
-    the same to the bit. A measured run keeps its own count (its times are of the program that ran)."""
-    if slots is None or self.stopwatch is not None or slots >= self.slots_per_device:
+    the same to the bit. A measured run keeps its own count (its times are of the program that ran). With
+    `busy_loop` every count runs one program (the loop's trips follow the busy slots), compiled for slots=1."""
+    if slots is None:
+      return None
+    if self.busy_loop:  # one program whatever the count: it loops over the busy slots
+      return 1
+    if self.stopwatch is not None or slots >= self.slots_per_device:
       return slots
     key = (id(program), spec, tuple(x.shape for x in jax.tree.leaves(packed)))
     compiled = self._compiled_slots.setdefault(key, set())

@@ -180,10 +180,13 @@ def gradient_slots(done: np.ndarray, devices: int) -> Optional[int]:
   return min(replicas * workers // devices, 1 << max(int(busy) - 1, 0).bit_length())
 
 
-def gradients_computed(done: np.ndarray, devices: int, microbatches: int, finished_only: bool) -> int:
+def gradients_computed(done: np.ndarray, devices: int, microbatches: int, finished_only: bool,
+                       busy_loop: bool = False) -> int:
   """Micro-batch gradients the block step computes for a block of `microbatches_done`, (n, P) or (R, n, P),
   counted on the host as the program does: per iteration and device, every slot when none is skipped
-  (`gradient_slots` None), else `gradient_slots` of them on a device with work and none on a device without;
+  (`gradient_slots` None), else `gradient_slots` of them on a device with work and none on a device without
+  (with `busy_loop`: its busy slots, one per trip, each as many micro-batches as it finished with
+  `finished_only`);
   each slot scans all `microbatches` (masked beyond its own), or with `finished_only` as many as the most that
   a slot of the device finished. Against `done.sum()`, the micro-batch gradients the cluster pushes."""
   done = np.asarray(done)
@@ -194,6 +197,8 @@ def gradients_computed(done: np.ndarray, devices: int, microbatches: int, finish
   per_device = np.moveaxis(done.reshape(replicas, n, devices, workers // devices), 0, 2)  # (n, devices, R, L)
   per_device = per_device.reshape(n, devices, -1)
   everyone = np.full(per_device.shape[:2], per_device.shape[2])
+  if slots is not None and busy_loop:  # each busy slot alone: its own finished micro-batches, or all of them
+    return int(np.sum(np.where(done > 0, done if finished_only else microbatches, 0)))
   computing = everyone if slots is None else np.where(per_device.max(-1) > 0, slots, 0)
   trips = per_device.max(-1) if finished_only else microbatches
   return int(np.sum(computing * trips))
@@ -249,7 +254,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
                     schedule_type: type, gradient_params=spec_lib.at_own_params, round_length: int | None = None,
                     finished_only: bool = False, gradient_sums: bool = False,
                     replicas: Optional[ReplicaAxis] = None, loss_hook: Optional[Callable] = None,
-                    stopwatch: Optional[Stopwatch] = None):
+                    stopwatch: Optional[Stopwatch] = None, busy_loop: bool = False):
   """The jitted `(state, packed, data, values, spec, slots) -> (state, measurements)` for a block of n
   iterations.
 
@@ -275,6 +280,11 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
   `tx`, `seed`: the run's; with `replicas`, each replica's come from `replicas.build(values)` instead.
   `gradient_params`, `finished_only`, `loss_hook`: see `make_worker_gradient`; `gradient_sums`: see
   `make_worker_update`. `stopwatch`: time each device's gradient phase (`Stopwatch`, measured time).
+  `busy_loop`: with `slots`, a device computes its busy slots one after another in a loop of exactly as many
+  trips as it has busy slots in the iteration (any `slots` then runs the same program), instead of vmapping the
+  block's padded `slots` at once (`block_step.busy_loop_pays_off`: on XLA:CPU, where a vmapped gradient costs
+  its slots one after another anyway, so the padding was pure waste: 14 replicas of K-async computed 16 slots
+  per device and iteration where 7 were busy).
 
   Returns:
     The new state and the measurements packed in one float32 (2n + 1, P) array, (R, 2n + 1, P) with replicas
@@ -303,6 +313,29 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     def one(params, opt_state, model_state, batch, fields, rng):
       return gradient(params, opt_state, model_state, batch, schedule_type(**fields), rng)
 
+    def zeros(params, fields, model_state):
+      """The sums of a slot without work: zero gradients and loss, its model state unchanged."""
+      return (jax.tree.map(jnp.zeros_like, params), jnp.zeros_like(fields['microbatches_done'], jnp.float32),
+              model_state)
+
+    def loop_over_busy(inputs):
+      """The busy slots' sums, one slot per trip (see `busy_loop`); the others' stay `zeros`."""
+      (params, opt_state, model_state, batch), fields, rng = inputs
+      busy = fields['microbatches_done'] > 0
+      index = jnp.nonzero(busy, size=slots_per_device, fill_value=slots_per_device)[0]
+
+      def trip(loop):
+        j, out = loop
+        i = index[j]
+        computed = one(*jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, i, keepdims=False),
+                                     (params, opt_state, model_state, batch, fields, rng)))
+        return j + 1, jax.tree.map(
+            lambda base, new: lax.dynamic_update_index_in_dim(base, new.astype(base.dtype), i, 0), out, computed)
+
+      _, out = lax.while_loop(lambda loop: loop[0] < jnp.sum(busy), trip,
+                              (jnp.zeros((), jnp.int32), zeros(params, fields, model_state)))
+      return out
+
     def compute(inputs):
       (params, opt_state, model_state, batch), fields, rng = inputs
       if slots is None or slots == slots_per_device:
@@ -314,17 +347,17 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       index = jnp.nonzero(busy, size=slots, fill_value=slots_per_device)[0]  # padding: past the end, dropped
       take = lambda x: jnp.take(x, jnp.minimum(index, slots_per_device - 1), axis=0)  # pylint: disable=unnecessary-lambda-assignment
       computed = jax.vmap(one)(*jax.tree.map(take, (params, opt_state, model_state, batch, fields, rng)))
-      zero = (jax.tree.map(jnp.zeros_like, params), jnp.zeros_like(fields['microbatches_done'], jnp.float32),
-              model_state)
-      return jax.tree.map(lambda base, new: base.at[index].set(new.astype(base.dtype), mode='drop'), zero, computed)
+      return jax.tree.map(lambda base, new: base.at[index].set(new.astype(base.dtype), mode='drop'),
+                          zeros(params, fields, model_state), computed)
 
     if slots is None:
       out = compute(inputs)
+    elif busy_loop:
+      out = loop_over_busy(inputs)
     else:
       (params, _, model_state, _), fields, _ = inputs
-      nothing = lambda _: (jax.tree.map(jnp.zeros_like, params),  # pylint: disable=unnecessary-lambda-assignment
-                           jnp.zeros_like(fields['microbatches_done'], jnp.float32), model_state)
-      out = lax.cond(jnp.any(fields['microbatches_done'] > 0), compute, nothing, inputs)
+      out = lax.cond(jnp.any(fields['microbatches_done'] > 0), compute, lambda _: zeros(params, fields, model_state),
+                     inputs)
     return jax.tree.map(lambda x: x.reshape((count, local) + x.shape[1:]), out)
 
   def replica_updates(state, sums, per_worker, own, shared, step, values, round_position):
@@ -340,6 +373,21 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       out = one_replica(*jax.tree.map(lambda x: x[0], (state, sums, per_worker, own)), values)
       return jax.tree.map(lambda x: x[None], out)
     return map_replicas(one_replica, replicas.vectorized)(state, sums, per_worker, own, values)
+
+  def scan_state(body, state, xs):
+    """`lax.scan(body, state, xs)` over the (R, L, ...) state; a run alone with one worker per device carries it
+    without its two unit axes, which the body adds back and drops (bitcasts). Carried with them, XLA:CPU copied
+    every parameter and optimizer leaf once more per iteration and fused the update twice (9 copies against 2 in
+    the digits MLP's loop: 3% of its iteration)."""
+    if count * local != 1:
+      return lax.scan(body, state, xs)
+
+    def unit_free(carry, xs):
+      state, measured = body(jax.tree.map(lambda x: x[None, None], carry), xs)
+      return jax.tree.map(lambda x: x[0, 0], state), measured
+
+    carry, measured = lax.scan(unit_free, jax.tree.map(lambda x: x[0, 0], state), xs)
+    return jax.tree.map(lambda x: x[None, None], carry), measured
 
   def device_block(state, packed, data, values, spec, slots):
     examples, per_worker, shared, own, steps = transfer.unpack(packed, spec)
@@ -375,10 +423,10 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       return state, jax.tree.map(lambda *ms: jnp.stack(ms), *measured)
 
     if round_length is None:
-      state, measured = lax.scan(one_iteration, state, xs)
+      state, measured = scan_state(one_iteration, state, xs)
     else:
       rounds = jax.tree.map(lambda x: x.reshape((x.shape[0] // round_length, round_length) + x.shape[1:]), xs)
-      state, measured = lax.scan(one_round, state, rounds)
+      state, measured = scan_state(one_round, state, rounds)
       measured = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), measured)
     l2_params = jax.vmap(layout.per_worker(tree_l2))(state.params)  # once, after the block: (R, L)
     measured = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), measured)  # (n, R, L) -> (R, n, L)
