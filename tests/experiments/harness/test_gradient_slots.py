@@ -71,6 +71,23 @@ class GradientSlotsTest(parameterized.TestCase):
     self.assertGreater(padded, looped)  # what the vmapped, padded slots computed on top
 
 
+class FrozenReplicasTest(absltest.TestCase):
+
+  def test_frozen_replicas_keep_the_dense_program_while_every_live_worker_is_busy(self):
+    configs = [harness.synthetic_config('sync', seed=s) for s in range(3)]
+    group = setup.build_group(configs)
+    blocks = [setup.clock_for(run, 1e4).next_block(4) for run in group.runs]
+    positions = [np.zeros(c.workers, np.int64) for c in configs]
+    (*_, slots), _ = inputs_lib.stacked_inputs(group, [blocks[0], None, blocks[2]], positions, 0)
+    self.assertIsNone(slots)  # replica 1 is frozen: its zero gradients are computed, no second program
+    async_configs = [harness.synthetic_config('async', seed=s) for s in range(2)]
+    async_group = setup.build_group(async_configs)
+    block = setup.clock_for(async_group.runs[0], 1e4).next_block(4)
+    (*_, slots), _ = inputs_lib.stacked_inputs(
+        async_group, [block, None], [np.zeros(c.workers, np.int64) for c in async_configs], 0)
+    self.assertIsNotNone(slots)  # a live replica's idle workers: the busy slots only
+
+
 class GatheredEqualsDenseTest(parameterized.TestCase):
   """The program with gathered slots gives the same state as the one computing every worker (float64)."""
 

@@ -110,7 +110,10 @@ def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequenc
 
   A replica with no block (`None`: frozen, its budget spent or its run failed) gets a copy of the first
   replica's inputs with no finished micro-batch: it takes no gradient, its update is never read, and the uniform
-  fields stay shared. A uniform field that every replica shares goes in once, (n,), so the program's
+  fields stay shared. While every live replica's worker is busy, the block runs the dense program (slots None),
+  the frozen replicas' zero gradients computed for nothing: a group whose seeds' budgets end a few blocks apart
+  (an `experiments.compare --sim_time` budget) does not compile a second program for its last blocks (0.76 s
+  for 10 replicas of the MNIST-1D CNN, more than the tail's wasted gradients). A uniform field that every replica shares goes in once, (n,), so the program's
   conditionals over it stay conditionals; one that differs goes in as (R, n).
   """
   run = group.lead
@@ -145,7 +148,8 @@ def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequenc
       own[k] = np.stack([h[2][k] for h in host])
   steps = np.arange(step, step + len(live[0].duration), dtype=np.int32)
   packed, spec = _pack(run, examples, per_worker, shared, own, steps)
-  return (_to_devices(run.layout, packed, leading=2), spec, steps,
-          step_lib.gradient_slots(done, run.layout.devices)), after
+  every_live_busy = all(np.all(b.schedule.microbatches_done > 0) for b in live)
+  slots = None if every_live_busy else step_lib.gradient_slots(done, run.layout.devices)
+  return (_to_devices(run.layout, packed, leading=2), spec, steps, slots), after
 
 

@@ -24,6 +24,7 @@ from waitless.cluster import clock as clock_lib
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import checkpointing
+from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import measured_time
@@ -285,8 +286,12 @@ class Loop:
       return [state]
     if self._slice_all is None:
       count = self.group.size
+      # Copies only, exact at any optimisation level: a quick compile (0.40 s -> 0.1 s for 10 replicas of the
+      # MNIST-1D CNN at -O1), as it runs once per checkpoint step, mostly once per run.
       self._slice_all = jax.jit(lambda s: [jax.tree.map(lambda x, r=r: x[r], s) for r in range(count)],
-                                out_shardings=self.lead.layout.sharding())
+                                out_shardings=self.lead.layout.sharding(),
+                                compiler_options=compilation_cache.quick_compile_options(
+                                    self.lead.layout.mesh.devices.flat[0].platform))
     return self._slice_all(state)
 
   def checkpoint(self, i: int, state, end: int) -> None:
