@@ -55,6 +55,7 @@ class CalibrateTest(absltest.TestCase):
       self.assertContainsSubset(['value', 'spread', 'rounds', 'dropped', 'source'], figure)
       self.assertIn('measured by experiments.calibrate', figure['source'])
     self.assertLen(doc['network']['allreduce']['latency_s']['load'], 1)  # the load when the round started
+    self.assertIn('2-process local SGD', doc['host_s']['source'])  # the host as the processes pay it
     profile = profiles.load(path)
     config = digits.get_config('sync')
     config.cluster.profile = path

@@ -18,8 +18,7 @@ scaled MAD, `rounds` every round's value, `dropped` the outliers' indices and, f
   harness       1-process `experiments.main` runs on measured time (`stragglers.kind=measured`, sync, one worker)
                 at m = 1 and m = M micro-batches of the config's batch B: an iteration takes
                 T(m) = host_s + m x overhead_s + B x per_sample_s, so overhead_s = (T(M) - T(1)) / (M - 1), the
-                per-micro-batch cost inside the harness's step, and host_s = T(1) - overhead_s - B x per_sample_s,
-                the host's work per iteration that the device does not hide (each clamped at 0)
+                per-micro-batch cost inside the harness's step (clamped at 0)
   collectives   `--processes` real processes joined by `jax.distributed` over loopback, one CPU device each
                 (`harness.collective_timing`, as `launch/multiprocess_cpu.sh` runs the harness): all-reduce at
                 several sizes and participant counts, fitted to the ring t = 2(n-1) alpha + 2 (n-1)/n M / beta,
@@ -28,7 +27,11 @@ scaled MAD, `rounds` every round's value, `dropped` the outliers' indices and, f
                 for the model's collectives (`harness_collectives`: sync, D-PSGD and never-averaging local SGD
                 on `--processes` processes, nobody slowed), less the bandwidth term, per message (the
                 micro-benchmark's latency, which a real step need not pay alone, is kept as
-                `microbenchmark_latency_s`)
+                `microbenchmark_latency_s`). host_s, the host's work per iteration that the device does not
+                hide: the never-averaging local SGD's time per iteration less its micro-batch (overhead_s + B x
+                per_sample_s), clamped at 0, as the processes pay it (on a shared machine more than one process
+                alone pays: 0.12 ms alone, about 2 ms each of 2 on a quiet 2-core machine, a cost the
+                collectives' differences cancel)
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
 """
@@ -112,16 +115,18 @@ def harness_seconds_per_iteration(config_arg: str, flags_: list[str], algorithm:
 
 
 def harness_collectives(config_arg: str, flags_: list[str], processes: int, steps: int, workdir: str) -> tuple:
-  """(seconds of the all-reduce, seconds of one point-to-point exchange) of the config's model as the harness
-  pays them on `processes` processes: sync, D-PSGD (ring_neighbours exchanges) and local SGD that never averages
-  within the run, one micro-batch, nobody slowed, run one after another (a round: a change of load between
-  rounds moves its three runs alike); a collective's time is its run's time per iteration minus local SGD's."""
+  """(seconds of the all-reduce, seconds of one point-to-point exchange, seconds per iteration of local SGD that
+  never averages) of the config's model as the harness pays them on `processes` processes: sync, D-PSGD
+  (ring_neighbours exchanges) and local SGD that never averages within the run, one micro-batch, nobody slowed,
+  run one after another (a round: a change of load between rounds moves its three runs alike); a collective's
+  time is its run's time per iteration minus local SGD's, and local SGD's is what an iteration costs there
+  without any collective (`calibrate` takes the host's time from it)."""
   from waitless.cluster.rules import synchronous  # pylint: disable=g-import-not-at-top
   seconds = {name: harness_seconds_per_iteration(config_arg, flags_, name, 1, steps, os.path.join(workdir, slug),
                                                  processes)
              for name, slug in (('sync', 'sync'), (f'local_sgd,local_steps={steps}', 'local'), ('dpsgd', 'dpsgd'))}
   local = seconds[f'local_sgd,local_steps={steps}']
-  return seconds['sync'] - local, (seconds['dpsgd'] - local) / synchronous.ring_neighbours(processes)
+  return seconds['sync'] - local, (seconds['dpsgd'] - local) / synchronous.ring_neighbours(processes), local
 
 
 def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str) -> dict:
@@ -164,7 +169,7 @@ def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, n
   allreduce, p2p = np.asarray(allreduce), np.asarray(p2p)
   n = processes
   volume = 2 * (n - 1) / n * nbytes * 8 / 1e9
-  harness = np.asarray(in_harness, np.float64)
+  harness = np.asarray(in_harness, np.float64)[:, :2]
   ar_latency = np.maximum(harness[:, 0] - volume / np.median(allreduce[:, 1]), 0) / (2 * (n - 1))
   p2p_latency = np.maximum(harness[:, 1] - nbytes * 8 / 1e9 / np.median(p2p[:, 1]), 0)
   harness_where = (f'measured by experiments.calibrate: {n} processes of the harness on measured time, one '
@@ -216,7 +221,10 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                                          os.path.join(tmp, f'mM_{r}'))
       overhead = max((tm - t1) / (harness_m - 1), 0.0)
       overheads.append(overhead)
-      hosts.append(max(t1 - overhead - batch * per_sample, 0.0))
+      # The host's time as the processes pay it: N processes of the harness on one machine pay more per
+      # iteration than one (2 ms more on a quiet 2-core machine) without any collective, and the collectives'
+      # differences cancel that base cost: it is taken from the never-averaging local SGD of the round.
+      hosts.append(max(in_harness[-1][2] - overhead - batch * per_sample, 0.0))
     rows = measure_collectives(processes, collective_sizes, rounds, tmp)
   harness_where = (f'measured by experiments.calibrate: 1-process sync runs of the harness on measured time, '
                    f'm = 1 and m = {harness_m}, batch {batch}, {harness_steps} steps')
@@ -235,7 +243,9 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                       f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'),
       'compute': compute,
       'network': network_figures(rows, rounds, processes, in_harness, tasks.model_bytes(config), key, loads),
-      'host_s': pf.figure(hosts, harness_where + ': T(1) - overhead_s - B x per_sample_s', loads),
+      'host_s': pf.figure(hosts, f'measured by experiments.calibrate: {processes}-process local SGD of the harness '
+                          f'that never averages, m = 1, batch {batch}, {harness_steps} steps, per iteration, minus '
+                          'overhead_s and B x per_sample_s', loads),
   }
   profiles.parse(profile, out)  # what it writes, it can read
   with open(out, 'w') as f:
