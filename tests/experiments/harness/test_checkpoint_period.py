@@ -45,9 +45,9 @@ class CheckpointPeriodTest(parameterized.TestCase):
     every_block = self.create_tempdir().full_path
     config = harness.synthetic_config(arg, checkpoint_every_s=1e-9, **common)
     saved = _saved_steps(config, every_block)
-    ends = [0]
+    ends, round_length = [0], registry.get(arg.split(',')[0]).round_length(config)
     while ends[-1] < 30:
-      ends.append(ends[-1] + inputs.block_length(ends[-1], config, registry.get(arg.split(',')[0]).round_length(config)))
+      ends.append(ends[-1] + inputs.block_length(ends[-1], config, round_length))
     self.assertEqual(saved, ends[1:])  # a period that has always passed: after every block
     self.assertGreater(len(saved), 6)
     self.assertEqual(test_train._summary_without_wall(every_block), test_train._summary_without_wall(steps_only))

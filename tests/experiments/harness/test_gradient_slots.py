@@ -91,10 +91,10 @@ class FrozenReplicasTest(absltest.TestCase):
 class GatheredEqualsDenseTest(parameterized.TestCase):
   """The program with gathered slots gives the same state as the one computing every worker (float64)."""
 
-  @parameterized.named_parameters(('async_vmapped_workers', 'async', 2, False), ('kbatch_async', 'kbatch_async,k=2', 1, False),
-                                  ('kasync_one_per_device', 'kasync,k=2', 4, False),
-                                  ('async_busy_loop', 'async', 2, True), ('kbatch_async_busy_loop', 'kbatch_async,k=2', 1, True),
-                                  ('kasync_busy_loop', 'kasync,k=2', 4, True))
+  @parameterized.named_parameters(
+      ('async_vmapped_workers', 'async', 2, False), ('kbatch_async', 'kbatch_async,k=2', 1, False),
+      ('kasync_one_per_device', 'kasync,k=2', 4, False), ('async_busy_loop', 'async', 2, True),
+      ('kbatch_async_busy_loop', 'kbatch_async,k=2', 1, True), ('kasync_busy_loop', 'kasync,k=2', 4, True))
   def test_same_state(self, arg, devices, busy_loop):
     with jax.enable_x64(True):
       config = harness.synthetic_config(arg, workers=4, devices=devices, microbatches=2, **{

@@ -113,8 +113,9 @@ def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequenc
   fields stay shared. While every live replica's worker is busy, the block runs the dense program (slots None),
   the frozen replicas' zero gradients computed for nothing: a group whose seeds' budgets end a few blocks apart
   (an `experiments.compare --sim_time` budget) does not compile a second program for its last blocks (0.76 s
-  for 10 replicas of the MNIST-1D CNN, more than the tail's wasted gradients). A uniform field that every replica shares goes in once, (n,), so the program's
-  conditionals over it stay conditionals; one that differs goes in as (R, n).
+  for 10 replicas of the MNIST-1D CNN, more than the tail's wasted gradients). A uniform field that every
+  replica shares goes in once, (n,), so the program's conditionals over it stay conditionals; one that differs
+  goes in as (R, n).
   """
   run = group.lead
   live = [b for b in blocks if b is not None]
