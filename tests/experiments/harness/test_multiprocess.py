@@ -242,6 +242,22 @@ class MultiProcessTest(parameterized.TestCase):
       self.assertSameSummary(os.path.join(two, seed), os.path.join(one, seed))
       self.assertEqual(_finished_checkpoints(os.path.join(two, seed)), [20, 40])
 
+  def test_the_wall_clock_checkpoints_are_agreed_on_two_processes(self):
+    # checkpoint_every_s: every process must save after the same block (a save is a collective write); a
+    # period that has always passed checkpoints after every block, on both processes, and moves no figure.
+    config = ('--config=experiments/configs/digits.py:sync,num_steps=40,checkpoint_every=1000,eval_every=20,'
+              'steps_per_call=10,checkpoint_every_s=1e-9')
+    one = self.create_tempdir().full_path
+    two = self.create_tempdir().full_path
+    single = _main([config, '--seeds=2', f'--workdir={one}'])
+    self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+    multi = _launch(2, [config, '--seeds=2', f'--workdir={two}'], timeout=240)
+    self.assertEqual(multi.returncode, 0, multi.stderr[-3000:])
+    self.assertNotRegex(multi.stderr, C_ABORT)
+    for seed in ('seed0', 'seed1'):
+      self.assertSameSummary(os.path.join(two, seed), os.path.join(one, seed))
+      self.assertEqual(_finished_checkpoints(os.path.join(two, seed)), [30, 40])  # the last two of 10, 20, 30, 40
+
   def test_a_killed_process_stops_the_other_and_a_rerun_resumes(self):
     config = ('--config=experiments/configs/digits.py:sync,num_steps=120,checkpoint_every=20,eval_every=40,'
               'log_every=10,steps_per_call=1')
