@@ -6,8 +6,13 @@ import subprocess
 import sys
 import time
 
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
 import pytest
 
 from waitless.experiments.harness import metrics_io
@@ -53,6 +58,20 @@ class PreemptionTest(parameterized.TestCase):
     self.assertEqual(test_train._summary_without_wall(stopped), test_train._summary_without_wall(full))
     self.assertEqual(test_train._strip_wall(metrics_io.read_rows(stopped)),
                      test_train._strip_wall(metrics_io.read_rows(full)))
+
+  @parameterized.named_parameters(
+      # (this process's checkpoint period passed, the peer's [stop, checkpoint] wishes) -> (stop, checkpoint)
+      ('peer_due', False, [0, 1], (False, True)),
+      ('own_due', True, [0, 0], (False, True)),
+      ('peer_stops', False, [1, 0], (True, True)),  # a stop checkpoints
+      ('nobody', False, [0, 0], (False, False)))
+  def test_every_process_agrees_on_a_wish_of_any(self, due, peer, expected):
+    stops = preemption.StopRequests()
+    with mock.patch.object(jax, 'process_count', return_value=2), \
+         mock.patch.object(multihost_utils, 'process_allgather', side_effect=lambda x: np.stack([x, peer])):
+      agreed = stops.agreed(0, checkpoint_due=due)
+    self.assertEqual(tuple(agreed), expected)
+    self.assertEqual(stops.signal_name, 'a peer process' if expected[0] else None)  # who asked, for the message
 
   def test_a_second_signal_stops_at_once(self):
     stops = preemption.StopRequests()
