@@ -45,6 +45,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple
 
 from absl import app
 from absl import flags
@@ -114,9 +115,16 @@ def harness_seconds_per_iteration(config_arg: str, flags_: list[str], algorithm:
   return float(np.median(np.diff(times) / np.diff(steps_)))
 
 
-def harness_collectives(config_arg: str, flags_: list[str], processes: int, steps: int, workdir: str) -> tuple:
-  """(seconds of the all-reduce, seconds of one point-to-point exchange, seconds per iteration of local SGD that
-  never averages) of the config's model as the harness pays them on `processes` processes: sync, D-PSGD
+class HarnessTimes(NamedTuple):
+  """What one round of `harness_collectives` measured, in seconds per iteration."""
+  allreduce_s: float       # the all-reduce: sync less the never-averaging local SGD
+  p2p_s: float             # one point-to-point exchange: D-PSGD less it, per ring neighbour
+  no_collective_s: float   # the never-averaging local SGD itself: an iteration without any collective
+
+
+def harness_collectives(config_arg: str, flags_: list[str], processes: int, steps: int,
+                        workdir: str) -> HarnessTimes:
+  """The `HarnessTimes` of the config's model as the harness pays them on `processes` processes: sync, D-PSGD
   (ring_neighbours exchanges) and local SGD that never averages within the run, one micro-batch, nobody slowed,
   run one after another (a round: a change of load between rounds moves its three runs alike); a collective's
   time is its run's time per iteration minus local SGD's, and local SGD's is what an iteration costs there
@@ -126,7 +134,8 @@ def harness_collectives(config_arg: str, flags_: list[str], processes: int, step
                                                  processes)
              for name, slug in (('sync', 'sync'), (f'local_sgd,local_steps={steps}', 'local'), ('dpsgd', 'dpsgd'))}
   local = seconds[f'local_sgd,local_steps={steps}']
-  return seconds['sync'] - local, (seconds['dpsgd'] - local) / synchronous.ring_neighbours(processes), local
+  return HarnessTimes(seconds['sync'] - local, (seconds['dpsgd'] - local) / synchronous.ring_neighbours(processes),
+                      local)
 
 
 def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str) -> dict:
@@ -150,7 +159,7 @@ def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str)
 def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, nbytes: float, model: str,
                     loads=None) -> dict:
   """The profile's `network` section from the collectives' rows, fitted per round: the bandwidths from the
-  micro-benchmark's fit; the latencies from `in_harness` ((all-reduce, point-to-point) seconds per round of
+  micro-benchmark's fit; the latencies from `in_harness` (`HarnessTimes` per round: all-reduce, point-to-point, of
   the model's `nbytes` as the harness pays them, `harness_collectives`) less the bandwidth term, at least 0. The
   micro-benchmark's own latencies are kept as `microbenchmark_latency_s`; `loads`: the load average when each
   round of `in_harness` started."""
@@ -169,7 +178,7 @@ def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, n
   allreduce, p2p = np.asarray(allreduce), np.asarray(p2p)
   n = processes
   volume = 2 * (n - 1) / n * nbytes * 8 / 1e9
-  harness = np.asarray(in_harness, np.float64)[:, :2]
+  harness = np.asarray([(t.allreduce_s, t.p2p_s) for t in in_harness], np.float64)
   ar_latency = np.maximum(harness[:, 0] - volume / np.median(allreduce[:, 1]), 0) / (2 * (n - 1))
   p2p_latency = np.maximum(harness[:, 1] - nbytes * 8 / 1e9 / np.median(p2p[:, 1]), 0)
   harness_where = (f'measured by experiments.calibrate: {n} processes of the harness on measured time, one '
@@ -224,7 +233,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
       # The host's time as the processes pay it: N processes of the harness on one machine pay more per
       # iteration than one (2 ms more on a quiet 2-core machine) without any collective, and the collectives'
       # differences cancel that base cost: it is taken from the never-averaging local SGD of the round.
-      hosts.append(max(in_harness[-1][2] - overhead - batch * per_sample, 0.0))
+      hosts.append(max(in_harness[-1].no_collective_s - overhead - batch * per_sample, 0.0))
     rows = measure_collectives(processes, collective_sizes, rounds, tmp)
   harness_where = (f'measured by experiments.calibrate: 1-process sync runs of the harness on measured time, '
                    f'm = 1 and m = {harness_m}, batch {batch}, {harness_steps} steps')

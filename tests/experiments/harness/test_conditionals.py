@@ -75,8 +75,7 @@ class ConditionalCollectivesTest(parameterized.TestCase):
 
   def test_rounds_pay_off_on_accelerators_only(self):
     def layout(platform):
-      return types.SimpleNamespace(mesh=types.SimpleNamespace(devices=np.array([types.SimpleNamespace(
-          platform=platform)])))
+      return types.SimpleNamespace(platform=platform)
     self.assertEqual({p: block_step_lib.rounds_pay_off(layout(p)) for p in ('cpu', 'gpu', 'tpu')},
                      {'cpu': False, 'gpu': True, 'tpu': True})
     run = setup.build(harness.synthetic_config('local_sgd,local_steps=4', workers=4, devices=2))

@@ -34,7 +34,7 @@ def rounds_pay_off(layout: workers_lib.WorkerLayout) -> bool:
   collectives are rendezvous of the device threads and nothing overlaps, and the unrolled round runs slower per
   iteration than the per-iteration program (`benchmarks/` measures it). Block lengths are whole rounds either way,
   so the blocks, logs and checkpoints are the same."""
-  return layout.mesh.devices.flat[0].platform != 'cpu'
+  return layout.platform != 'cpu'
 
 
 def busy_loop_pays_off(layout: workers_lib.WorkerLayout) -> bool:
@@ -42,7 +42,7 @@ def busy_loop_pays_off(layout: workers_lib.WorkerLayout) -> bool:
   `busy_loop`): on XLA:CPU, where a vmapped gradient of k slots costs k single ones (MNIST-1D's CNN: 63-69 us per
   slot for 1 to 16 slots), so the vmap's padding to the block's most busy slots was computed for nothing; not on
   accelerators, where the slots of one vmap run side by side."""
-  return layout.mesh.devices.flat[0].platform == 'cpu'
+  return layout.platform == 'cpu'
 
 
 class BlockStep:

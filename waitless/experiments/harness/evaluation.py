@@ -17,7 +17,7 @@ def vectorize_evaluation(layout: workers_lib.WorkerLayout) -> bool:
   program (`lax.map`). On XLA:CPU one after another: vectorised, a convolution with per-replica kernels becomes
   a grouped convolution, which is slower there than the replicas in turn (training, where the batches are small,
   stays vectorised). On accelerators, vectorised."""
-  return layout.mesh.devices.flat[0].platform != 'cpu'
+  return layout.platform != 'cpu'
 
 
 class Evaluator:

@@ -291,7 +291,7 @@ class Loop:
       self._slice_all = jax.jit(lambda s: [jax.tree.map(lambda x, r=r: x[r], s) for r in range(count)],
                                 out_shardings=self.lead.layout.sharding(),
                                 compiler_options=compilation_cache.quick_compile_options(
-                                    self.lead.layout.mesh.devices.flat[0].platform))
+                                    self.lead.layout.platform))
     return self._slice_all(state)
 
   def checkpoint(self, i: int, state, end: int) -> None:

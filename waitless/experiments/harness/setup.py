@@ -166,7 +166,7 @@ def _init_state(run_or_group, model_init_for) -> step_lib.TrainState:
   run = group.lead
   example = jax.tree.map(lambda x: np.asarray(x)[None], run.dataset.example)
   inputs = run.task.model_inputs(example)
-  model_init = model_init_for(run.model, run.layout.mesh.devices.flat[0].platform)
+  model_init = model_init_for(run.model, run.layout.platform)
   variables = [model_init(r.config.seed, inputs) for r in group.runs]
 
   def place(variables, tx):
@@ -217,7 +217,7 @@ def replica_memory_bytes(run: Run, state_bytes: Optional[int] = None) -> tuple[f
   example = jax.tree.map(np.asarray, run.dataset.example)
   _, example_bytes = param_count_and_bytes(example)
   input_bytes = example_bytes * run.config.batch_size * run.config.workers * run.config.steps_per_call
-  share = 1 if run.layout.mesh.devices.flat[0].platform == 'cpu' else run.layout.devices
+  share = 1 if run.layout.platform == 'cpu' else run.layout.devices
   return state_bytes / share, input_bytes / share
 
 

@@ -194,11 +194,11 @@ def gradients_computed(done: np.ndarray, devices: int, microbatches: int, finish
     done = done[None]
   replicas, n, workers = done.shape
   slots = gradient_slots(done, devices)
+  if slots is not None and busy_loop:  # each busy slot alone: its own finished micro-batches, or all of them
+    return int(np.sum(np.where(done > 0, done if finished_only else microbatches, 0)))
   per_device = np.moveaxis(done.reshape(replicas, n, devices, workers // devices), 0, 2)  # (n, devices, R, L)
   per_device = per_device.reshape(n, devices, -1)
   everyone = np.full(per_device.shape[:2], per_device.shape[2])
-  if slots is not None and busy_loop:  # each busy slot alone: its own finished micro-batches, or all of them
-    return int(np.sum(np.where(done > 0, done if finished_only else microbatches, 0)))
   computing = everyone if slots is None else np.where(per_device.max(-1) > 0, slots, 0)
   trips = per_device.max(-1) if finished_only else microbatches
   return int(np.sum(computing * trips))
@@ -323,6 +323,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       (params, opt_state, model_state, batch), fields, rng = inputs
       busy = fields['microbatches_done'] > 0
       index = jnp.nonzero(busy, size=slots_per_device, fill_value=slots_per_device)[0]
+      trips = jnp.sum(busy)
 
       def trip(loop):
         j, out = loop
@@ -332,7 +333,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
         return j + 1, jax.tree.map(
             lambda base, new: lax.dynamic_update_index_in_dim(base, new.astype(base.dtype), i, 0), out, computed)
 
-      _, out = lax.while_loop(lambda loop: loop[0] < jnp.sum(busy), trip,
+      _, out = lax.while_loop(lambda loop: loop[0] < trips, trip,
                               (jnp.zeros((), jnp.int32), zeros(params, fields, model_state)))
       return out
 

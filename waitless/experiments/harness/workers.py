@@ -47,6 +47,11 @@ class WorkerLayout:
     return self.mesh.size
 
   @property
+  def platform(self) -> str:
+    """The devices' platform: 'cpu', 'gpu' or 'tpu'."""
+    return self.mesh.devices.flat[0].platform
+
+  @property
   def local(self) -> int:
     return self.workers // self.devices
 
