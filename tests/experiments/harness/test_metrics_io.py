@@ -104,6 +104,21 @@ class EventFileTest(absltest.TestCase):
     self.assertEqual(events[1].session_log.status, event_pb2.SessionLog.START)  # TensorBoard purges step >= 11
     self.assertEqual(events[1].step, 11)
 
+  def test_rows_reach_the_files_at_flush_and_after_the_flush_period(self):
+    workdir = self.create_tempdir().full_path
+    writer = metrics_io.MetricsWriter(workdir, keep_through_step=None)
+    writer.FLUSH_EVERY_S = 3600.0
+    writer.write(ROWS[0])
+    self.assertEqual(metrics_io.read_rows(workdir), [])  # buffered: no write per row
+    writer.flush()  # what the loop does before each checkpoint
+    self.assertEqual([r['step'] for r in metrics_io.read_rows(workdir)], [10])
+    self.assertEqual(set(_scalars(workdir)), {k for k in EXPECTED if k[1] == 10})
+    writer.FLUSH_EVERY_S = 0.0  # the period has passed: the next row flushes everything written
+    writer.write(ROWS[1])
+    self.assertEqual([r['step'] for r in metrics_io.read_rows(workdir)], [10, 20])
+    self.assertEqual(_scalars(workdir), EXPECTED)
+    writer.close()
+
   def test_writing_events_does_not_import_tensorflow(self):
     workdir = self.create_tempdir().full_path
     result = _python(f"""

@@ -4,10 +4,9 @@ stacked on a replica axis for a group."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from waitless.cluster import rules as rules_lib
@@ -15,6 +14,20 @@ from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
 from waitless.experiments.harness import transfer
+
+
+class Cadence(NamedTuple):
+  """A run's step counts that place its blocks and what follows them (logs, evaluations, checkpoints), read from
+  its config once: the loop consults them every block, and a config field costs a microsecond a read."""
+  num_steps: int
+  steps_per_call: int
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
+
+  @classmethod
+  def of(cls, config) -> 'Cadence':
+    return cls(*(int(config[field]) for field in cls._fields))
 
 
 def _next_boundary(step: int, config) -> int:
@@ -25,7 +38,8 @@ def _next_boundary(step: int, config) -> int:
 
 
 def block_length(step: int, config, round_length: int | None = None) -> int:
-  """Iterations in the block starting at `step`: never crosses a log, eval or checkpoint boundary.
+  """Iterations in the block starting at `step` of a run with this `config` (or its `Cadence`): never crosses a
+  log, eval or checkpoint boundary.
 
   With a round length R the block is whole rounds where it can be (max(1, steps_per_call // R) of them); after
   a boundary that falls inside a round, a shorter block reaches the next round boundary. Lengths depend only on
@@ -40,20 +54,13 @@ def block_length(step: int, config, round_length: int | None = None) -> int:
 
 
 def _to_devices(layout, packed: transfer.Packed, leading: int = 1) -> transfer.Packed:
-  """`packed` on the devices, one transfer per array: the per-worker pack and the examples sharded on the worker
-  dimension (after `leading` others) from this process's workers' rows, the uniform packs replicated."""
+  """`packed` on the devices, one transfer per array, sharded on the worker dimension (after `leading` others)
+  from this process's workers' rows."""
   sharding = layout.sharding(*([None] * leading))
-  per_worker = (packed.per_worker, packed.batches)
-  uniform = (packed.shared, packed.own)
   if jax.process_count() == 1:
-    shardings = (jax.tree.map(lambda _: sharding, per_worker), jax.tree.map(lambda _: layout.replicated(), uniform))
-    (per_worker, batches), (shared, own) = jax.device_put((per_worker, uniform), shardings)
-    return transfer.Packed(per_worker, shared, own, batches)
+    return jax.device_put(packed, jax.tree.map(lambda _: sharding, packed))
   shape = lambda v: v.shape[:leading] + (layout.workers,) + v.shape[leading + 1:]
-  per_worker, batches = jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)),
-                                     per_worker)
-  shared, own = jax.tree.map(jnp.asarray, uniform)
-  return transfer.Packed(per_worker, shared, own, batches)
+  return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)), packed)
 
 
 def batch_slots(run: setup.Run, blocks) -> int:

@@ -139,7 +139,11 @@ class Loop:
     # (AdaSync): the schedules, and so the trajectory, stay exactly the same.
     # A measured run never looks ahead: its next block's counts need this block's times, and its clock times one
     # block at a time (`measured_time`).
-    self.lookahead = not self.lead.rule.uses_feedback and not self.lead.measured
+    self.measured = self.lead.measured  # read once: a property of the config (a group shares it)
+    self.lookahead = not self.lead.rule.uses_feedback and not self.measured
+    self.cadences = [inputs_lib.Cadence.of(r.config) for r in replicas]
+    self.progress_every_s = float(self.lead.config.progress_every_s)
+    self.checkpoint_every_s = float(self.lead.config.checkpoint_every_s)
     self.evaluator: Optional[evaluation.Evaluator] = None
     self.start_wall = time.time()
     self._slice_all = None  # the jitted `replica_states`
@@ -148,7 +152,7 @@ class Loop:
 
   def running(self, at: int) -> list[int]:
     """The replicas that go on after step `at`."""
-    return [i for i, r in enumerate(self.replicas) if not r.done and r.config.num_steps > at]
+    return [i for i, (r, c) in enumerate(zip(self.replicas, self.cadences)) if not r.done and c.num_steps > at]
 
   def wall(self, r: Replica) -> float:
     return r.wall_offset + time.time() - self.start_wall
@@ -162,7 +166,7 @@ class Loop:
       return None
     begin = time.perf_counter()
     run = self.lead
-    n = length or min(inputs_lib.block_length(at, self.replicas[i].config, run.round_length) for i in live)
+    n = length or min(inputs_lib.block_length(at, self.cadences[i], run.round_length) for i in live)
     blocks, stalled, drawn = [None] * len(self.replicas), {}, {}
     for i in live:
       clock = self.replicas[i].clock
@@ -194,11 +198,11 @@ class Loop:
     """The block's measurements on the host (`step.unpack_measurements`); a measured run's clock records the
     block's measured times here (`prepared.blocks[0]` becomes the recorded block)."""
     run = self.lead
-    if run.measured:  # wait with the Python lock released: the program's clock reads need it
+    if self.measured:  # wait with the Python lock released: the program's clock reads need it
       jax.block_until_ready(measured)
       ready = time.perf_counter()  # before the all-gather below, which compiles once per block length
-    host = block_step_lib.measurements_to_host(measured, timed=run.measured)
-    if run.measured:  # group of one (a measured run never shares its program)
+    host = block_step_lib.measurements_to_host(measured, timed=self.measured)
+    if self.measured:  # group of one (a measured run never shares its program)
       seconds = measured_time.block_seconds(prepared.seconds, self.block_step.stopwatch.origin, ready,
                                             self.block_step.compiled,
                                             host['started_s'][0, run.layout.local_worker_ids()])
@@ -261,9 +265,9 @@ class Loop:
         continue
       if not self.accept(i, prepared.blocks[i], host, at, reduced):
         continue
-      if evaluates[i] or end % r.config.log_every == 0:
+      if evaluates[i] or end % self.cadences[i].log_every == 0:
         row = {'step': end, 'sim_time': r.sim_time, 'wall_time': self.wall(r), **r.window.row()}
-        if r.run.measured:
+        if self.measured:
           row = measured_time.finish_row(row, r.config.workers)
         if evaluates[i]:
           if evaluated is None:
@@ -276,7 +280,7 @@ class Loop:
       if checkpoints[i]:
         slices = self.replica_states(state) if slices is None else slices
         self.checkpoint(i, slices[i], end)
-      if end == r.config.num_steps:
+      if end == self.cadences[i].num_steps:
         self.finish(r, end)
 
   def replica_states(self, state) -> list:
@@ -300,14 +304,16 @@ class Loop:
     meta = {'step': end, 'wall_time': self.wall(r), 'positions': r.positions.tolist(),
             'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
             'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
+    if r.writer is not None:  # the rows up to `end` are what a resume keeps: in the file before the checkpoint
+      r.writer.flush()
     r.checkpointer.save(end, state, meta, copy=not self.group.batched)
-    if r.run.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
+    if self.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
       r.checkpointer.wait()
 
   def finish(self, r: Replica, at: int) -> None:
     """The replica's summary, written to its workdir."""
     last_eval = r.last_eval
-    measured = r.clock.summary() if r.run.measured else {}
+    measured = r.clock.summary() if self.measured else {}
     r.summary = {
         **measured,
         'steps': at, 'sim_time': r.sim_time, 'wall_time': self.wall(r),
@@ -359,29 +365,29 @@ class Loop:
         if measured is None:
           state, measured = self.dispatch(state, current)
         live, end = current.live, step + current.length
-        evaluates = {i: end % replicas[i].config.eval_every == 0 or end == replicas[i].config.num_steps
-                     for i in live}
+        cadences = self.cadences
+        evaluates = {i: end % cadences[i].eval_every == 0 or end == cadences[i].num_steps for i in live}
         # A stop makes this block the last: checkpoint after it, no lookahead. So does the wall-clock period.
         stop, due = stop_requests.agreed(step, self.checkpoint_due())
-        checkpoints = {i: end % replicas[i].config.checkpoint_every == 0 or end == replicas[i].config.num_steps
-                       or due for i in live}
+        checkpoints = {i: end % cadences[i].checkpoint_every == 0 or end == cadences[i].num_steps or due
+                       for i in live}
         following = next_measured = None
         # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
         # A measured run takes it after its block's results (`measured_time`): compiling it on this thread while
         # the block runs would hold the Python lock that the block's clock reads wait for.
-        snapshot = self.evaluator.consensus(state) if any(evaluates.values()) and not run.measured else None
+        snapshot = self.evaluator.consensus(state) if any(evaluates.values()) and not self.measured else None
         if self.lookahead and not any(checkpoints.values()):
           following = self.prepare(end)
           if following is not None and following.live:
             state, next_measured = self.dispatch(state, following)
         host = self.measurements(current, measured)
-        if run.measured and any(evaluates.values()):
+        if self.measured and any(evaluates.values()):
           snapshot = self.evaluator.consensus(state)
         self.record(current, host, state, snapshot, evaluates, checkpoints)
         if any(checkpoints.values()):
           self.last_checkpoint = time.time()
         step = end
-        if time.time() - last_progress >= run.config.progress_every_s or not self.running(step):
+        if time.time() - last_progress >= self.progress_every_s or not self.running(step):
           last_progress = time.time()
           self.log_progress(step, live, num_steps, (step - start_step) / max(time.time() - self.start_wall, 1e-9))
         if stop and self.running(step):
@@ -403,7 +409,7 @@ class Loop:
     last checkpoint (or the start of this call): then the block being dispatched ends with a checkpoint of every
     live replica, wherever it ends. Blocks never depend on it (their lengths come from step numbers alone), so
     neither does the trajectory; it bounds what a crash loses to that period, whatever the run's length."""
-    period = self.lead.config.checkpoint_every_s
+    period = self.checkpoint_every_s
     return period > 0 and time.time() - self.last_checkpoint >= period
 
   def log_progress(self, step: int, live: list[int], num_steps: int, rate: float) -> None:

@@ -440,8 +440,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
   lead = () if replicas is None else (None,)
   worker = PartitionSpec(*lead, workers_lib.DEVICE_AXIS)
   per_iteration = PartitionSpec(*lead, None, workers_lib.DEVICE_AXIS)
-  packed_specs = transfer.Packed(per_worker=per_iteration, shared=PartitionSpec(), own=PartitionSpec(),
-                                 batches=per_iteration)
+  packed_specs = transfer.Packed(per_worker=per_iteration, batches=per_iteration)
 
   def block_step(state, packed, data=None, values=None, *, spec, slots=None):
     mapped = layout.shard_map(functools.partial(device_block, spec=spec, slots=slots),

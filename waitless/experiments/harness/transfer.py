@@ -1,12 +1,14 @@
-"""A block's inputs in one transfer per sharding (`pack` on the host), and back inside the program (`unpack`).
+"""A block's inputs in ONE transfer (`pack` on the host), and back inside the program (`unpack`).
 
-Every array handed to the devices is a transfer of its own to each device (about 70-100 us on XLA:CPU, whatever
-its size), and a block's inputs were up to ten of them. The host packs the per-worker integers into ONE array
-sharded over the workers: the examples' indices, when the data set lives on the devices (the step gathers its
-micro-batches there), then every per-worker field of the schedule. The uniform fields and the step numbers go
-into ONE replicated array (and the uniform fields that differ between replicas into one more). Bools and ints
-travel as integers, floats bitcast to the integers of their width: unpacking gives back exactly what a direct
-transfer gives. A data set that does not live on the devices still sends its examples as arrays of their own.
+Every array handed to the devices is a transfer of its own to each device (about 40 us on XLA:CPU for 8 devices,
+whatever its size), and a block's inputs were up to ten of them. The host packs every integer of the block
+into ONE array sharded over the workers: the examples' indices, when the data set lives on the devices (the step
+gathers its micro-batches there), every per-worker field of the schedule, then the uniform fields, the step
+numbers and the uniform fields that differ between replicas, each repeated in every worker's row (a few bytes;
+a replicated array of their own cost a second transfer, a quarter of the host's work per block of a small
+model). Bools and ints travel as integers, floats bitcast to the integers of their width: unpacking gives back
+exactly what a direct transfer gives. A data set that does not live on the devices still sends its examples as
+arrays of their own.
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ class PackSpec(NamedTuple):
 
 
 class Packed(NamedTuple):
-  """The arrays of one block: per-worker (..., n, P, F) integers, shared (n, U + 1), own (R, n, V) or None,
-  and the examples themselves (a dict of (..., n, P, m, b, ...) arrays) when they are not indices."""
+  """The arrays of one block: the (..., n, P, F) integers (indices, per-worker fields, then the uniform ones:
+  shared, the steps, own), and the examples themselves (a dict of (..., n, P, m, b, ...) arrays) when they are
+  not indices."""
   per_worker: Any
-  shared: Any
-  own: Any
   batches: Any
 
 
@@ -77,26 +78,33 @@ def pack(per_worker: dict[str, np.ndarray], shared: dict[str, np.ndarray], own: 
   columns = _columns(per_worker, lead)
   if indices is not None:
     columns.insert(0, np.asarray(indices, _int_dtype()).reshape(lead + (-1,)))
-  packed_shared = np.concatenate(_columns(shared, steps.shape) + [_as_int(steps).reshape(-1, 1)], axis=-1)
-  packed_own = np.concatenate(_columns(own, next(iter(own.values())).shape), axis=-1) if own else None
+  uniform = _columns(shared, steps.shape) + [_as_int(steps).reshape(-1, 1)]  # (n, 1) each
+  uniform = [np.broadcast_to(c[..., None, :], lead + (1,)) for c in uniform]
+  uniform += [np.broadcast_to(c[..., None, :], lead + (1,)) for c in _columns(own, lead[:-1])]  # (R, n, 1) each
   spec = PackSpec(per_worker=tuple((k, _kind(v)) for k, v in per_worker.items()),
                   shared=tuple((k, _kind(v)) for k, v in shared.items()) + (('step', 'int'),),
                   own=tuple((k, _kind(v)) for k, v in own.items()),
                   index_shape=None if indices is None else tuple(indices.shape[len(lead):]))
-  return Packed(np.concatenate(columns, axis=-1), packed_shared, packed_own, batches), spec
+  return Packed(np.concatenate(columns + uniform, axis=-1), batches), spec
 
 
 def unpack(packed: Packed, spec: PackSpec):
-  """Inside the program: (the examples' indices (..., n, P, m, b) or the examples, per-worker fields,
-  shared uniform fields, own uniform fields, the steps as int32)."""
+  """Inside the program, from a device's block of the pack ((n, L, F) for a run, (R, n, L, F) for a group):
+  (the examples' indices (..., n, L, m, b) or the examples, per-worker fields (..., n, L), shared uniform fields
+  (n,), own uniform fields (R, n), the steps (n,) as int32). The uniform fields are read from the device's first
+  worker's row (every row holds them) and, for a group, the shared ones from its first replica."""
+  columns = packed.per_worker
   offset = 0
   indices = packed.batches
   if spec.index_shape is not None:
     offset = int(np.prod(spec.index_shape))
-    indices = packed.per_worker[..., :offset].reshape(packed.per_worker.shape[:-1] + spec.index_shape)
-  per_worker = {name: _as_kind(packed.per_worker[..., offset + i], kind)
-                for i, (name, kind) in enumerate(spec.per_worker)}
-  shared = {name: _as_kind(packed.shared[..., i], kind) for i, (name, kind) in enumerate(spec.shared)}
+    indices = columns[..., :offset].reshape(columns.shape[:-1] + spec.index_shape)
+  per_worker = {name: _as_kind(columns[..., offset + i], kind) for i, (name, kind) in enumerate(spec.per_worker)}
+  offset += len(spec.per_worker)
+  first_row = columns[..., 0, :]  # (n, F) or (R, n, F)
+  shared_rows = first_row if first_row.ndim == 2 else first_row[0]
+  shared = {name: _as_kind(shared_rows[:, offset + i], kind) for i, (name, kind) in enumerate(spec.shared)}
+  offset += len(spec.shared)
   steps = shared.pop('step').astype(jnp.int32)
-  own = {name: _as_kind(packed.own[..., i], kind) for i, (name, kind) in enumerate(spec.own)}
+  own = {name: _as_kind(first_row[..., offset + i], kind) for i, (name, kind) in enumerate(spec.own)}
   return indices, per_worker, shared, own, steps

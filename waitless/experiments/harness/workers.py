@@ -12,6 +12,7 @@ multi-device pod layout; the vmapped layout is covered by tests against the L = 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -61,15 +62,14 @@ class WorkerLayout:
 
   def sharding(self, *leading: None) -> NamedSharding:
     """Sharding of an array whose worker dimension comes after `len(leading)` unsharded ones."""
-    return NamedSharding(self.mesh, PartitionSpec(*leading, DEVICE_AXIS))
+    return _named_sharding(self.mesh, PartitionSpec(*leading, DEVICE_AXIS))
 
   def replicated(self) -> NamedSharding:
-    return NamedSharding(self.mesh, PartitionSpec())
+    return _named_sharding(self.mesh, PartitionSpec())
 
   def local_worker_ids(self) -> np.ndarray:
-    """Global ids of the workers whose devices belong to this process (all of them on one host)."""
-    mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
-    return np.concatenate([np.arange(i * self.local, (i + 1) * self.local) for i in mine])
+    """Global ids of the workers whose devices belong to this process (all of them on one host); read-only."""
+    return _local_worker_ids(self.mesh, self.local, jax.process_index())
 
   def per_worker(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Lifts fn(per-worker args) to the device's block of L workers (leading dimension L)."""
@@ -84,3 +84,18 @@ class WorkerLayout:
   def shard_map(self, fn: Callable[..., Any], in_specs, out_specs) -> Callable[..., Any]:
     return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
                          check_vma=self.local == 1)
+
+
+# The loop asks for these every block: each new NamedSharding is hashed again by the transfer and the jitted
+# call's cache (tens of microseconds of the host's work per block, which on a small machine delays the devices).
+@functools.lru_cache(maxsize=64)
+def _named_sharding(mesh: Mesh, spec: PartitionSpec) -> NamedSharding:
+  return NamedSharding(mesh, spec)
+
+
+@functools.lru_cache(maxsize=16)
+def _local_worker_ids(mesh: Mesh, local: int, process: int) -> np.ndarray:
+  mine = [i for i, d in enumerate(mesh.devices.flat) if d.process_index == process]
+  ids = np.concatenate([np.arange(i * local, (i + 1) * local) for i in mine])
+  ids.flags.writeable = False  # shared by every caller
+  return ids

@@ -346,6 +346,7 @@ class Driver:
   def save(self, step: int, state, meta: dict) -> None:
     meta = {**meta, 'wall_time': self.wall(), 'time_to_target': self.time_to_target, 'last_eval': self.last_eval,
             'train_loss': self.last_train_loss}
+    self.writer.flush()  # the rows up to this step are what a resume keeps: in the file before the checkpoint
     self.checkpointer.save(step, state, meta, copy=False)
 
   def finish(self) -> dict[str, Any]:
