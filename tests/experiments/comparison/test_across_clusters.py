@@ -8,10 +8,12 @@ from absl.testing import absltest
 from waitless.experiments.comparison import across_clusters
 
 
-def _write(root: str, profile: str, verdicts: dict[str, str | None]) -> str:
-  directory = os.path.join(root, profile)
+def _write(root: str, profile: str | None, verdicts: dict[str, str | None]) -> str:
+  directory = os.path.join(root, profile or 'none')
   os.makedirs(os.path.join(directory, 'wagma'))
-  report = {'title': f'digits.py: 16 workers, 300 steps per run, cluster profile {profile}', 'baseline': 'sync',
+  # experiments.compare's titles, with a profile and without
+  cluster = f'cluster profile {profile}' if profile else 'no cluster profile (configured times, ideal network)'
+  report = {'title': f'digits.py: 16 workers, 300 steps per run, {cluster}', 'baseline': 'sync',
             'algorithms': [{'entry': entry, 'verdict': verdict, 'speedup': 1.5 if verdict == 'faster' else 0.9,
                             'beats_baseline': {'time_to_target_accuracy': {}}}
                            for entry, verdict in verdicts.items()]}
@@ -31,6 +33,14 @@ class AcrossClustersTest(absltest.TestCase):
     self.assertIn('| wagma (vs sync) | wagma | tied (0.90x) | faster (1.50x) | **yes** |', text)
     self.assertIn('| wagma (vs sync) | local_sgd | faster (1.50x) | faster (1.50x) |  |', text)
     self.assertIn('| wagma (vs sync) | sync | baseline | baseline |  |', text)
+
+  def test_the_tables_without_a_profile_are_named_so(self):
+    root = self.create_tempdir().full_path
+    configured = _write(root, None, {'sync': None, 'wagma': 'faster'})
+    fast = _write(root, 'dgx_h100', {'sync': None, 'wagma': 'tied'})
+    text = across_clusters.markdown([configured, fast])
+    self.assertIn('| table | entry | no profile | dgx_h100 | depends on the cluster |', text)
+    self.assertIn('| wagma (vs sync) | wagma | faster (1.50x) | tied (0.90x) | **yes** |', text)
 
   def test_too_few_directories_is_one_line_and_exit_2(self):
     self.assertEqual(across_clusters.main(['only_one']), 2)

@@ -31,7 +31,9 @@ def profile_of(report: dict[str, Any]) -> str:
   """The cluster profile a comparison's title names ('no profile' when none)."""
   title = report.get('title', '')
   marker = 'cluster profile '
-  return title.split(marker, 1)[1].split(',')[0].strip() if marker in title else 'no profile'
+  if marker not in title or 'no cluster profile' in title:  # compare's title: 'no cluster profile (configured ...)'
+    return 'no profile'
+  return title.split(marker, 1)[1].split(',')[0].strip()
 
 
 def _cell(entry: dict[str, Any] | None) -> str:
