@@ -121,8 +121,8 @@ def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequenc
   the frozen replicas' zero gradients computed for nothing: a group whose seeds' budgets end a few blocks apart
   (an `experiments.compare --sim_time` budget) does not compile a second program for its last blocks (0.76 s
   for 10 replicas of the MNIST-1D CNN, more than the tail's wasted gradients). A uniform field that every
-  replica shares goes in once, (n,), so the program's conditionals over it stay conditionals; one that differs
-  goes in as (R, n).
+  replica shares is read by the program once, (n,), from the first replica's rows (`transfer.unpack`), so its
+  conditionals over it stay conditionals; one that differs is read as (R, n).
   """
   run = group.lead
   live = [b for b in blocks if b is not None]

@@ -339,8 +339,8 @@ class Loop:
     Raises:
       preemption.Preempted: a stop was requested; every unfinished replica finished its block and checkpointed.
     """
-    run, replicas = self.lead, self.replicas
-    num_steps = max(r.config.num_steps for r in replicas)
+    run, replicas, cadences = self.lead, self.replicas, self.cadences
+    num_steps = max(c.num_steps for c in cadences)
     names = ', '.join(os.path.basename(os.path.normpath(r.workdir)) for r in replicas)
     log.info('%s: %d workers on %d %s device(s), %d parameters per worker, %d steps%s',
              run.config.algorithm.name, run.config.workers, run.layout.devices, jax.devices()[0].platform,
@@ -365,7 +365,6 @@ class Loop:
         if measured is None:
           state, measured = self.dispatch(state, current)
         live, end = current.live, step + current.length
-        cadences = self.cadences
         evaluates = {i: end % cadences[i].eval_every == 0 or end == cadences[i].num_steps for i in live}
         # A stop makes this block the last: checkpoint after it, no lookahead. So does the wall-clock period.
         stop, due = stop_requests.agreed(step, self.checkpoint_due())
