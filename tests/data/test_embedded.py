@@ -71,6 +71,16 @@ class EmbeddedDataTest(absltest.TestCase):
     np.testing.assert_array_equal(a.read([1], [[30]], 1)['id'][0, 0, 0], b.read([0, 1], positions, 2)['id'][1, 1, 0])
     self.assertFalse(np.array_equal(a.read([0, 1], positions, 2)['id'], c.read([0, 1], positions, 2)['id']))
 
+  def test_a_read_over_many_epochs_equals_its_rows_read_one_at_a_time(self):
+    # The training loop reads several blocks at once: rows in several epochs, workers epochs apart.
+    arrays = {'id': np.arange(90)}
+    spanning = in_memory.InMemoryStreams(arrays, workers=3, microbatch_size=4, seed=5)
+    rows = in_memory.InMemoryStreams(arrays, workers=3, microbatch_size=4, seed=5)
+    positions = np.array([[0, 2, 40], [5, 3, 41], [9, 11, 43], [14, 11, 50]])  # 30 per shard: epochs 0-2 and 5-7
+    got = spanning.read([0, 1, 2], positions, 3)['id']
+    for n, row in enumerate(positions):
+      np.testing.assert_array_equal(got[n], rows.read([0, 1, 2], row[None], 3)['id'][0])
+
   def test_more_workers_than_the_data_feeds_is_a_config_error_naming_workers(self):
     with self.assertRaisesRegex(errors.ConfigError, r'^workers=100 is not allowed: 200 training examples over '
                                 r'100 workers leave 2 per worker, fewer than one micro-batch of 4'):

@@ -49,11 +49,13 @@ class InMemoryStreams:
     """Example indices of stream positions `samples` (..., W), column j in the stream of `workers[j]`."""
     epochs, offsets = np.divmod(samples, self.shard_size)
     first, last = int(epochs.min()), int(epochs.max())
-    needed = range(first, last + 1) if last - first <= 1 else np.unique(epochs).tolist()  # usually one or two
-    out = None
-    for epoch in needed:
-      gathered = self._epoch_table(epoch)[workers, offsets]
-      out = gathered if out is None else np.where(epochs == epoch, gathered, out)
+    if first == last:  # the usual read: one epoch
+      needed, rows = [first], 0
+    else:  # a read of several blocks at once spans several epochs: one gather from their tables stacked
+      needed = np.unique(epochs).tolist()
+      rows = np.searchsorted(needed, epochs)
+    tables = [self._epoch_table(epoch) for epoch in needed]
+    out = tables[0][workers, offsets] if len(tables) == 1 else np.stack(tables)[rows, workers, offsets]
     for epoch in set(self._epoch_tables) - set(needed):  # positions only grow: keep what this read used
       del self._epoch_tables[epoch]
     return out
