@@ -12,13 +12,14 @@ import numpy as np
 from waitless.experiments.harness import replicas as replicas_lib
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import transfer
 from waitless.experiments.harness import workers as workers_lib
 
 
 def to_host(tree):
   """Fetches (possibly multi-host sharded) arrays as numpy on every process."""
   if jax.process_count() == 1:
-    return jax.device_get(tree)
+    return jax.tree.map(transfer.fetch, tree)
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
