@@ -212,5 +212,27 @@ class ResumeAcrossBlockBoundariesTest(parameterized.TestCase):
     self.assertEqual(helpers.json_round_trip(straight.state_dict()), helpers.json_round_trip(restored.state_dict()))
 
 
+class BlockIterationsTest(parameterized.TestCase):
+  """`Block.iterations`: a block of n iterations cut into parts is the blocks of those parts drawn in turn (the
+  training loop draws several blocks at once, `loop.Loop.prepare`), field by field and to the bit."""
+
+  @parameterized.named_parameters(*((f'{rule}_{name}', rule, name) for rule in RULES
+                                    for name in ('exponential', 'random_delay', 'failure_returns')))
+  def test_parts_of_one_draw_equal_the_parts_drawn_in_turn(self, rule, stragglers):
+    parts = (7, 1, 12, 4)
+    clock = lambda: helpers.clock(RULES[rule](), workers=P, model_bytes=4e6, seed=9,
+                                  network={'kind': 'alpha_beta'}, **STRAGGLERS[stragglers])
+    one, turns = clock(), clock()
+    whole = one.next_block(sum(parts))
+    bounds = np.cumsum((0,) + parts)
+    cut = [whole.iterations(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    drawn = [turns.next_block(n) for n in parts]
+    for got, want in zip(cut, drawn):
+      self.assertEqual(type(got.schedule), type(want.schedule))
+      for key, value in _concatenate([want]).items():
+        np.testing.assert_array_equal(_concatenate([got])[key], value, err_msg=key)
+    self.assertEqual(helpers.json_round_trip(one.state_dict()), helpers.json_round_trip(turns.state_dict()))
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -82,6 +82,16 @@ class Block:
   idle: Optional[np.ndarray] = None
   measurements: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
+  def iterations(self, start: int, stop: int) -> 'Block':
+    """Iterations start..stop-1 as a block of their own: what `next_block` returns for them, as a block of n
+    iterations is n blocks of one drawn in turn (the training loop draws several blocks at once)."""
+    rows = slice(start, stop)
+    return Block(schedule=schedules.take(self.schedule, rows), duration=self.duration[rows],
+                 sim_time=self.sim_time[rows], idle_fraction=self.idle_fraction[rows],
+                 mean_staleness=self.mean_staleness[rows], bytes_communicated=self.bytes_communicated[rows],
+                 idle=None if self.idle is None else self.idle[rows],
+                 measurements={k: v[rows] for k, v in self.measurements.items()})
+
 
 def _encode(value: Any) -> Any:
   if isinstance(value, np.ndarray):

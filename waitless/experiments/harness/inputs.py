@@ -4,7 +4,7 @@ stacked on a replica axis for a group."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -58,7 +58,7 @@ def _to_devices(layout, packed: transfer.Packed, leading: int = 1) -> transfer.P
   from this process's workers' rows."""
   sharding = layout.sharding(*([None] * leading))
   if jax.process_count() == 1:
-    return jax.device_put(packed, jax.tree.map(lambda _: sharding, packed))
+    return jax.tree.map(lambda v: transfer.put(v, sharding), packed)
   shape = lambda v: v.shape[:leading] + (layout.workers,) + v.shape[leading + 1:]
   return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v, shape(v)), packed)
 
@@ -72,6 +72,14 @@ def batch_slots(run: setup.Run, blocks) -> int:
     return run.microbatches
   done = max(int(block.schedule.microbatches_done.max()) for block in blocks)
   return min(run.microbatches, 1 << max(done - 1, 0).bit_length())
+
+
+def reads_ahead(run: setup.Run) -> bool:
+  """Whether the loop may read several blocks' inputs at once (`loop.Loop.prepare`): where the data set lives on
+  the devices (the host sends indices, a few bytes per example, so a span's inputs are small) and every block
+  has all its micro-batch slots (`batch_slots`: one batch shape whatever the schedule)."""
+  return run.dataset.train.resident is not None and (not run.finished_only or
+                                                     measured_time.counts_measured(run.config))
 
 
 def host_inputs(run: setup.Run, block, positions: np.ndarray, slots: int):
@@ -97,32 +105,67 @@ def _pack(run: setup.Run, examples, per_worker, shared, own, steps):
   return transfer.pack(per_worker, shared, own, steps, batches=examples)
 
 
-def block_inputs(run: setup.Run, block, positions: np.ndarray, step: int):
-  """The step's (packed inputs, their spec, steps, slots) for `block`: every worker's micro-batches at its own
-  positions (or their indices), the schedule and the steps packed (`experiments.harness.transfer`), the steps on the
-  host (`block_step.BlockStep` picks the program by them) and the block's gradient slots (`step.gradient_slots`).
+class HostInputs(NamedTuple):
+  """The inputs of a span of iterations on the host (`read_block`, `read_stacked`), placed on the devices one
+  block of them at a time (`place`): the loop reads the blocks prepared ahead together (`loop.Loop.prepare`)."""
+  packed: transfer.Packed  # host arrays; the iterations on axis 0 for a run, 1 for a group
+  spec: transfer.PackSpec
+  steps: np.ndarray        # int32 (N,)
+  done: np.ndarray         # every worker's microbatches_done (the same on every process): (N, P) for a run,
+                           # (R, N, P) for a group (0 for a frozen replica)
+  live: Optional[np.ndarray] = None  # a group's (R,) replicas with a block; None: a run
 
-  Returns the four arguments after the state, and the data positions after the block.
-  """
+  @property
+  def leading(self) -> int:
+    """The dimensions before the workers'."""
+    return 1 if self.live is None else 2
+
+
+def place(layout, host: HostInputs, start: int = 0, stop: Optional[int] = None):
+  """The step's (packed inputs on the devices, their spec, steps, slots) for iterations `start:stop` of `host`.
+
+  slots: the block's gradient slots (`step.gradient_slots`); for a group, None while every live replica's
+  workers are all busy (the dense program: a frozen replica's zero gradients are computed for nothing, see
+  `read_stacked`)."""
+  rows = (slice(None),) * (host.leading - 1) + (slice(start, stop),)
+  packed = jax.tree.map(lambda x: x[rows], host.packed)
+  done = host.done[rows]
+  if host.live is None or not np.all(done[host.live] > 0):
+    slots = step_lib.gradient_slots(done, layout.devices)
+  else:
+    slots = None
+  return _to_devices(layout, packed, host.leading), host.spec, host.steps[start:stop], slots
+
+
+def read_block(run: setup.Run, block, positions: np.ndarray, step: int) -> tuple[HostInputs, np.ndarray]:
+  """`block`'s inputs on the host (every worker's micro-batches at its own positions, or their indices, the
+  schedule and the steps packed: `experiments.harness.transfer`), and the data positions after it."""
   (examples, per_worker, same), positions = host_inputs(run, block, positions, batch_slots(run, [block]))
   steps = np.arange(step, step + len(block.duration), dtype=np.int32)
   packed, spec = _pack(run, examples, per_worker, same, {}, steps)
-  slots = step_lib.gradient_slots(block.schedule.microbatches_done, run.layout.devices)
-  return (_to_devices(run.layout, packed), spec, steps, slots), positions
+  return HostInputs(packed, spec, steps, block.schedule.microbatches_done), positions
 
 
-def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequence[np.ndarray], step: int):
-  """The step's (packed inputs, spec, steps, slots) for replica r's `blocks[r]` at `positions[r]`, stacked on a
-  leading replica axis, and each replica's data positions after its block.
+def block_inputs(run: setup.Run, block, positions: np.ndarray, step: int):
+  """The step's (packed inputs, their spec, steps, slots) for `block` (`read_block`, `place`): the four
+  arguments after the state, and the data positions after the block."""
+  host, positions = read_block(run, block, positions, step)
+  return place(run.layout, host), positions
+
+
+def read_stacked(group: setup.Group, blocks: Sequence[Any], positions: Sequence[np.ndarray],
+                 step: int) -> tuple[HostInputs, list[np.ndarray]]:
+  """The inputs on the host of replica r's `blocks[r]` at `positions[r]`, stacked on a leading replica axis,
+  and each replica's data positions after its block.
 
   A replica with no block (`None`: frozen, its budget spent or its run failed) gets a copy of the first
   replica's inputs with no finished micro-batch: it takes no gradient, its update is never read, and the uniform
-  fields stay shared. While every live replica's worker is busy, the block runs the dense program (slots None),
-  the frozen replicas' zero gradients computed for nothing: a group whose seeds' budgets end a few blocks apart
-  (an `experiments.compare --sim_time` budget) does not compile a second program for its last blocks (0.76 s
-  for 10 replicas of the MNIST-1D CNN, more than the tail's wasted gradients). A uniform field that every
-  replica shares is read by the program once, (n,), from the first replica's rows (`transfer.unpack`), so its
-  conditionals over it stay conditionals; one that differs is read as (R, n).
+  fields stay shared. While every live replica's worker is busy, the block runs the dense program (slots None,
+  `place`), the frozen replicas' zero gradients computed for nothing: a group whose seeds' budgets end a few
+  blocks apart (an `experiments.compare --sim_time` budget) does not compile a second program for its last
+  blocks (0.76 s for 10 replicas of the MNIST-1D CNN, more than the tail's wasted gradients). A uniform field
+  that every replica shares is read by the program once, (n,), from the first replica's rows
+  (`transfer.unpack`), so its conditionals over it stay conditionals; one that differs is read as (R, n).
   """
   run = group.lead
   live = [b for b in blocks if b is not None]
@@ -146,18 +189,21 @@ def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequenc
   per_worker = jax.tree.map(stack, *[h[1] for h in host])
   frozen = np.array([m is None for m in made])
   per_worker['microbatches_done'] = np.where(frozen[:, None, None], 0, per_worker['microbatches_done'])
-  done = np.stack([np.zeros_like(live[0].schedule.microbatches_done) if b is None
-                   else b.schedule.microbatches_done for b in blocks])
   shared, own = {}, {}
   for k in host[0][2]:
     if all(np.array_equal(h[2][k], host[0][2][k]) for h in host[1:]):
       shared[k] = host[0][2][k]
     else:
       own[k] = np.stack([h[2][k] for h in host])
+  done = np.stack([np.zeros_like(live[0].schedule.microbatches_done) if b is None
+                   else b.schedule.microbatches_done for b in blocks])  # every worker's, on every process
   steps = np.arange(step, step + len(live[0].duration), dtype=np.int32)
   packed, spec = _pack(run, examples, per_worker, shared, own, steps)
-  every_live_busy = all(np.all(b.schedule.microbatches_done > 0) for b in live)
-  slots = None if every_live_busy else step_lib.gradient_slots(done, run.layout.devices)
-  return (_to_devices(run.layout, packed, leading=2), spec, steps, slots), after
+  return HostInputs(packed, spec, steps, done, live=~frozen), after
 
 
+def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequence[np.ndarray], step: int):
+  """The step's (packed inputs, spec, steps, slots) for replica r's `blocks[r]` at `positions[r]`
+  (`read_stacked`, `place`), and each replica's data positions after its block."""
+  host, after = read_stacked(group, blocks, positions, step)
+  return place(group.lead.layout, host), after

@@ -1,8 +1,9 @@
 """The training loop: a group of runs (a run alone is a group of one) trained block by block.
 
 Each block: the replicas' clocks sample the schedules (who finished what, how long it took), the data streams
-serve every worker the micro-batches at its own positions (`Loop.prepare`), one jitted call runs the block
-(`Loop.dispatch`), and the host takes each replica's share of its measurements (`Loop.accept`), then logs,
+serve every worker the micro-batches at its own positions (`Loop.prepare`; where the data set lives on the
+devices, for up to `AHEAD_BLOCKS` blocks at once, each placed on the devices in turn), one jitted call runs the
+block (`Loop.dispatch`), and the host takes each replica's share of its measurements (`Loop.accept`), then logs,
 evaluates the consensus model and checkpoints at fixed step boundaries (`Loop.record`). Block lengths depend
 only on absolute step numbers (`inputs.block_length`), so a resumed run executes the same programs on the same
 inputs as an uninterrupted one. `Loop.run` is the loop itself; the tests drive the same `prepare`, `dispatch`,
@@ -33,6 +34,8 @@ from waitless.experiments.harness import setup
 from waitless.experiments.harness import window as window_lib
 
 log = logging.getLogger('waitless')
+
+AHEAD_BLOCKS = 8  # the most blocks `Loop.prepare` draws and reads at once
 
 
 class TrainingDiverged(RuntimeError):
@@ -90,6 +93,7 @@ class Prepared:
   inputs: tuple
   stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
   seconds: float = 0.0  # host seconds spent preparing it (a measured run's clock counts them)
+  host: Optional[tuple] = None  # (inputs.HostInputs, start, stop): inputs read ahead, placed when it is next
 
   @property
   def live(self) -> list[int]:
@@ -99,6 +103,17 @@ class Prepared:
   @property
   def length(self) -> int:
     return len(self.blocks[self.live[0]].duration)
+
+
+@dataclasses.dataclass
+class Ahead:
+  """Blocks drawn and read together with the one being run (`Loop.prepare`), and where their span started, to go
+  back to the end of any of them (`Loop.rewind`)."""
+  blocks: list        # the Prepared blocks not handed out yet, in order
+  step: int           # the first step of the span
+  clocks: dict        # id(clock) -> (clock, its state_dict at `step`)
+  positions: list     # each replica's data positions at `step`
+  done: list          # each replica's microbatches_done (N, P) over the span (None: frozen)
 
 
 def share_clocks(replicas: list[Replica]) -> None:
@@ -148,6 +163,10 @@ class Loop:
     self.start_wall = time.time()
     self._slice_all = None  # the jitted `replica_states`
     self.last_checkpoint = self.start_wall  # the wall time of the last checkpoint (`checkpoint_due`)
+    # Blocks drawn and read ahead together (`prepare`): where the program's block is small, the host's fixed
+    # costs per call (the clock's, the data read's, the packing's) were a tenth of the block's time.
+    self.reads_ahead = self.lookahead and inputs_lib.reads_ahead(self.lead)
+    self.ahead: Optional[Ahead] = None
     share_clocks(replicas)
 
   def running(self, at: int) -> list[int]:
@@ -160,17 +179,78 @@ class Loop:
   def prepare(self, at: int, length: Optional[int] = None) -> Optional[Prepared]:
     """Samples every running replica's next block and reads its data, moving its clock and data positions past
     the block; None when no replica goes on. `length`: the block's iterations (default: `inputs.block_length`,
-    never across a log, eval or checkpoint boundary)."""
+    never across a log, eval or checkpoint boundary).
+
+    Without a `length`, a run that looks ahead (`reads_ahead`) draws and reads up to `AHEAD_BLOCKS` blocks at
+    once, up to its next checkpoint step: one clock draw (a block of n iterations is n of one: `Block.iterations`),
+    one data read and one pack for all of them, each placed on the devices when it is next. The clocks and data
+    positions are then past the last of them; a checkpoint after an earlier one goes back to it (`rewind`).
+    Schedules, data and programs are the blocks' own: the trajectory is the same to the bit.
+    """
+    if self.ahead is not None:
+      if length is None and self.ahead.blocks and self.ahead.blocks[0].step == at:
+        return self.place(self.ahead.blocks.pop(0))
+      self.rewind(at)
     live = self.running(at)
     if not live:
       return None
     begin = time.perf_counter()
     run = self.lead
-    n = length or min(inputs_lib.block_length(at, self.cadences[i], run.round_length) for i in live)
+    lengths = [length] if length else self.span(at, live)
+    clocks = {id(self.replicas[i].clock): self.replicas[i].clock for i in live}
+    saved = {key: (clock, clock.state_dict()) for key, clock in clocks.items()} if len(lengths) > 1 else None
+    blocks, stalled = self.draw(live, sum(lengths))
+    if stalled and saved:  # a stall inside the span: each block on its own, so that the blocks before it run
+      for clock, state in saved.values():
+        clock.load_state_dict(state)
+      lengths, saved = lengths[:1], None
+      blocks, stalled = self.draw(live, lengths[0])
+    if all(b is None for b in blocks):
+      return Prepared(at, blocks, (), stalled)
+    positions = [r.positions for r in self.replicas]
+    if self.group.batched:
+      host, after = inputs_lib.read_stacked(self.group, blocks, positions, at)
+    else:
+      host, position = inputs_lib.read_block(run, blocks[0], positions[0], at)
+      after = [position]
+    for r, position in zip(self.replicas, after):
+      r.positions = position
+    if len(lengths) == 1:
+      first = self.place(Prepared(at, blocks, (), stalled, host=(host, 0, None)))
+    else:
+      bounds = np.cumsum([0] + lengths).tolist()
+      spans = list(zip(bounds[:-1], bounds[1:]))
+      pieces = {id(b): [b.iterations(*span) for span in spans] for b in blocks if b is not None}
+      parts = [Prepared(at + start, [None if b is None else pieces[id(b)][k] for b in blocks], (), {},
+                        host=(host, start, stop)) for k, (start, stop) in enumerate(spans)]
+      self.ahead = Ahead(parts[1:], at, saved, positions,
+                         [None if b is None else b.schedule.microbatches_done for b in blocks])
+      first = self.place(parts[0])
+    first.seconds = time.perf_counter() - begin
+    return first
+
+  def span(self, at: int, live: list[int]) -> list[int]:
+    """The lengths of the blocks from `at` that `prepare` draws and reads at once: one block, or for a run that
+    `reads_ahead` up to `AHEAD_BLOCKS` of them, none past a live replica's next checkpoint step or its end."""
+    cadences = [self.cadences[i] for i in live]
+    block = lambda step: min(inputs_lib.block_length(step, c, self.lead.round_length) for c in cadences)
+    lengths = [block(at)]
+    if not self.reads_ahead:
+      return lengths
+    limit = min(min(c.num_steps, (at // c.checkpoint_every + 1) * c.checkpoint_every) for c in cadences)
+    step = at + lengths[0]
+    while len(lengths) < AHEAD_BLOCKS and step < limit:
+      lengths.append(block(step))
+      step += lengths[-1]
+    return lengths
+
+  def draw(self, live: list[int], n: int) -> tuple[list, dict]:
+    """Each replica's next `n` iterations (None: not live, or its clock stalled) and the stalls (replica index ->
+    StalledError); a clock that replicas share (`share_clocks`) draws once."""
     blocks, stalled, drawn = [None] * len(self.replicas), {}, {}
     for i in live:
       clock = self.replicas[i].clock
-      if id(clock) not in drawn:  # a clock that replicas share (`share_clocks`) samples the block once
+      if id(clock) not in drawn:
         try:
           drawn[id(clock)] = clock.next_block(n)
         except clock_lib.StalledError as e:
@@ -179,16 +259,27 @@ class Loop:
         stalled[i] = drawn[id(clock)]
       else:
         blocks[i] = drawn[id(clock)]
-    if all(b is None for b in blocks):
-      return Prepared(at, blocks, (), stalled)
-    if self.group.batched:
-      inputs, after = inputs_lib.stacked_inputs(self.group, blocks, [r.positions for r in self.replicas], at)
-    else:
-      inputs, position = inputs_lib.block_inputs(run, blocks[0], self.replicas[0].positions, at)
-      after = [position]
-    for r, position in zip(self.replicas, after):
-      r.positions = position
-    return Prepared(at, blocks, inputs, stalled, time.perf_counter() - begin)
+    return blocks, stalled
+
+  def place(self, prepared: Prepared) -> Prepared:
+    """`prepared` with its inputs on the devices (`inputs.place`), from what `prepare` read ahead."""
+    if prepared.host is not None:
+      host, start, stop = prepared.host
+      prepared.inputs, prepared.host = inputs_lib.place(self.lead.layout, host, start, stop), None
+    return prepared
+
+  def rewind(self, step: int) -> None:
+    """Drops the blocks read ahead from `step` on (a checkpoint at `step`, or a stop): each clock and each
+    replica's data positions back to where they were after step `step`, as if drawn block by block."""
+    ahead, self.ahead = self.ahead, None
+    if ahead is None or not ahead.blocks:
+      return
+    for clock, state in ahead.clocks.values():
+      clock.load_state_dict(state)
+      if step > ahead.step:
+        clock.next_block(step - ahead.step)
+    for r, position, done in zip(self.replicas, ahead.positions, ahead.done):
+      r.positions = position if done is None else position + done[:step - ahead.step].sum(axis=0)
 
   def dispatch(self, state, prepared: Prepared):
     """Runs the block on the devices (asynchronously): (new state, packed measurements)."""
@@ -370,6 +461,8 @@ class Loop:
         stop, due = stop_requests.agreed(step, self.checkpoint_due())
         checkpoints = {i: end % cadences[i].checkpoint_every == 0 or end == cadences[i].num_steps or due
                        for i in live}
+        if stop or any(checkpoints.values()):  # the clocks and positions saved are those after `end`
+          self.rewind(end)
         following = next_measured = None
         # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
         # A measured run takes it after its block's results (`measured_time`): compiling it on this thread while
