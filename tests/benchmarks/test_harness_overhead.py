@@ -1,4 +1,4 @@
-"""The harness benchmark's arithmetic: rates from run-length differences, rounds that noise made invalid."""
+"""The harness benchmark's arithmetic: steady-state rates inside a run, rounds too short to time."""
 
 from absl.testing import absltest
 import numpy as np
@@ -6,20 +6,23 @@ import numpy as np
 from benchmarks import harness_overhead
 
 
-class PairRateTest(absltest.TestCase):
+class SteadyRateTest(absltest.TestCase):
 
-  def test_rate_is_the_extra_steps_over_the_extra_seconds(self):
-    seconds = {1000: 3.0, 2000: 5.0}  # 2 s of start-up, 1,000 steps per 2 s
-    self.assertAlmostEqual(harness_overhead._pair_rate(seconds.__getitem__, 2000), 500.0)
+  def test_rate_leaves_out_the_start_and_the_last_mark(self):
+    steps = np.arange(10, 1010, 10)
+    seconds = 2.0 + steps / 500.0  # 2 s of start-up, then 500 steps/s
+    seconds[:5] += 1.0            # a slow first quarter (compilation): left out
+    seconds[-1] += 3.0            # the end's evaluation and checkpoint: left out
+    self.assertAlmostEqual(harness_overhead.steady_rate(steps, seconds), 500.0)
 
-  def test_a_long_run_that_was_not_slower_is_no_rate(self):
-    seconds = {1000: 3.0, 2000: 3.0}
-    self.assertTrue(np.isnan(harness_overhead._pair_rate(seconds.__getitem__, 2000)))
+  def test_too_few_marks_or_no_time_is_no_rate(self):
+    self.assertTrue(np.isnan(harness_overhead.steady_rate([10, 20], [1.0, 2.0])))
+    self.assertTrue(np.isnan(harness_overhead.steady_rate([10, 20, 30, 40], [1.0, 1.0, 1.0, 1.0])))
 
   def test_invalid_rounds_are_dropped_and_counted(self):
     text = harness_overhead.describe_ratio(np.array([0.9, np.nan, 0.8, 1.0, 0.85]))
     self.assertEqual(text, "0.88x, the median of 4 rounds' ratios (range 0.80x to 1.00x; 1 round(s) dropped: "
-                           'the long run was not slower)')
+                           'too short to time)')
     self.assertIn('no valid round', harness_overhead.describe_ratio(np.array([np.nan, np.nan])))
 
 
