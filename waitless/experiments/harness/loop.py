@@ -35,7 +35,7 @@ from waitless.experiments.harness import window as window_lib
 
 log = logging.getLogger('waitless')
 
-AHEAD_BLOCKS = 8  # the most blocks `Loop.prepare` draws and reads at once
+AHEAD_BLOCKS = 16  # the most blocks `Loop.prepare` draws and reads at once
 
 
 class TrainingDiverged(RuntimeError):
@@ -335,12 +335,17 @@ class Loop:
     each, not one per replica): `train_loss` (R, n), the mean loss over the workers that contributed (a frozen
     replica, `None` in `blocks`, counts none), `l2_grads` (R, n) and `l2_params` (R,) means over the workers;
     `blocks` starts the cache of each clock block's own reductions (`Window.reduce_block`)."""
-    batched = {k: v if self.group.batched else v[None] for k, v in host.items()}
-    shape = batched['loss'].shape
-    done = [np.zeros(shape[1:], bool) if b is None else b.schedule.microbatches_done > 0 for b in blocks]
-    contributed = np.stack(done) if len(done) > 1 else done[0][None]
-    losses = np.where(contributed, batched['loss'], 0.0).sum(2) / np.maximum(contributed.sum(2), 1)
-    return {'train_loss': losses, 'l2_grads': batched['l2_grads'].mean(2), 'l2_params': batched['l2_params'].mean(1),
+    lead = (slice(None),) if self.group.batched else (None,)  # (R, n, P), a run's R = 1 added
+    loss, l2_grads, l2_params = host['loss'][lead], host['l2_grads'][lead], host['l2_params'][lead]
+    workers = loss.shape[2]
+    if len(blocks) == 1 and blocks[0] is not None:
+      contributed = blocks[0].schedule.microbatches_done[None] > 0
+    else:
+      contributed = np.stack([np.zeros(loss.shape[1:], bool) if b is None else b.schedule.microbatches_done > 0
+                              for b in blocks])
+    losses = np.where(contributed, loss, 0.0).sum(2) / np.maximum(contributed.sum(2), 1)
+    # x.sum(k) / count is what x.mean(k) computes (float32 stays float32), without its Python wrapper.
+    return {'train_loss': losses, 'l2_grads': l2_grads.sum(2) / workers, 'l2_params': l2_params.sum(1) / workers,
             'blocks': {}}
 
   def record(self, prepared: Prepared, host: dict[str, np.ndarray], state, snapshot, evaluates: dict[int, bool],

@@ -186,13 +186,13 @@ class MetricsWriter:
       return
     row = {k: _json_safe(v) for k, v in row.items()}
     self._file.write(json.dumps(row) + '\n')
-    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
-              if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)]
-    self._events.add_event(event_pb2.Event(wall_time=time.time(), step=int(row['step']),
-                                           summary=summary_pb2.Summary(value=values)))
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+                                         for k, v in row.items()
+                                         if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)])
+    now = time.time()
+    self._events.add_event(event_pb2.Event(wall_time=now, step=int(row['step']), summary=summary))
     if row.get('sim_time') is not None:
-      self._sim_events.add_event(event_pb2.Event(wall_time=time.time(), step=sim_milliseconds(row),
-                                                 summary=summary_pb2.Summary(value=values)))
+      self._sim_events.add_event(event_pb2.Event(wall_time=now, step=sim_milliseconds(row), summary=summary))
     if time.monotonic() - self._flushed >= self.FLUSH_EVERY_S:
       self.flush()
 

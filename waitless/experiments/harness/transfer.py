@@ -57,12 +57,13 @@ def put(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
 def fetch(array: jax.Array) -> np.ndarray:
   """`np.asarray(array)` of an array whose shards all live in this process, assembled from its shards here: 22 us
   against 39 us for a block's measurements over 8 XLA:CPU devices, measured alone."""
-  if not isinstance(array, jax.Array) or len(array.addressable_shards) == 1:
+  if not isinstance(array, jax.Array):
     return np.asarray(array)
-  if array.is_fully_replicated:
-    return np.asarray(array.addressable_shards[0].data)
+  shards = array.addressable_shards  # a list made at each read
+  if len(shards) == 1 or array.is_fully_replicated:
+    return np.asarray(shards[0].data)
   out = np.empty(array.shape, array.dtype)
-  for shard in array.addressable_shards:
+  for shard in shards:
     out[shard.index] = np.asarray(shard.data)
   return out
 
