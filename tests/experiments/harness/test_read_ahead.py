@@ -100,6 +100,14 @@ class ReadAheadTest(parameterized.TestCase):
       step += a.length
     _assert_same_host_state(self, ahead, one_by_one)
 
+  def test_a_passed_checkpoint_period_reads_one_block(self):
+    # Each block would end with a checkpoint that rewinds what was read past it: read none.
+    ahead, _ = _loops(_group('sync', 1, checkpoint_every_s=1e-9))
+    self.assertTrue(ahead.reads_ahead)
+    ahead.last_checkpoint -= 1.0
+    self.assertEqual(ahead.prepare(0).length, 3)
+    self.assertIsNone(ahead.ahead)
+
   def test_a_stall_inside_a_span_stops_at_the_same_block(self):
     group = _group('sync', 1, **{'stragglers.fail_worker': 1, 'stragglers.fail_at_s': 0.3,
                                  'stragglers.return_at_s': -1.0, 'stragglers.rate': 100.0})

@@ -231,11 +231,12 @@ class Loop:
 
   def span(self, at: int, live: list[int]) -> list[int]:
     """The lengths of the blocks from `at` that `prepare` draws and reads at once: one block, or for a run that
-    `reads_ahead` up to `AHEAD_BLOCKS` of them, none past a live replica's next checkpoint step or its end."""
+    `reads_ahead` up to `AHEAD_BLOCKS` of them, none past a live replica's next checkpoint step or its end; one
+    while the wall-clock checkpoint period has passed (a period shorter than a block checkpoints every block)."""
     cadences = [self.cadences[i] for i in live]
     block = lambda step: min(inputs_lib.block_length(step, c, self.lead.round_length) for c in cadences)
     lengths = [block(at)]
-    if not self.reads_ahead:
+    if not self.reads_ahead or self.checkpoint_due():  # a checkpoint at this block's end would rewind the rest
       return lengths
     limit = min(min(c.num_steps, (at // c.checkpoint_every + 1) * c.checkpoint_every) for c in cadences)
     step = at + lengths[0]
