@@ -42,10 +42,11 @@ class TransferTest(parameterized.TestCase):
     with mock.patch.object(transfer, '_BATCHED_DEVICE_PUT', None):
       return transfer.put(host, sharding)
 
-  @parameterized.parameters(*SPECS)
-  def test_fetch_gives_what_asarray_gives(self, spec):
+  @parameterized.product(spec=tuple(SPECS), permuted=(False, True))
+  def test_fetch_gives_what_asarray_gives(self, spec, permuted):
     host = np.random.default_rng(1).normal(size=(8, 8, 3)).astype(np.float32)
-    array = jax.jit(lambda x: x * 2.0)(jax.device_put(host, NamedSharding(_mesh(), SPECS[spec])))
+    mesh = Mesh(np.array(jax.devices()[:8])[::-1 if permuted else 1], ('workers',))
+    array = jax.jit(lambda x: x * 2.0)(jax.device_put(host, NamedSharding(mesh, SPECS[spec])))
     got = transfer.fetch(array)
     self.assertIsInstance(got, np.ndarray)
     np.testing.assert_array_equal(got, np.asarray(array))
