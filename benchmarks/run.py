@@ -118,8 +118,8 @@ def section_algorithms(out, repeats):
   print('', file=out)
 
 
-def section_harness(out, steps):
-  harness, reference, ratios = harness_overhead.paired_rates(steps)
+def section_harness(out, steps, repeats):
+  harness, reference, ratios = harness_overhead.paired_rates(steps, repeats)
   print('## 2. Training loop against a hand-written shard_map loop (digits MLP, 8 workers on 8 devices)\n',
         file=out)
   print('| loop | steps/s |\n| --- | ---: |', file=out)
@@ -207,7 +207,7 @@ def main(argv):
   if 'algorithms' in sections:
     section_algorithms(out, repeats=3 if quick else 15)
   if 'harness' in sections:
-    section_harness(out, steps=400 if quick else 2000)
+    section_harness(out, steps=400 if quick else 3000, repeats=2 if quick else 7)
   if 'simulator' in sections:
     section_simulator(out, iterations=2_000 if quick else 100_000)
   if 'memory' in sections:
