@@ -51,8 +51,8 @@ def put(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
   fast = _BATCHED_DEVICE_PUT
   if fast is None or sharding.is_fully_replicated:
     return jax.device_put(array, sharding)
-  slices = sharding.addressable_devices_indices_map(array.shape)
-  return fast(pxla.core.shaped_abstractify(array), sharding, [array[i] for i in slices.values()], list(slices))
+  devices, indices = _shards(sharding, array.shape)
+  return fast(pxla.core.shaped_abstractify(array), sharding, [array[i] for i in indices], list(devices))
 
 
 def fetch(array: jax.Array) -> np.ndarray:
@@ -64,16 +64,18 @@ def fetch(array: jax.Array) -> np.ndarray:
   if array.is_fully_replicated:
     return np.asarray(array.addressable_data(0))
   out = np.empty(array.shape, array.dtype)
-  for i, index in enumerate(_shard_indices(array.sharding, array.shape)):
+  for i, index in enumerate(_shards(array.sharding, array.shape)[1]):
     out[index] = np.asarray(array.addressable_data(i))
   return out
 
 
 @functools.lru_cache(maxsize=256)
-def _shard_indices(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple:
-  """Where each addressable shard of an array of `shape` goes, in the order `addressable_data` numbers them: the
-  sharding's addressable devices' (tests/experiments/harness/test_transfer.py checks it on a permuted mesh)."""
-  return tuple(sharding.addressable_devices_indices_map(shape).values())
+def _shards(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
+  """(this process's devices, where each one's shard of an array of `shape` goes), in the sharding's addressable
+  device order, the order `addressable_data` numbers an array's shards (tests/experiments/harness/test_transfer.py
+  checks it on a permuted mesh); computed once per sharding and shape, not at every block's `put` and `fetch`."""
+  placement = sharding.addressable_devices_indices_map(shape)
+  return tuple(placement), tuple(placement.values())
 
 
 def _int_dtype():
