@@ -83,11 +83,15 @@ class EmbeddedDataTest(absltest.TestCase):
 
   def test_epoch_orders_are_the_generators_seeded_by_the_list_of_words(self):
     arrays = {'id': np.arange(60)}
+    epochs = [0, 7, 123456, 2**32 - 1, 2**32]  # the last one past 32 bits: numpy's own seeding, as a seed there
     for seed in (0, 17, 2**32 - 1, 2**32 + 3, 2**40):
       streams = in_memory.InMemoryStreams(arrays, workers=2, microbatch_size=2, seed=seed)
-      for worker, epoch in ((0, 0), (1, 0), (1, 7), (0, 123456)):
-        permutation = np.random.default_rng([seed, 2, worker, epoch]).permutation(streams.shard_size)
-        np.testing.assert_array_equal(streams._epoch_order(worker, epoch), streams._shards[worker][permutation])
+      for together in (epochs[:-1], epochs):  # made in one call, the generators seeded at once
+        tables = streams._epoch_orders(together)
+        for e, epoch in enumerate(together):
+          for worker in (0, 1):
+            permutation = np.random.default_rng([seed, 2, worker, epoch]).permutation(streams.shard_size)
+            np.testing.assert_array_equal(tables[e, worker], streams._shards[worker][permutation])
 
   def test_more_workers_than_the_data_feeds_is_a_config_error_naming_workers(self):
     with self.assertRaisesRegex(errors.ConfigError, r'^workers=100 is not allowed: 200 training examples over '

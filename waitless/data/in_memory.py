@@ -10,15 +10,7 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.data import base
-
-
-def _entropy(*words: int):
-  """The seed `words` for `np.random.default_rng`: as a uint32 array where each fits in 32 bits, the same words
-  a list gives (the same stream: tests/data/test_embedded.py) without converting each int in Python (5 us
-  against 9 us a generator: each epoch seeds one per worker); else the list itself."""
-  if all(0 <= w < 2**32 for w in words):
-    return np.array(words, np.uint32)
-  return list(words)
+from waitless.data import seed_sequences
 
 
 class InMemoryStreams:
@@ -40,15 +32,27 @@ class InMemoryStreams:
     self._arrays = arrays
     self._epoch_tables: dict[int, np.ndarray] = {}
 
-  def _epoch_order(self, worker: int, epoch: int) -> np.ndarray:
-    rng = np.random.default_rng(_entropy(self.seed, 2, worker, epoch))
-    return self._shards[worker][rng.permutation(self.shard_size)]
+  def _epoch_orders(self, epochs: list[int]) -> np.ndarray:
+    """(len(epochs), workers, shard): worker w's order of its shard in each epoch, `permutation(seed, w, e)`,
+    the generators of every (epoch, worker) seeded at once (`seed_sequences`: `np.random.default_rng` of the
+    words (seed, 2, w, e), the same stream). Words past 32 bits (a seed of 2^32 or more) take numpy's own
+    seeding, one generator at a time."""
+    words = [(self.seed, 2, w, e) for e in epochs for w in range(self.workers)]
+    if all(0 <= x < 2**32 for x in (self.seed, self.workers - 1, max(epochs))):
+      rngs = seed_sequences.generators(np.array(words, np.uint32))
+    else:
+      rngs = [np.random.default_rng(list(w)) for w in words]
+    orders = np.stack([rng.permutation(self.shard_size) for rng in rngs])
+    rows = np.tile(np.arange(self.workers), len(epochs))
+    return self._shards[rows[:, None], orders].reshape(len(epochs), self.workers, self.shard_size)
 
-  def _epoch_table(self, epoch: int) -> np.ndarray:
-    """(workers, shard): row w is worker w's order of its shard in `epoch` (cached: see `_indices_of`)."""
-    if epoch not in self._epoch_tables:
-      self._epoch_tables[epoch] = np.stack([self._epoch_order(w, epoch) for w in range(self.workers)])
-    return self._epoch_tables[epoch]
+  def _epoch_tables_of(self, epochs: list[int]) -> list[np.ndarray]:
+    """The (workers, shard) order tables of `epochs` (see `_epoch_orders`), the missing ones made together and
+    cached (see `_indices_of`)."""
+    missing = [e for e in epochs if e not in self._epoch_tables]
+    if missing:
+      self._epoch_tables.update(zip(missing, self._epoch_orders(missing)))
+    return [self._epoch_tables[e] for e in epochs]
 
   def indices(self, worker: int, first_sample: int, count: int) -> np.ndarray:
     """Example indices of samples first_sample .. first_sample+count-1 of `worker`'s stream."""
@@ -63,7 +67,7 @@ class InMemoryStreams:
     else:  # a read of several blocks at once spans several epochs: one gather from their tables stacked
       needed = np.unique(epochs).tolist()
       rows = np.searchsorted(needed, epochs)
-    tables = [self._epoch_table(epoch) for epoch in needed]
+    tables = self._epoch_tables_of(needed)
     out = tables[0][workers, offsets] if len(tables) == 1 else np.stack(tables)[rows, workers, offsets]
     for epoch in set(self._epoch_tables) - set(needed):  # positions only grow: keep what this read used
       del self._epoch_tables[epoch]
