@@ -65,10 +65,19 @@ class InMemoryStreams:
     if first == last:  # the usual read: one epoch
       needed, rows = [first], 0
     else:  # a read of several blocks at once spans several epochs: one gather from their tables stacked
-      needed = np.unique(epochs).tolist()
-      rows = np.searchsorted(needed, epochs)
+      # A worker reads a run of its stream: the epochs from its first to its last (found without sorting the
+      # read, which took half of a span's read).
+      per_worker = epochs.reshape(-1, epochs.shape[-1])
+      needed = sorted(set().union(*(range(low, high + 1) for low, high in
+                                    zip(per_worker.min(axis=0).tolist(), per_worker.max(axis=0).tolist()))))
+      lookup = np.zeros(last - first + 1, np.intp)
+      lookup[np.asarray(needed) - first] = np.arange(len(needed))
+      rows = lookup[epochs - first]
     tables = self._epoch_tables_of(needed)
-    out = tables[0][workers, offsets] if len(tables) == 1 else np.stack(tables)[rows, workers, offsets]
+    if len(tables) == 1:
+      out = tables[0][workers, offsets]
+    else:  # tables[rows, workers, offsets], as one gather by flat index (half the time of three index arrays)
+      out = np.stack(tables).ravel().take((rows * self.workers + workers) * self.shard_size + offsets)
     for epoch in set(self._epoch_tables) - set(needed):  # positions only grow: keep what this read used
       del self._epoch_tables[epoch]
     return out
