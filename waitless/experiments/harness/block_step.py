@@ -46,6 +46,14 @@ def busy_loop_pays_off(layout: workers_lib.WorkerLayout) -> bool:
   return layout.platform == 'cpu'
 
 
+def flat_norms_pay_off(layout: workers_lib.WorkerLayout) -> bool:
+  """Whether the step measures its norms over the leaves concatenated (`step.tree_l2`'s `flat`): on XLA:CPU, where
+  each operation of the block's loop is dispatched on every device's thread, and a norm of one operation per leaf
+  cost the digits MLP's loop about 1% (`step.tree_l2`); not on accelerators, where the per-leaf sums
+  are cheap and a concatenated copy of a large model's gradient is memory."""
+  return layout.platform == 'cpu'
+
+
 class BlockStep:
   """The jitted block step (`step.make_block_step`) of a run or a group, with the algorithm's hooks.
 
@@ -61,9 +69,10 @@ class BlockStep:
   """
 
   def __init__(self, run_or_group, rounds: bool | None = None, vectorized: bool = True,
-               loss_hook=None, busy_loop: bool | None = None):
+               loss_hook=None, busy_loop: bool | None = None, flat_norms: bool | None = None):
     """`rounds`: whole-round blocks run the round-structured program (None: `rounds_pay_off`, on accelerators);
     `busy_loop`: busy gradient slots computed in a loop (None: `busy_loop_pays_off`, on CPU);
+    `flat_norms`: the measured norms over the leaves concatenated (None: `flat_norms_pay_off`, on CPU);
     `vectorized`: a group's replicas vectorised (`jax.vmap`) or one after another (`lax.map`; `step.ReplicaAxis`);
     `loss_hook`: TEST-ONLY, on every micro-batch's loss (`experiments.harness.slowdown`)."""
     group = setup.as_group(run_or_group)
@@ -86,7 +95,8 @@ class BlockStep:
         step_lib.make_block_step, run.task, run.model, run.tx, run.layout, run.microbatches, run.config.seed,
         schedule_type=run.rule.schedule_type, gradient_params=run.spec.gradient_params,
         finished_only=run.finished_only, gradient_sums=run.spec.gradient_sums, replicas=replica_axis,
-        loss_hook=loss_hook, stopwatch=self.stopwatch, busy_loop=self.busy_loop)
+        loss_hook=loss_hook, stopwatch=self.stopwatch, busy_loop=self.busy_loop,
+        flat_norms=flat_norms_pay_off(run.layout) if flat_norms is None else flat_norms)
     if rounds is None:
       rounds = rounds_pay_off(run.layout)
     self.round_length = run.round_length if rounds else None

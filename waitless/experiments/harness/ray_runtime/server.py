@@ -32,6 +32,7 @@ from waitless.algorithms import parameter_server as ps
 from waitless.cluster.rules import adasync as adasync_rule
 from waitless.cluster.rules import base as rules_base
 from waitless.experiments.harness import evaluation
+from waitless.experiments.harness import block_step
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
 from waitless.experiments.harness import workers as workers_lib
@@ -64,7 +65,8 @@ class ServerCore:
     self.config = config = run.config
     layout = run.layout
     self.state = setup.init_state(run) if state is None else jax.device_put(state, layout.sharding())
-    update = step_lib.make_worker_update(run.tx, run.microbatches, run.spec.gradient_sums)
+    update = step_lib.make_worker_update(run.tx, run.microbatches, run.spec.gradient_sums,
+                                         block_step.flat_norms_pay_off(layout))  # the emulator's norms
     uniform_fields = ps.ServerSchedule.UNIFORM
     worker = PartitionSpec(workers_lib.DEVICE_AXIS)
 
