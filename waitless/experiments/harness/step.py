@@ -430,23 +430,31 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       per_slot = lambda x: jnp.broadcast_to(x, (count, local))  # pylint: disable=unnecessary-lambda-assignment
       return state, {**measured, 'compute_s': per_slot(finished - started), 'started_s': per_slot(started)}
 
+    names = ('loss', 'l2_grads') + (() if stopwatch is None else ('compute_s', 'started_s'))
+
+    def iteration_rows(state, xs, round_position=None):
+      """One iteration, its measurements stacked (k, R, L): one output of the loop, written once per iteration
+      (one write per measurement was an operation each, of every device's thread: `tree_l2`)."""
+      state, measured = one_iteration(state, xs, round_position)
+      return state, jnp.stack([measured[name] for name in names])
+
     def one_round(state, xs):
       measured = []
       for r in range(round_length):  # unrolled: positions are static
-        state, m = one_iteration(state, jax.tree.map(lambda x: x[r], xs), round_position=r)
+        state, m = iteration_rows(state, jax.tree.map(lambda x: x[r], xs), round_position=r)
         measured.append(m)
-      return state, jax.tree.map(lambda *ms: jnp.stack(ms), *measured)
+      return state, jnp.stack(measured)
 
     if round_length is None:
-      state, measured = scan_state(one_iteration, state, xs)
+      state, measured = scan_state(iteration_rows, state, xs)
     else:
       rounds = jax.tree.map(lambda x: x.reshape((x.shape[0] // round_length, round_length) + x.shape[1:]), xs)
       state, measured = scan_state(one_round, state, rounds)
-      measured = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), measured)
+      measured = measured.reshape((-1,) + measured.shape[2:])
     l2_params = jax.vmap(layout.per_worker(functools.partial(tree_l2, flat=flat_norms)))(state.params)  # (R, L)
-    measured = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), measured)  # (n, R, L) -> (R, n, L)
-    timed = [] if stopwatch is None else [measured['compute_s'], measured['started_s']]
-    packed = jnp.concatenate([measured['loss'], measured['l2_grads'], *timed, l2_params[:, None]], axis=1)
+    n = measured.shape[0]
+    rows = jnp.transpose(measured, (2, 1, 0, 3)).reshape((count, len(names) * n, local))  # (n, k, R, L) -> (R, kn, L)
+    packed = jnp.concatenate([rows, l2_params[:, None]], axis=1)
     if replicas is None:
       return jax.tree.map(lambda x: x[0], state), packed[0]
     return state, packed
