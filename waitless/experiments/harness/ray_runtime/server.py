@@ -31,8 +31,8 @@ from jax.sharding import PartitionSpec
 from waitless.algorithms import parameter_server as ps
 from waitless.cluster.rules import adasync as adasync_rule
 from waitless.cluster.rules import base as rules_base
-from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import block_step
+from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
 from waitless.experiments.harness import workers as workers_lib
