@@ -11,7 +11,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import pytest
 from tensorboard.compat.proto import event_pb2
-from tensorboard.compat.proto import summary_pb2
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
 from waitless.experiments.harness import metrics_io
@@ -58,19 +57,6 @@ class EventFileTest(absltest.TestCase):
     self.assertEqual(metrics_io.crc32c(b'123456789'), 0xE3069283)  # CRC-32C's published check value
     for data in (b'', b'\x00', b'123456789', bytes(range(256)) * 3):
       self.assertEqual(metrics_io.masked_crc32c(data), pywrap_tensorflow.masked_crc32c(data), data[:8])
-
-  def test_scalars_event_is_protobufs_serialization_byte_for_byte(self):
-    long_tag = 'a_tag_longer_than_127_bytes_' * 6  # a two-byte length
-    cases = [(1.5, 10, {'train_loss': 0.5, 'sim_time': 0.125}),
-             (1.7e9, 0, {}),
-             (2.0, 2**40, {'x': 1e-45, 'y': -0.0, 'big': 1e39, 'neg_big': -1e300, 'inf': float('inf'),
-                           long_tag: 3.0, 'ünïcode': 0.1, 'bytes_communicated': 3.0}),
-             (3.0, -5, {'z': 2.5})]
-    for wall_time, step, scalars in cases:
-      summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v)
-                                           for k, v in scalars.items()])
-      expected = event_pb2.Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
-      self.assertEqual(metrics_io.scalars_event(wall_time, step, scalars), expected, scalars)
 
   def test_event_file_holds_the_version_then_one_event_per_row(self):
     workdir = self.create_tempdir().full_path

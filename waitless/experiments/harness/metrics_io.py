@@ -15,7 +15,6 @@ simulated millisecond as the step, so that a loss can be plotted against simulat
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -26,6 +25,7 @@ from typing import Any, Iterator
 
 import google_crc32c
 from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
 
 from waitless.experiments.harness import atomic_files
 
@@ -48,40 +48,6 @@ def masked_crc32c(data: bytes) -> int:
   """TFRecord's checksum: crc32c rotated right by 15 bits plus a constant."""
   crc = crc32c(data)
   return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _varint(n: int) -> bytes:
-  out = bytearray()
-  while n > 0x7F:
-    out.append(n & 0x7F | 0x80)
-    n >>= 7
-  out.append(n)
-  return bytes(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def _value_prefix(tag: str) -> bytes:
-  """The bytes of a `Summary.Value` field of `tag` up to its float: the field's key and length, the tag, the
-  simple_value's key."""
-  name = tag.encode()
-  value = b'\x0a' + _varint(len(name)) + name + b'\x15'  # Value.tag (1, bytes), then Value.simple_value's key
-  return b'\x0a' + _varint(len(value) + 4) + value      # Summary.value (1, a message of that length)
-
-
-def _float32(value: float) -> bytes:
-  try:
-    return struct.pack('<f', value)
-  except OverflowError:  # beyond float32: infinite, as protobuf's conversion gives
-    return struct.pack('<f', math.copysign(math.inf, value))
-
-
-def scalars_event(wall_time: float, step: int, scalars: dict[str, float]) -> bytes:
-  """The serialized `Event(wall_time, step, summary=Summary(value=[Value(tag, simple_value)...]))`, byte for byte
-  what protobuf gives (tests/experiments/harness/test_metrics_io.py), with the summary encoded here: building
-  the Summary's messages in Python was a third of a metrics row's cost, paid for every row of the loop."""
-  summary = b''.join(_value_prefix(tag) + _float32(value) for tag, value in scalars.items())
-  head = event_pb2.Event(wall_time=wall_time, step=step).SerializeToString()
-  return head + b'\x2a' + _varint(len(summary)) + summary  # Event.summary (5, a message)
 
 
 def _record(data: bytes) -> bytes:
@@ -118,9 +84,8 @@ class EventFileWriter:
     self._file = open(self.path, 'wb')
     self.add_event(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'), flush=True)
 
-  def add_event(self, event: event_pb2.Event | bytes, flush: bool = False) -> None:
-    """Appends `event` (a message, or one already serialized)."""
-    self._file.write(_record(event if isinstance(event, bytes) else event.SerializeToString()))
+  def add_event(self, event: event_pb2.Event, flush: bool = False) -> None:
+    self._file.write(_record(event.SerializeToString()))
     if flush:
       self.flush()
 
@@ -221,12 +186,13 @@ class MetricsWriter:
       return
     row = {k: _json_safe(v) for k, v in row.items()}
     self._file.write(json.dumps(row) + '\n')
-    scalars = {k: float(v) for k, v in row.items()
-               if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+                                         for k, v in row.items()
+                                         if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)])
     now = time.time()
-    self._events.add_event(scalars_event(now, int(row['step']), scalars))
+    self._events.add_event(event_pb2.Event(wall_time=now, step=int(row['step']), summary=summary))
     if row.get('sim_time') is not None:
-      self._sim_events.add_event(scalars_event(now, sim_milliseconds(row), scalars))
+      self._sim_events.add_event(event_pb2.Event(wall_time=now, step=sim_milliseconds(row), summary=summary))
     if time.monotonic() - self._flushed >= self.FLUSH_EVERY_S:
       self.flush()
 
