@@ -9,6 +9,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
+from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import replicas as replicas_lib
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
@@ -27,6 +28,30 @@ def measurements_to_host(packed, timed: bool = False) -> dict[str, np.ndarray]:
   """The block step's packed measurements as the host dict of `step.unpack_measurements` (`timed`: a step with
   a `Stopwatch`)."""
   return step_lib.unpack_measurements(to_host(packed), timed)
+
+
+@functools.lru_cache(maxsize=64)
+def _join_rows(platform: str):
+  """A jitted concatenation of packed measurements along their rows (they keep their sharding over the workers):
+  a copy, exact at any optimisation level, so compiled quickly (once per span's pattern of block lengths)."""
+  options = compilation_cache.quick_compile_options(platform)
+  return jax.jit(lambda *packed: jnp.concatenate(packed, axis=-2), compiler_options=options)
+
+
+def join_measurements(measured: list, platform: str):
+  """The packed measurements of several blocks as one array on the devices, their rows one block after another
+  (`measurements_to_host_each` splits them again). Dispatched like any program: before the next block, it runs
+  right after the last of these, so that fetching it does not wait for the next block."""
+  return measured[0] if len(measured) == 1 else _join_rows(platform)(*measured)
+
+
+def measurements_to_host_each(joined, rows: list[int], timed: bool = False) -> list[dict[str, np.ndarray]]:
+  """Each block's host measurements (as `measurements_to_host`) from their `join_measurements`, whose blocks had
+  `rows` rows each: ONE fetch for them all. On XLA:CPU a fetch is a copy from every device's thread, and one per
+  block of the digits MLP cost its loop about 1.5% (benchmarks/harness_overhead.py)."""
+  host = to_host(joined)
+  bounds = np.cumsum([0] + list(rows))
+  return [step_lib.unpack_measurements(host[..., a:b, :], timed) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def rounds_pay_off(layout: workers_lib.WorkerLayout) -> bool:

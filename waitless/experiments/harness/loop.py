@@ -4,10 +4,11 @@ Each block: the replicas' clocks sample the schedules (who finished what, how lo
 serve every worker the micro-batches at its own positions (`Loop.prepare`; where the data set lives on the
 devices, for up to `AHEAD_BLOCKS` blocks at once, each placed on the devices in turn), one jitted call runs the
 block (`Loop.dispatch`), and the host takes each replica's share of its measurements (`Loop.accept`), then logs,
-evaluates the consensus model and checkpoints at fixed step boundaries (`Loop.record`). Block lengths depend
-only on absolute step numbers (`inputs.block_length`), so a resumed run executes the same programs on the same
-inputs as an uninterrupted one. `Loop.run` is the loop itself; the tests drive the same `prepare`, `dispatch`,
-`measurements` and `accept` (tests/harness.py).
+evaluates the consensus model and checkpoints at fixed step boundaries (`Loop.record`); the blocks read together
+are recorded together, after the last of them, from one fetch of their measurements (`Loop.defers`). Block
+lengths depend only on absolute step numbers (`inputs.block_length`), so a resumed run executes the same programs
+on the same inputs as an uninterrupted one. `Loop.run` is the loop itself; the tests drive the same `prepare`,
+`dispatch`, `measurements` and `accept` (tests/harness.py).
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class Prepared:
   stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
   seconds: float = 0.0  # host seconds spent preparing it (a measured run's clock counts them)
   host: Optional[tuple] = None  # (inputs.HostInputs, start, stop): inputs read ahead, placed when it is next
+  span: int = -1  # the first step of the blocks read with it (`Loop.prepare`): a new span is a new read
+  finished: Optional[float] = None  # time.time() when its results were known (`Loop.run`; its rows' wall time)
 
   @property
   def live(self) -> list[int]:
@@ -143,6 +146,8 @@ class Loop:
     lookahead: whether the next block is sampled and dispatched while this one runs (see `run`).
   """
 
+  records_by_span = True  # False: each block recorded as soon as it ran (tests/.../test_span_records.py compares)
+
   def __init__(self, group: setup.Group, replicas: list[Replica], block_step: block_step_lib.BlockStep,
                num_params: int = 0):
     self.group, self.lead = group, group.lead
@@ -167,14 +172,20 @@ class Loop:
     # costs per call (the clock's, the data read's, the packing's) were a tenth of the block's time.
     self.reads_ahead = self.lookahead and inputs_lib.reads_ahead(self.lead)
     self.ahead: Optional[Ahead] = None
+    # A span's blocks are recorded together, after its last one (`run`): their measurements come to the host in
+    # one fetch (`block_step.measurements_to_host_each`), not one per block. The trajectory, rows and checkpoints
+    # are the same; rows reach the files a span later, a divergence is found at its span's end (the blocks
+    # already read run on, as they did while they were in flight). Evaluations, checkpoints and stops end a span.
+    self.defers = self.reads_ahead and self.records_by_span
     share_clocks(replicas)
 
   def running(self, at: int) -> list[int]:
     """The replicas that go on after step `at`."""
     return [i for i, (r, c) in enumerate(zip(self.replicas, self.cadences)) if not r.done and c.num_steps > at]
 
-  def wall(self, r: Replica) -> float:
-    return r.wall_offset + time.time() - self.start_wall
+  def wall(self, r: Replica, now: Optional[float] = None) -> float:
+    """Replica r's wall-clock seconds at `now` (a `time.time()`; default: now), counted over its resumes."""
+    return r.wall_offset + (time.time() if now is None else now) - self.start_wall
 
   def prepare(self, at: int, length: Optional[int] = None) -> Optional[Prepared]:
     """Samples every running replica's next block and reads its data, moving its clock and data positions past
@@ -206,7 +217,7 @@ class Loop:
       lengths, saved = lengths[:1], None
       blocks, stalled = self.draw(live, lengths[0])
     if all(b is None for b in blocks):
-      return Prepared(at, blocks, (), stalled)
+      return Prepared(at, blocks, (), stalled, span=at)
     positions = [r.positions for r in self.replicas]
     if self.group.batched:
       host, after = inputs_lib.read_stacked(self.group, blocks, positions, at)
@@ -216,13 +227,13 @@ class Loop:
     for r, position in zip(self.replicas, after):
       r.positions = position
     if len(lengths) == 1:
-      first = self.place(Prepared(at, blocks, (), stalled, host=(host, 0, None)))
+      first = self.place(Prepared(at, blocks, (), stalled, host=(host, 0, None), span=at))
     else:
       bounds = np.cumsum([0] + lengths).tolist()
       spans = list(zip(bounds[:-1], bounds[1:]))
       pieces = {id(b): [b.iterations(*span) for span in spans] for b in blocks if b is not None}
       parts = [Prepared(at + start, [None if b is None else pieces[id(b)][k] for b in blocks], (), {},
-                        host=(host, start, stop)) for k, (start, stop) in enumerate(spans)]
+                        host=(host, start, stop), span=at) for k, (start, stop) in enumerate(spans)]
       self.ahead = Ahead(parts[1:], at, saved, positions,
                          [None if b is None else b.schedule.microbatches_done for b in blocks])
       first = self.place(parts[0])
@@ -363,7 +374,7 @@ class Loop:
       if not self.accept(i, prepared.blocks[i], host, at, reduced):
         continue
       if evaluates[i] or end % self.cadences[i].log_every == 0:
-        row = {'step': end, 'sim_time': r.sim_time, 'wall_time': self.wall(r), **r.window.row()}
+        row = {'step': end, 'sim_time': r.sim_time, 'wall_time': self.wall(r, prepared.finished), **r.window.row()}
         if self.measured:
           row = measured_time.finish_row(row, r.config.workers)
         if evaluates[i]:
@@ -454,6 +465,7 @@ class Loop:
     try:
       stop_requests.install()
       current, measured = self.prepare(step), None
+      pending = []  # (block, its measurements on the devices): run, and recorded with their span's last (`defers`)
       while current is not None:
         for i, e in current.stalled.items():
           self.stall(i, e, step, first=True)
@@ -476,16 +488,37 @@ class Loop:
         snapshot = self.evaluator.consensus(state) if any(evaluates.values()) and not self.measured else None
         if self.lookahead and not any(checkpoints.values()):
           following = self.prepare(end)
-          if following is not None and following.live:
-            state, next_measured = self.dispatch(state, following)
-        host = self.measurements(current, measured)
-        if self.measured and any(evaluates.values()):
-          snapshot = self.evaluator.consensus(state)
-        self.record(current, host, state, snapshot, evaluates, checkpoints)
+        pending.append((current, measured))
+        flush = (not self.defers or stop or any(evaluates.values()) or any(checkpoints.values()) or
+                 following is None or not following.live or following.span != current.span)
+        # The span's measurements joined before the next block is dispatched: their fetch waits for this block only.
+        joined = (block_step_lib.join_measurements([m for _, m in pending], run.layout.platform)
+                  if flush and len(pending) > 1 else None)
+        if following is not None and following.live:
+          state, next_measured = self.dispatch(state, following)
+        if flush:
+          if joined is None:
+            hosts = [self.measurements(current, measured)]
+          else:
+            hosts = block_step_lib.measurements_to_host_each(joined, [m.shape[-2] for _, m in pending])
+          current.finished = time.time()
+          if self.measured and any(evaluates.values()):
+            snapshot = self.evaluator.consensus(state)
+          for (block, _), host in zip(pending, hosts):
+            if block is current:
+              self.record(current, host, state, snapshot, evaluates, checkpoints)
+            else:  # recorded with its span: no evaluation or checkpoint at its end (those end a span)
+              self.record(block, host, state, None, *({i: False for i in block.live},) * 2)
+          pending = []
+          if following is not None and any(replicas[i].failure is not None for i in following.live):
+            self.rewind(following.step + following.length)  # the blocks after it are read without the failed
+        else:
+          jax.block_until_ready(measured)  # at most this block and the next in flight, as without `defers`
+          current.finished = time.time()
         if any(checkpoints.values()):
           self.last_checkpoint = time.time()
         step = end
-        if time.time() - last_progress >= self.progress_every_s or not self.running(step):
+        if flush and (time.time() - last_progress >= self.progress_every_s or not self.running(step)):
           last_progress = time.time()
           self.log_progress(step, live, num_steps, (step - start_step) / max(time.time() - self.start_wall, 1e-9))
         if stop and self.running(step):
