@@ -10,7 +10,8 @@ prints:
   - per program (one algorithm's replicas): its wall time, the part spent tracing and compiling (JAX's own
     compile events, cache loads included), the part in the simulated clock (`Clock.next_block`), and the rest:
     the training blocks on the devices, evaluation, checkpoints and metrics (dispatched asynchronously, so not
-    separable from one another without slowing them).
+    separable from one another without slowing them), and the process's peak resident memory when it ended (the
+    program that raised it is where the whole command's peak comes from).
 `--same_table_as=FILE` also checks that the table of comparison.md is the one in FILE, digit for digit (a
 speed change must not move a result).
 Run it on a quiet machine: the figures are wall-clock seconds.
@@ -76,7 +77,8 @@ def _child(workdir: str, report: str) -> None:
       spent = {k: totals[k] - before.get(k, 0.0) for k in ('compile', 'clock')}
       programs.append({'algorithm': configs[0].algorithm.name, 'runs': len(configs),
                        'steps': max(c.num_steps for c in configs), 'wall_s': wall, **spent,
-                       'rest': wall - sum(spent.values())})
+                       'rest': wall - sum(spent.values()),
+                       'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   train.train_group = program
   timed(clock_lib.Clock, 'next_block', 'clock')
   sys.argv = ['compare', f'--flagfile={FLAGFILE}', f'--workdir={workdir}']
@@ -114,15 +116,16 @@ def main(argv: list[str]) -> int:
   with open(report) as f:
     programs = json.load(f)
   print(f'\nload average before the end: {os.getloadavg()[0]:.1f}; cpu count {os.cpu_count()}')
-  print('\n| program | runs | steps | wall (s) | trace + compile (s) | clock (s) | devices, eval, files (s) |')
-  print('| --- | ---: | ---: | ---: | ---: | ---: | ---: |')
+  print('\n| program | runs | steps | wall (s) | trace + compile (s) | clock (s) | devices, eval, files (s) | '
+        'peak memory after (MB) |')
+  print('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
   for p in programs:
     print(f'| {p["algorithm"]} | {p["runs"]} | {p["steps"]} | {p["wall_s"]:.1f} | {p["compile"]:.1f} | '
-          f'{p["clock"]:.1f} | {p["rest"]:.1f} |')
+          f'{p["clock"]:.1f} | {p["rest"]:.1f} | {p.get("peak_mb", float("nan")):.0f} |')
   inside = sum(p['wall_s'] for p in programs)
   print(f'| all {len(programs)} programs | {sum(p["runs"] for p in programs)} | | {inside:.1f} | '
         f'{sum(p["compile"] for p in programs):.1f} | {sum(p["clock"] for p in programs):.1f} | '
-        f'{sum(p["rest"] for p in programs):.1f} |')
+        f'{sum(p["rest"] for p in programs):.1f} | |')
   print(f'\nthe whole command: {wall:.1f} s ({wall / 60:.2f} min; outside the programs: imports, planning, the '
         f'report: {wall - inside:.1f} s); peak resident memory {peak_mb:.0f} MB')
   if 'same_table_as' in options:
