@@ -92,6 +92,14 @@ class SpanRecordsTest(parameterized.TestCase):
   def test_a_run_recorded_by_span_writes_the_rows_of_one_recorded_block_by_block(self, arg):
     self._assert_same_runs([harness.synthetic_config(arg, **CADENCE)])
 
+  def test_the_progress_period_ends_a_spans_records(self):
+    # Every block takes longer than a period of 1 ns: each is recorded as soon as it ran, as without spans.
+    config = harness.synthetic_config('sync', progress_every_s=1e-9, **CADENCE)
+    _, _, fetched = _train([config], True, self.create_tempdir().full_path)
+    _, _, at_once = _train([config], False, self.create_tempdir().full_path)
+    self.assertEqual(fetched, at_once)
+    self.assertEqual(set(fetched), {1})
+
   def test_a_group_recorded_by_span_writes_each_replicas_rows(self):
     configs = [harness.synthetic_config('kasync,k=2', seed=seed, **CADENCE, **{'optimizer.learning_rate': lr})
                for seed, lr in ((0, 0.05), (1, 0.02))]

@@ -175,7 +175,8 @@ class Loop:
     # A span's blocks are recorded together, after its last one (`run`): their measurements come to the host in
     # one fetch (`block_step.measurements_to_host_each`), not one per block. The trajectory, rows and checkpoints
     # are the same; rows reach the files a span later, a divergence is found at its span's end (the blocks
-    # already read run on, as they did while they were in flight). Evaluations, checkpoints and stops end a span.
+    # already read run on, as they did while they were in flight). Evaluations, checkpoints and stops end a span's
+    # records, and so does the progress period (`progress_every_s`) where blocks are slow.
     self.defers = self.reads_ahead and self.records_by_span
     share_clocks(replicas)
 
@@ -468,6 +469,7 @@ class Loop:
       stop_requests.install()
       current, measured = self.prepare(step), None
       pending = []  # (block, its measurements on the devices): run, and recorded with their span's last (`defers`)
+      pending_since = 0.0  # time.time() when the first of them was run
       while current is not None:
         for i, e in current.stalled.items():
           self.stall(i, e, step, first=True)
@@ -490,9 +492,13 @@ class Loop:
         snapshot = self.evaluator.consensus(state) if any(evaluates.values()) and not self.measured else None
         if self.lookahead and not any(checkpoints.values()):
           following = self.prepare(end)
+        if not pending:
+          pending_since = time.time()
         pending.append((current, measured))
+        # Never longer than the progress period: where blocks are slow, rows, progress and a divergence stay prompt.
         flush = (not self.defers or stop or any(evaluates.values()) or any(checkpoints.values()) or
-                 following is None or not following.live or following.span != current.span)
+                 following is None or not following.live or following.span != current.span or
+                 time.time() - pending_since >= self.progress_every_s)
         # The span's measurements joined before the next block is dispatched: their fetch waits for this block only.
         joined = (block_step_lib.join_measurements([m for _, m in pending], run.layout.platform)
                   if flush and len(pending) > 1 else None)
