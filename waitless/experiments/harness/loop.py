@@ -515,8 +515,9 @@ class Loop:
           for (block, _), host in zip(pending, hosts):
             if block is current:
               self.record(current, host, state, snapshot, evaluates, checkpoints)
-            else:  # recorded with its span: no evaluation or checkpoint at its end (those end a span)
-              self.record(block, host, state, None, *({i: False for i in block.live},) * 2)
+            else:  # recorded with its span: no evaluation or checkpoint at its end (those end a span's records)
+              none = {i: False for i in block.live}
+              self.record(block, host, state, None, evaluates=none, checkpoints=none)
           pending = []
           if following is not None and any(replicas[i].failure is not None for i in following.live):
             self.rewind(following.step + following.length)  # the blocks after it are read without the failed
