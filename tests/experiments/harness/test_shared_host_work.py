@@ -94,14 +94,17 @@ class SharedHostWorkTest(parameterized.TestCase):
     self.assertIsNot(loop.replicas[0].clock, loop.replicas[1].clock)
     self.assertIs(loop.replicas[2].clock, loop.replicas[3].clock)
 
-  def test_one_program_slices_each_replica_as_replica_state_does(self):
+  def test_one_program_slices_every_replica_for_its_checkpoint(self):
     group = setup.build_group(_configs('async'))
     state = setup.init_state(group)
-    loop = _loop(group, 1e3, True)
-    for i, sliced in enumerate(loop.replica_states(state)):
-      jax.tree.map(np.testing.assert_array_equal, sliced, setup.replica_state(group, state, i))
+    slicer = setup._replica_slicer(group.lead.layout.sharding(), group.lead.layout.platform)  # pylint: disable=protected-access
+    compiled = None
+    for i in range(group.size):
+      sliced = setup.replica_state(group, state, i)
+      jax.tree.map(lambda x, y, i=i: np.testing.assert_array_equal(x, np.asarray(y)[i]), sliced, state)
       self.assertEqual(jax.tree.leaves(sliced)[0].sharding, group.lead.layout.sharding())
-
+      compiled = slicer._cache_size() if compiled is None else compiled  # pylint: disable=protected-access
+    self.assertEqual(slicer._cache_size(), compiled)  # pylint: disable=protected-access  # r is an argument
 
 if __name__ == '__main__':
   absltest.main()

@@ -26,7 +26,6 @@ from waitless.cluster import clock as clock_lib
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import checkpointing
-from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import measured_time
@@ -166,7 +165,6 @@ class Loop:
     self.checkpoint_every_s = float(self.lead.config.checkpoint_every_s)
     self.evaluator: Optional[evaluation.Evaluator] = None
     self.start_wall = time.time()
-    self._slice_all = None  # the jitted `replica_states`
     self.last_checkpoint = self.start_wall  # the wall time of the last checkpoint (`checkpoint_due`)
     # Blocks drawn and read ahead together (`prepare`): where the program's block is small, the host's fixed
     # costs per call (the clock's, the data read's, the packing's) were a tenth of the block's time.
@@ -368,7 +366,7 @@ class Loop:
     """Each live replica's metrics row, evaluation (of `snapshot`, the consensus model), checkpoint and summary
     at the end of the block."""
     at, end = prepared.step, prepared.step + prepared.length
-    evaluated = slices = None
+    evaluated = None
     reduced = self.reduce_measurements(prepared.blocks, host)
     for i in prepared.live:
       r = self.replicas[i]
@@ -389,28 +387,12 @@ class Loop:
             r.time_to_target = row['sim_time']
         r.writer.write(row)
       if checkpoints[i]:
-        slices = self.replica_states(state) if slices is None else slices
-        self.checkpoint(i, slices[i], end)
+        self.checkpoint(i, setup.replica_state(self.group, state, i), end)
       if end == self.cadences[i].num_steps:
         self.finish(r, end)
 
-  def replica_states(self, state) -> list:
-    """Every replica's state (P, ...), new arrays sliced from the group's state by one program: one dispatch at a
-    checkpoint step, not one per replica (`setup.replica_state`); a group of one: its state itself."""
-    if not self.group.batched:
-      return [state]
-    if self._slice_all is None:
-      count = self.group.size
-      # Copies only, exact at any optimisation level: a quick compile (0.40 s -> 0.1 s for 10 replicas of the
-      # MNIST-1D CNN at -O1), as it runs once per checkpoint step, mostly once per run.
-      self._slice_all = jax.jit(lambda s: [jax.tree.map(lambda x, r=r: x[r], s) for r in range(count)],
-                                out_shardings=self.lead.layout.sharding(),
-                                compiler_options=compilation_cache.quick_compile_options(
-                                    self.lead.layout.platform))
-    return self._slice_all(state)
-
   def checkpoint(self, i: int, state, end: int) -> None:
-    """Replica i's checkpoint at step `end`: its `state` (P, ...) (`replica_states`) and the loop's meta."""
+    """Replica i's checkpoint at step `end`: its `state` (P, ...) (`setup.replica_state`) and the loop's meta."""
     r = self.replicas[i]
     meta = {'step': end, 'wall_time': self.wall(r), 'positions': r.positions.tolist(),
             'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,

@@ -275,14 +275,22 @@ def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   return replicas_lib.partition(configs, workdirs, lambda config: limits.get(replicas_lib.program_key(config)))
 
 
-_replica_of = jax.jit(lambda state, r: jax.tree.map(lambda x: x[r], state))
+@functools.lru_cache(maxsize=None)
+def _replica_slicer(sharding, platform: str):
+  """jitted (group state, r) -> replica r's state, new arrays: r is traced, so one program serves every replica
+  and every checkpoint step. Copies only, exact at any optimisation level: compiled quick (-O1 on CPU), as it
+  runs at checkpoints and restores (a program returning all R replicas at once compiled in 0.86 s for 10
+  replicas of LAP-SGD on MNIST-1D, this one in 0.18 s; each call then takes about 1 ms)."""
+  return jax.jit(lambda state, r: jax.tree.map(lambda x: x[r], state), out_shardings=sharding,
+                 compiler_options=compilation_cache.quick_compile_options(platform))
 
 
 def replica_state(group: Group, state, r: int):
   """Replica r's state (P, ...), a new array (the group's state itself for a group of one)."""
   if not group.batched:
     return state
-  return jax.jit(_replica_of, out_shardings=group.lead.layout.sharding())(state, r)
+  layout = group.lead.layout
+  return _replica_slicer(layout.sharding(), layout.platform)(state, r)
 
 
 def stack_replicas(group: Group, states: Sequence[Any]):
