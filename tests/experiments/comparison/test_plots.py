@@ -2,6 +2,7 @@
 
 import os
 from unittest import mock
+import warnings
 
 from absl.testing import absltest
 import matplotlib
@@ -44,6 +45,17 @@ class PlotsTest(absltest.TestCase):
       self.assertAlmostEqual(bar.get_x(), f['low'])
       self.assertAlmostEqual(bar.get_x() + bar.get_width(), f['high'])
     self.assertIn('P(beats sync)', wins.get_xlabel())
+
+  def test_the_verdict_legend_is_drawn_only_against_a_baseline(self):
+    for baseline, legends in (('sync', 1), ('none', 0)):  # 'none': no entry of that name, so no baseline
+      report = report_lib.write_report(self.runs, self.root, 'test', target_accuracy=0.9, baseline=baseline)
+      with warnings.catch_warnings():
+        warnings.simplefilter('error')  # matplotlib warned on the legend's handles without labels
+        fig = _captured(lambda r=report: plots.intervals(r, os.path.join(self.root, 'x.png'), 'test'))
+      self.assertLen(fig.legends, legends)
+      if legends:
+        self.assertEqual([t.get_text() for t in fig.legends[0].get_texts()],
+                         ['faster than sync', 'tied', 'slower', 'baseline'])
 
   def test_an_entry_that_missed_is_drawn_as_a_bound_or_not_reached(self):
     report = report_lib.write_report(self.runs, self.root, 'test', target_accuracy=0.96)  # only ksync@0.1 hits

@@ -119,10 +119,11 @@ def intervals(report: dict[str, Any], path: str, title: str) -> Optional[str]:
     ax.grid(axis='x', alpha=0.3)
     for side in ('top', 'right'):
       ax.spines[side].set_visible(False)
-  handles = [plt.Rectangle((0, 0), 1, 1, color=VERDICT_COLORS[v], alpha=0.75)
-             for v in ('faster', 'tied', 'slower', 'baseline')]
-  fig.legend(handles, [f'faster than {baseline}', 'tied', 'slower', 'baseline'] if baseline else [],
-             loc='upper center', ncol=4, frameon=False, bbox_to_anchor=(0.5, 0.0))
+  if baseline:  # without one there is no verdict to colour (matplotlib warns on handles without labels)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=VERDICT_COLORS[v], alpha=0.75)
+               for v in ('faster', 'tied', 'slower', 'baseline')]
+    fig.legend(handles, [f'faster than {baseline}', 'tied', 'slower', 'baseline'],
+               loc='upper center', ncol=4, frameon=False, bbox_to_anchor=(0.5, 0.0))
   fig.suptitle(f'{title}\nover {seeds_text(report["seeds"]["reporting"])}; black tick, dot: median; arrow: a lower '
                'bound (seeds that missed the target count at their budget)', fontsize=11)
   fig.tight_layout()
