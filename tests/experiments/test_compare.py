@@ -170,6 +170,19 @@ class PlanTest(absltest.TestCase):
                            sim_time=0.5, evals=5)
     self.assertEqual((runs[0].config.num_steps, runs[0].config.num_epochs), (50, None))  # 10 ms per iteration
 
+  def test_the_plan_sizes_each_model_and_data_set_once_not_once_per_run(self):
+    sweeps = compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1'])
+    with mock.patch.object(tasks_lib, 'model_bytes', wraps=tasks_lib.model_bytes) as model_bytes:
+      runs, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd', 'sync,model.hidden_sizes=[8]'], sweeps,
+                                  3, '/cmp', sim_time=0.05, evals=2)
+    self.assertLen(runs, 18)
+    self.assertEqual(model_bytes.call_count, 2)  # two models: the default MLP and the narrower one
+    with mock.patch.object(data_registry, 'make_dataset', wraps=data_registry.make_dataset) as make_dataset:
+      runs, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd'], sweeps, 3, '/cmp',
+                                  common_pairs=['num_epochs=2'])
+    self.assertLen(runs, 12)
+    self.assertEqual(make_dataset.call_count, 1)
+
   def test_invalid_entry_raises_before_anything_runs_or_is_skipped_under_all(self):
     with self.assertRaisesRegex(errors.ConfigError, r'ksync,k=99: algorithm.k=99 is not allowed'):
       compare_plan.plan(digits.get_config, ['sync', 'ksync,k=99'], [()], 1, '/cmp')

@@ -261,7 +261,8 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
             errors.require(not measured_time.is_measured(config), 'stragglers.kind', measured_time.KIND,
                            'a --sim_time budget needs simulated times; a measured run knows its time only as it runs')
             key = json.dumps([config.dataset.to_dict(), config.model.to_dict()], sort_keys=True, default=str)
-            model_bytes.setdefault(key, tasks.model_bytes(config))
+            if key not in model_bytes:  # not setdefault: its argument, a data load and a trace, runs every time
+              model_bytes[key] = tasks.model_bytes(config)
             # The clock reads no optimizer field: the sweep points of a seed share its count of iterations.
             clock_key = json.dumps([key, {k: v for k, v in config.to_dict().items() if k != 'optimizer'}],
                                    sort_keys=True, default=str)
@@ -278,7 +279,8 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
             validation.validate(config)
           elif config.get('num_epochs') is not None:  # the iterations, for the progress lines and the table
             key = json.dumps(config.dataset.to_dict(), sort_keys=True, default=str)
-            train_size.setdefault(key, data_registry.make_dataset(config).train_size)
+            if key not in train_size:
+              train_size[key] = data_registry.make_dataset(config).train_size
             config = common.resolve_num_steps(config, train_size[key])
           parts = [root, slug(entry)] + ([slug(sweep_label(point))] if point else []) + [f'seed{config.seed}']
           runs.append(PlannedRun(entry, tuple(point), config.seed, os.path.join(*parts), config))
