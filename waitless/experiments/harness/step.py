@@ -171,7 +171,8 @@ class ReplicaAxis:
 def map_replicas(fn: Callable[..., Any], vectorized: bool) -> Callable[..., Any]:
   """`fn` over the leading replica axis of every argument: `jax.vmap`, or a `lax.map` loop (one replica at a
   time, in one program). A loop keeps each replica's convolutions ungrouped (vmap turns a convolution with
-  per-replica kernels into a grouped one, 11x slower on XLA:CPU for MNIST-1D's CNN) and its conditionals real."""
+  per-replica kernels into a grouped one, 11x slower on XLA:CPU for a CNN of `nn.Conv`s: the evaluation's choice,
+  `evaluation.vectorize_evaluation`) and its conditionals real."""
   if vectorized:
     return jax.vmap(fn)
   return lambda *args: lax.map(lambda xs: fn(*xs), args)
