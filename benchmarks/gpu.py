@@ -27,7 +27,7 @@ from typing import Mapping
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=g-import-not-at-top
+import jax
 
 from waitless.cluster import registry
 from benchmarks import timing
@@ -40,8 +40,8 @@ _NUM_STEPS = 10_000      # the run's length (learning-rate schedule): larger tha
 
 def _mock_cifar(examples: int):
   """CIFAR-shaped random examples from the cifar10 tfds builder, without data files."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
   try:  # a GPU build of TensorFlow would otherwise take the GPU's memory from JAX (tensorflow-cpu: a no-op)
     tf.config.set_visible_devices([], 'GPU')
   except (RuntimeError, ValueError):  # TensorFlow already initialised: leave it as it is
@@ -125,8 +125,8 @@ def section_gpu(out, quick: bool, model: str = 'resnet20', workers: int = 8, bat
 
 def main(argv):
   del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from absl import logging  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from absl import logging
   logging.set_verbosity(logging.WARNING)
   values = flags.FLAGS
   if jax.default_backend() != 'gpu' and not values.force:
@@ -137,8 +137,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import app
+  from absl import flags
   # Defined here, not at import: benchmarks/run.py imports this module and has a --quick of its own.
   flags.DEFINE_bool('quick', False, 'A smoke test: 3 rounds, 4 algorithms (not figures to report).')
   flags.DEFINE_string('model', 'resnet20', 'cifar10 model.name (resnet_test: a tiny one, for CPU).')

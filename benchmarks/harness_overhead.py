@@ -33,7 +33,7 @@ for _arg in sys.argv:  # before jax initialises: as many host CPU devices as ask
 if not any(a.startswith('--devices=') for a in sys.argv):
   os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 from absl import logging
 import jax

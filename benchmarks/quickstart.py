@@ -39,12 +39,12 @@ COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration', '/jax/core/compile/j
 
 def _child(workdir: str, report: str) -> None:
   """Runs the quickstart's compare in this process with timers on its programs, writing them to `report`."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from waitless.cluster import clock as clock_lib  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import compare  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import shared_flags  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
+  import jax
+  from absl import app
+  from waitless.cluster import clock as clock_lib
+  from waitless.experiments import compare
+  from waitless.experiments import shared_flags
+  from waitless.experiments.harness import train
 
   totals = collections.Counter()
 

@@ -26,7 +26,7 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -66,14 +66,14 @@ def time_jit(core: server_lib.ServerCore, updates: int) -> float:
   schedule = server_lib.ps.schedule(WORKERS, 1, 1, np.eye(WORKERS, dtype=np.int32)[0])
   per_worker, uniform = server_lib.rules_base.split(schedule)
   uniform = {k: np.asarray(v) for k, v in uniform.items()}
-  grads = jax.tree.map(np.zeros_like, core._zeros)  # pylint: disable=protected-access
+  grads = jax.tree.map(np.zeros_like, core._zeros)
   losses = np.zeros(WORKERS, np.float32)
   state = core.state
-  state, _ = core._update(state, grads, losses, per_worker, uniform)  # pylint: disable=protected-access
+  state, _ = core._update(state, grads, losses, per_worker, uniform)
   jax.block_until_ready(state)
   start = time.perf_counter()
   for _ in range(updates):
-    state, out = core._update(state, grads, losses, per_worker, uniform)  # pylint: disable=protected-access
+    state, out = core._update(state, grads, losses, per_worker, uniform)
   jax.block_until_ready((state, out))
   core.state = state
   return (time.perf_counter() - start) / updates
@@ -91,7 +91,7 @@ def time_direct(server: server_lib.Server, gradient, updates: int) -> float:
 
 def time_ray(actor, gradient, updates: int) -> float:
   """Seconds per update pushed to the server actor and answered, as a learner does."""
-  import ray  # pylint: disable=g-import-not-at-top
+  import ray
   reply = ray.get(actor.fetch.remote(0))
   start = time.perf_counter()
   for _ in range(updates):
@@ -101,7 +101,7 @@ def time_ray(actor, gradient, updates: int) -> float:
 
 def main(argv):
   del argv
-  import ray  # pylint: disable=g-import-not-at-top
+  import ray
   driver.start_local(num_cpus=2)
   print(f'{jax.devices()[0].device_kind}; P = {WORKERS} learners (async), {_UPDATES.value} updates per figure, '
         f'median of {_ROUNDS.value} interleaved rounds')

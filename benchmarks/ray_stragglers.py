@@ -38,7 +38,7 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
@@ -138,7 +138,7 @@ def spread(values) -> str:
 
 def run_all() -> list[dict]:
   """Every (scenario, seed, algorithm) run, `async` first in each seed (it measures the speeds)."""
-  import ray  # pylint: disable=g-import-not-at-top
+  import ray
   driver.start_local(num_cpus=2)
   results = []
   for scenario in _SCENARIOS.value:
@@ -163,10 +163,10 @@ def run_all() -> list[dict]:
 
 def draw(results: list[dict], path: str) -> None:
   """Per scenario: real and predicted ms per update, and seconds to the accuracy target (medians, min-max bars)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import atomic_files  # pylint: disable=g-import-not-at-top
+  from matplotlib import pyplot as plt
+  from waitless.experiments.harness import atomic_files
   scenarios = list(dict.fromkeys(r['scenario'] for r in results))
   algorithms = list(dict.fromkeys(r['algorithm'] for r in results))
   fig, axes = plt.subplots(2, len(scenarios), figsize=(5.5 * len(scenarios), 7), squeeze=False)

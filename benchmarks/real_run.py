@@ -59,12 +59,12 @@ from typing import Optional
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 import numpy as np
 
-from benchmarks import real_stragglers  # pylint: disable=g-import-not-at-top
-from waitless.experiments.comparison import statistics  # pylint: disable=g-import-not-at-top
+from benchmarks import real_stragglers
+from waitless.experiments.comparison import statistics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = real_stragglers.ALGORITHMS + ('diloco',)  # sync, nonblocking, local_sgd, dpsgd, wagma, diloco
@@ -184,7 +184,7 @@ def median_of(runs: list[dict]) -> dict:
   a round counts as infinite; None when the median misses); `range`: min and max real s/it. Times to target
   are each run's seconds after its warm-up (`first_time` of the result: 0)."""
   per_iteration = [r['seconds_per_iteration'] for r in runs]
-  after = lambda r, key: None if r[key] is None else r[key] - r.get('first_time', 0.0)  # pylint: disable=unnecessary-lambda-assignment
+  after = lambda r, key: None if r[key] is None else r[key] - r.get('first_time', 0.0)
   steps = ('step_at_target', 'step_at_target_loss')
   return {'seconds_per_iteration': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
           'mean_seconds_per_iteration': float(np.median([r.get('mean_seconds_per_iteration', r['seconds_per_iteration'])
@@ -235,10 +235,10 @@ def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400,
   the rule's own simulated ideal where no lock-step program runs it; `_micro-batch_s`: the profile's t_d;
   `slow`: (process, seconds it adds to each of its micro-batches), -1 for none; `slow_microbatch_s`: instead,
   the slowed worker's whole micro-batch (`measured_slow_microbatch_s`, a diagnostic)."""
-  from waitless.cluster import factory  # pylint: disable=g-import-not-at-top
-  from waitless.cluster import measured_speeds  # pylint: disable=g-import-not-at-top
-  from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.configs import digits  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import factory
+  from waitless.cluster import measured_speeds
+  from waitless.experiments import simulate
+  from waitless.experiments.configs import digits
   out = {}
   for name in names:
     config = digits.get_config(pairs(name, 0))
@@ -295,7 +295,7 @@ def report(results: dict, predicted: dict, measured: dict, load: tuple, target_l
   """The table: `predicted` on the profile, `measured` the diagnostic with the slowed worker's measured
   micro-batch (`_slow_microbatch_s`; {} for none)."""
   nb = results.get('nonblocking')
-  ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)  # pylint: disable=unnecessary-lambda-assignment
+  ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)
   lines = [f"digits MLP, 2 processes x 1 CPU device, m = {FLAGS.microbatches}, {FLAGS.num_steps} steps, seeds "
            f"{','.join(FLAGS.seeds)} x {FLAGS.repeats} round(s), --debug_slow_process={FLAGS.debug_slow_process}, "
            f"target accuracy {FLAGS.target_accuracy}, target loss {target_loss:.4f}; profile {FLAGS.profile}; "
@@ -335,8 +335,8 @@ def report(results: dict, predicted: dict, measured: dict, load: tuple, target_l
 
 def main(argv):
   del argv
-  from waitless.experiments.harness import slowdown  # pylint: disable=g-import-not-at-top
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import slowdown
+  from waitless import config_errors as errors
   try:
     slow = slowdown.parse_slow(FLAGS.debug_slow_process, 2)
     if FLAGS.target_loss is not None:

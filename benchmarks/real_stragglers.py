@@ -56,11 +56,11 @@ from typing import Optional, Sequence
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 import numpy as np
 
-from waitless.experiments.harness.slowdown import parse_delay, parse_slow  # pylint: disable=g-importing-member  # no JAX
+from waitless.experiments.harness.slowdown import parse_delay, parse_slow  # no JAX
 
 ALGORITHMS = ('sync', 'nonblocking', 'local_sgd', 'dpsgd', 'wagma')
 CONDITIONS = ('none', 'slowed', 'delayed')
@@ -101,7 +101,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
 
 def parse_conditions(value: Sequence[str]) -> tuple[str, ...]:
   """The conditions to run, in CONDITIONS' order, `none` always among them."""
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
   errors.require(all(c in CONDITIONS for c in value), 'conditions', ','.join(value),
                  f'must be a comma-separated subset of {",".join(CONDITIONS)}')
   return tuple(c for c in CONDITIONS if c == 'none' or c in value)
@@ -126,7 +126,7 @@ def sleep_table(step: int, condition: str, processes: int, microbatches: int, sl
 
 def check_settings(processes: int) -> dict:
   """Every flag that needs checking, parsed; a bad one refused (one line) before any process starts."""
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
   errors.require_number(FLAGS.debug_base_sleep, 'debug_base_sleep', 'must be a finite number of seconds >= 0',
                         lambda v: v >= 0)
   return {'slow': parse_slow(FLAGS.debug_slow_process, processes),
@@ -150,7 +150,7 @@ def child_flags() -> list[str]:
 
 def launch() -> dict:
   """Starts the processes, waits for them, returns process 0's results."""
-  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import distributed
   address = f'127.0.0.1:{distributed.free_port()}'
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, 'results.json')
@@ -167,18 +167,18 @@ def launch() -> dict:
 
 def run_process() -> dict:
   """One process's part: every algorithm in every condition, timed."""
-  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import distributed
   distributed.initialize(distributed.settings_from(FLAGS.coordinator_address, FLAGS.num_processes,
                                                    FLAGS.process_id))
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from jax import lax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  import jax
+  from jax.experimental import multihost_utils
+  import jax.numpy as jnp
+  import optax
+  from jax import lax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-  from waitless.algorithms import dpsgd, local_sgd, sync, wagma  # pylint: disable=g-import-not-at-top
-  from waitless.cluster import measured_speeds  # pylint: disable=g-import-not-at-top
+  from waitless.algorithms import dpsgd, local_sgd, sync, wagma
+  from waitless.cluster import measured_speeds
 
   settings = check_settings(FLAGS.num_processes)
   conditions = settings['conditions']
@@ -326,8 +326,8 @@ def simulate_iteration_seconds(trace: np.ndarray, microbatches: int, model_bytes
   replayed by position: `stragglers.kind='trace'`) with an ideal network, P = trace.shape[1] workers.
   `nonblocking_deadline_s`: also 'nonblocking_deadline', nonblocking with `trigger='deadline'` at that budget
   (the rule measured speeds run: a round as long as the slowest device's measured count needs)."""
-  from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.configs import synthetic  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import simulate
+  from waitless.experiments.configs import synthetic
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, 'trace.npy')
@@ -365,7 +365,7 @@ def report(results: dict, predicted: dict) -> str:
   slow, delay = results['slow'], results['delay']
   what = {'none': 'nobody slowed', 'slowed': f'process {slow[0]} +{slow[1] * 1e3:.1f} ms per micro-batch',
           'delayed': f'{delay[0]} random process(es) +{delay[1] * 1e3:.1f} ms once per iteration'}
-  ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)  # pylint: disable=unnecessary-lambda-assignment
+  ms = lambda values: ', '.join(f'{v * 1e3:.2f}' for v in values)
   lines = [f"{results['workers']} processes, m = {results['microbatches']}, every micro-batch "
            f"+{results['base_sleep_s'] * 1e3:.1f} ms (emulated compute); nonblocking's fit in condition none: "
            f"c (ms) {ms(results['overhead_s']['none'])}, s (ms) {ms(results['speeds_s']['none'])}"]
@@ -392,7 +392,7 @@ def report(results: dict, predicted: dict) -> str:
 def main(argv):
   if FLAGS.process_id >= 0:
     results = run_process()
-    import jax  # pylint: disable=g-import-not-at-top
+    import jax
     if jax.process_index() == 0 and FLAGS.out:
       with open(FLAGS.out, 'w') as f:
         json.dump(results, f)

@@ -78,7 +78,7 @@ def end_to_end(name: str, sim_time: float) -> tuple[tuple[float, float], tuple[f
 
 def memory_per_replica(name: str, count: int = 2 * SEEDS) -> tuple[float, float]:
   """(bytes of one run's compiled block step, bytes per replica of `count` replicas'), arguments + temporaries."""
-  # pylint: disable=g-import-not-at-top  (JAX after the device count is set)
+# JAX after the device count is set
   import numpy as np
   from waitless.experiments.configs import mnist1d
   from waitless.experiments.harness import block_step as block_step_lib
@@ -130,7 +130,7 @@ def section_replicas(out, quick: bool, only=None, sim_time: float | None = None)
 
 
 def main() -> None:
-  import argparse  # pylint: disable=g-import-not-at-top
+  import argparse
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--quick', action='store_true')
   parser.add_argument('--only', default=None, help='comma-separated algorithms (default: one per family)')

@@ -41,7 +41,7 @@ os.environ['XLA_FLAGS'] = ' '.join(
     [f for f in os.environ.get('XLA_FLAGS', '').split() if 'xla_force_host_platform_device_count' not in f]
     + ['--xla_force_host_platform_device_count=8'])
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 from absl import logging
 import jax

@@ -19,7 +19,7 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp

@@ -72,7 +72,7 @@ def _slug(arg: str) -> str:
 
 def configure(arg: str, budget_s: float, evals: int):
   """The digits_stale config of `arg`, with num_steps / eval_every sized for the simulated budget."""
-  from waitless.experiments.configs import digits_stale  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import digits_stale
   config = digits_stale.get_config(arg)
   per_update = mean_update_time(config)
   every = max(1, round(budget_s / evals / per_update))
@@ -155,8 +155,8 @@ def table(results, budget_s: float, targets: list[float], at_s: list[float], see
 def main(argv):
   del argv
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
-  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import train  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io
+  from waitless.experiments.harness import train
   budget, evals = _BUDGET.value, _EVALS.value
   targets = [float(t) for t in _TARGETS.value]
   at_s = [float(t) for t in _AT.value]

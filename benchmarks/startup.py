@@ -31,7 +31,7 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -211,7 +211,7 @@ def _bare_packages() -> set[str]:
 
 def table(times: dict[str, list[float]]) -> list[str]:
   """A markdown table of the rounds and their medians, and the line of the ratios."""
-  ratio = lambda k: statistics.median(x / a for x, a in zip(times[k], times['bare']))  # pylint: disable=unnecessary-lambda-assignment
+  ratio = lambda k: statistics.median(x / a for x, a in zip(times[k], times['bare']))
   lines = ['| round | (a) bare (s) | (b) cold (s) | (c) warm (s) | (b)/(a) | (c)/(a) |',
            '| --- | ---: | ---: | ---: | ---: | ---: |']
   for i, (a, b, c) in enumerate(zip(times['bare'], times['cold'], times['warm'])):

@@ -62,7 +62,7 @@ def gradient_ratio(config, iterations: int = 2000) -> float:
   """Micro-batch gradients the block step computes / those the simulated cluster pushes, over `iterations` of
   the config's own clock in blocks of `steps_per_call` (host only: `step.gradients_computed` counts what the
   program computes, `microbatches_done` what the cluster pushes)."""
-  from waitless.experiments.harness import step as step_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import step as step_lib
   run = setup.build(config)
   clock = setup.clock_for(run, 4.0 * 10_000)
   computed = pushed = 0

@@ -26,7 +26,7 @@ for _arg in sys.argv:  # before jax initialises: as many host CPU devices as ask
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                                f' --xla_force_host_platform_device_count={_arg.split("=", 1)[1]}')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 import jax
 import numpy as np

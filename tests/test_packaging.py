@@ -33,7 +33,7 @@ class OneNameTest(absltest.TestCase):
 
   def test_every_module_file_is_its_import_path(self):
     # The folder is the import name: no package extends its __path__ beyond its own folder.
-    import waitless  # pylint: disable=g-import-not-at-top
+    import waitless
     self.assertEqual(list(waitless.__path__), [os.path.join(ROOT, 'waitless')])
     for name in TOP_LEVEL:
       self.assertFalse(os.path.exists(os.path.join(ROOT, name + '.py')), name)

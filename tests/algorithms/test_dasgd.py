@@ -106,7 +106,7 @@ class DaSGDTest(parameterized.TestCase):
                     **{'optimizer.momentum': 0.9, 'devices': devices})
       runs = {block: harness.run_iterations(config, 12, block=block) for block in (1, 4, 6)}
     self.assertEqual(runs[6].run.round_length, 3)
-    self.assertEqual(runs[6].block_step.rounds._cache_size(), 1)  # pylint: disable=protected-access
+    self.assertEqual(runs[6].block_step.rounds._cache_size(), 1)
     for block in (4, 6):
       _assert_trees_close(runs[block].params[-1], runs[1].params[-1])
       _assert_trees_close(runs[block].final_state.opt_state.buffer, runs[1].final_state.opt_state.buffer)
@@ -223,7 +223,7 @@ def _instructions(text: str, computation: str) -> list[tuple[str, str, list[str]
   """(name, opcode, operand names) of one computation's instructions, in the compiled (scheduled) order."""
   out, inside = [], False
   for line in text.splitlines():
-    header = hlo._COMPUTATION.match(line)  # pylint: disable=protected-access
+    header = hlo._COMPUTATION.match(line)
     if header:
       inside = header.group(1) == computation
       continue
@@ -266,8 +266,8 @@ class RoundProgramTest(parameterized.TestCase):
   def test_whole_round_blocks_compile_once(self):
     config = harness.synthetic_config('dasgd,local_steps=3,delay=1', steps_per_call=6)
     block_step = harness.run_iterations(config, 24, block=6, rounds=True).block_step
-    self.assertEqual(block_step.rounds._cache_size(), 1)  # pylint: disable=protected-access
-    self.assertEqual(block_step.per_iteration._cache_size(), 0)  # pylint: disable=protected-access
+    self.assertEqual(block_step.rounds._cache_size(), 1)
+    self.assertEqual(block_step.per_iteration._cache_size(), 0)
 
 
 class HiddenCommunicationTest(parameterized.TestCase):

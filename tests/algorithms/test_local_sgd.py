@@ -79,7 +79,7 @@ class LocalSGDTest(parameterized.TestCase):
       config = _f64('local_sgd,local_steps=3', **{'optimizer.momentum': 0.9, 'devices': devices})
       runs = {block: harness.run_iterations(config, 12, block=block) for block in (1, 4, 6)}
     self.assertEqual(runs[6].run.round_length, 3)
-    self.assertEqual(runs[6].block_step.rounds._cache_size(), 1)  # pylint: disable=protected-access
+    self.assertEqual(runs[6].block_step.rounds._cache_size(), 1)
     for block in (4, 6):
       jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14),
                    runs[block].params[-1], runs[1].params[-1])

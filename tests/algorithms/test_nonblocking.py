@@ -306,7 +306,7 @@ class NonBlockingRuleTest(parameterized.TestCase):
     loop, fast = make(), make()
     blocks = (50, 1, 29)
     for n in blocks:
-      want = loop._block(n)  # pylint: disable=protected-access
+      want = loop._block(n)
       with mock.patch.object(activation_lib, 'activation_times', wraps=activation_lib.activation_times) as relax:
         got = fast.next_block(n)
       helpers.assert_blocks_equal(self, want, got)

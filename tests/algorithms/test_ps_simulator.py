@@ -80,7 +80,7 @@ class VectorisedMatchesEventLoopTest(parameterized.TestCase):
     falls_back = 'fail_worker' in stragglers or (not isinstance(fast.rule, ksync.KSync) and path is not None) or (
         isinstance(fast.rule, kbatch_sync.KBatchSync) and 'delayed_workers' in stragglers)
     for n in blocks:
-      a = loop._block(n)  # pylint: disable=protected-access
+      a = loop._block(n)
       if falls_back:
         b = fast.next_block(n)
       else:
@@ -91,7 +91,7 @@ class VectorisedMatchesEventLoopTest(parameterized.TestCase):
     np.testing.assert_array_equal(loop.units, fast.units)
     np.testing.assert_array_equal(loop.jobs, fast.jobs)
     self.assertEqual(loop.sim_time, fast.sim_time)
-    self.assertEqual(loop._rng.bit_generator.state, fast._rng.bit_generator.state)  # pylint: disable=protected-access
+    self.assertEqual(loop._rng.bit_generator.state, fast._rng.bit_generator.state)
     self.assertEqual(sorted(loop.rule_state), sorted(fast.rule_state))
     for key, value in loop.rule_state.items():
       np.testing.assert_array_equal(value, fast.rule_state[key], err_msg=key)
@@ -134,14 +134,14 @@ class AdaSyncBlocksTest(parameterized.TestCase):
     loop, fast = make(), make()
     ks = []
     for b, n in enumerate((40, 1, 75, 60, 33, 90, 50, 64, 128)):
-      a, c = loop._block(n), fast.next_block(n)  # pylint: disable=protected-access
+      a, c = loop._block(n), fast.next_block(n)
       helpers.assert_blocks_equal(self, a, c, idle_fraction_rtol=1e-9)
       ks.extend(c.schedule.k.tolist())
       loss = 2.0 / (1.0 + b) if b < 6 else 1.0  # K grows, then stays
       loop.feedback(train_loss=loss)
       fast.feedback(train_loss=loss)
     self.assertEqual(loop.rule_state['next_adjust_s'], fast.rule_state['next_adjust_s'])
-    self.assertEqual(loop._rng.bit_generator.state, fast._rng.bit_generator.state)  # pylint: disable=protected-access
+    self.assertEqual(loop._rng.bit_generator.state, fast._rng.bit_generator.state)
     changed_inside = [i for i in range(1, len(ks)) if ks[i] != ks[i - 1]]
     self.assertGreaterEqual(len(changed_inside), 3)
     self.assertGreater(max(ks), 2)

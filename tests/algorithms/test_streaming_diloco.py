@@ -168,7 +168,7 @@ class StreamingDiLoCoTest(parameterized.TestCase):
                     **{'optimizer.momentum': 0.9, 'devices': devices})
       runs = {block: harness.run_iterations(config, 16, block=block) for block in (1, 3, 8)}
     self.assertEqual(runs[8].run.round_length, 4)
-    self.assertEqual(runs[8].block_step.rounds._cache_size(), 1)  # pylint: disable=protected-access
+    self.assertEqual(runs[8].block_step.rounds._cache_size(), 1)
     for block in (3, 8):
       test_diloco.assert_trees_close(runs[block].params[-1], runs[1].params[-1], rtol=1e-12, atol=1e-14)
     self.assertGreater(np.abs(runs[1].params[-1]['Dense_0']['kernel'][0]
@@ -401,7 +401,7 @@ def torchft_trajectory(initial: list, batches, bounds, lr: float, momentum: floa
         model[0], model[1:] = new_b, new_w
         diloco.step_post_hook()
         out[t, rank] = model
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       failures.append(e)
       shared.barrier.abort()
 
@@ -555,7 +555,7 @@ class StreamingAverageRuleTest(parameterized.TestCase):
                  lambda: sd_rule.StreamingAverage(6, 1, 5, microbatches=2, overlap='snapshot_early')):
       loop, fast = helpers.clock(make(), **kwargs), helpers.clock(make(), **kwargs)
       for n in (13, 1, 30):
-        helpers.assert_blocks_equal(self, loop._block(n), fast.next_block(n))  # pylint: disable=protected-access
+        helpers.assert_blocks_equal(self, loop._block(n), fast.next_block(n))
       np.testing.assert_array_equal(loop.rule_state['ready_s'], fast.rule_state['ready_s'])
 
   def test_state_survives_a_json_round_trip(self):

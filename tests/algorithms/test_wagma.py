@@ -550,7 +550,7 @@ def _permute_masks(text: str) -> dict[str, set[int]]:
   """Computation name -> the XOR masks (source ^ target) of its collective-permutes."""
   out, current = {}, None
   for line in text.splitlines():
-    match = hlo._COMPUTATION.match(line)  # pylint: disable=protected-access
+    match = hlo._COMPUTATION.match(line)
     if match:
       current = match.group(1)
       out[current] = set()

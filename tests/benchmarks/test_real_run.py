@@ -92,7 +92,7 @@ class OverRoundsTest(absltest.TestCase):
     self.assertEqual(real_run.default_target_loss(runs), 0.35)
 
   def test_report_has_a_row_per_algorithm_with_the_prediction_and_the_ideals(self):
-    rounds = lambda seconds, to_target: [self._round(seconds, to_target), self._round(seconds * 1.1, to_target)]  # pylint: disable=unnecessary-lambda-assignment
+    rounds = lambda seconds, to_target: [self._round(seconds, to_target), self._round(seconds * 1.1, to_target)]
     results = {'nonblocking': real_run.median_of(rounds(0.01, 1.0)), 'sync': real_run.median_of(rounds(0.02, None))}
     settings = types.SimpleNamespace(microbatches=4, num_steps=200, repeats=1, debug_slow_process='1:0.004',
                                      target_accuracy=0.96, seeds=['0', '1'], profile='this_machine')

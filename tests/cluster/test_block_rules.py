@@ -125,8 +125,8 @@ class VectorisedMatchesIterateTest(parameterized.TestCase):
     for n in blocks:
       try:
         with np.errstate(invalid='ignore'):  # as `Clock.next_block` calls it: a lost worker's inf - inf
-          a = loop._block(n)  # pylint: disable=protected-access
-      except Exception as e:  # pylint: disable=broad-except
+          a = loop._block(n)
+      except Exception as e:
         with self.assertRaisesRegex(type(e), re.escape(str(e))):
           fast.next_block(n)
         break
@@ -142,7 +142,7 @@ class VectorisedMatchesIterateTest(parameterized.TestCase):
     np.testing.assert_array_equal(loop.jobs, fast.jobs)
     self.assertEqual(loop.sim_time, fast.sim_time)
     self.assertEqual(loop.iteration, fast.iteration)
-    self.assertEqual(loop._rng.bit_generator.state, fast._rng.bit_generator.state)  # pylint: disable=protected-access
+    self.assertEqual(loop._rng.bit_generator.state, fast._rng.bit_generator.state)
     self.assertEqual(sorted(loop.rule_state), sorted(fast.rule_state))
     for key, value in loop.rule_state.items():
       np.testing.assert_array_equal(value, fast.rule_state[key], err_msg=key)

@@ -140,7 +140,7 @@ class SameDrawsTest(parameterized.TestCase):
     np.testing.assert_allclose(loaded.duration, plain.duration + M * O, rtol=1e-12)
     # LAP-SGD never averaging (an average makes a node wait for the others' snapshots, not for its own
     # overheads): every node's time moves by M O / Q per update.
-    never = lambda t: False  # pylint: disable=unnecessary-lambda-assignment
+    never = lambda t: False
     plain = helpers.clock(lap_sgd.NodeThreads(4, never, M), **kwargs).next_block(200)
     loaded = helpers.clock(lap_sgd.NodeThreads(4, never, M), overhead_s=O, **kwargs).next_block(200)
     np.testing.assert_allclose(loaded.sim_time, plain.sim_time + np.arange(1, 201) * M * O / 4, rtol=1e-12)
@@ -162,7 +162,7 @@ class SameDrawsTest(parameterized.TestCase):
                     slow_workers=(1, 6), slow_factor=2.5, delayed_workers=1 if delay else 0, delay_s=delay)
       loop, fast = helpers.clock(make_rule(), **kwargs), helpers.clock(make_rule(), **kwargs)
       for n in (70, 1, 29):
-        helpers.assert_blocks_equal(self, loop._block(n), fast.next_block(n))  # pylint: disable=protected-access
+        helpers.assert_blocks_equal(self, loop._block(n), fast.next_block(n))
       self.assertEqual(loop.state_dict(), fast.state_dict())
 
 

@@ -27,8 +27,8 @@ class EmbeddedDataTest(absltest.TestCase):
   def test_digits_are_scikit_learns_split_without_importing_it(self):
     for fraction in (0.2, 0.1, 0.37, 0.5):  # 0.2: the config's; others: ties broken by the seeded draws
       train, test = digits.load_arrays(fraction)
-      from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
-      from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+      from sklearn import datasets as sk_datasets
+      from sklearn import model_selection
       loaded = sk_datasets.load_digits()
       x, y = loaded.data.astype(np.float32) / 16.0, loaded.target.astype(np.int32)
       x_train, x_test, y_train, y_test = model_selection.train_test_split(

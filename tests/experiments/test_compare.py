@@ -621,9 +621,9 @@ class CommandLineTest(parameterized.TestCase):
     self.assertEqual(resumed.returncode, 0, resumed.stderr)
     self.assertIn('Resumed from the checkpoint', resumed.stderr)
     self.assertIn('finished already', resumed.stderr)
-    table = lambda root: open(os.path.join(root, 'comparison.md')).read().replace(root, 'ROOT')  # pylint: disable=unnecessary-lambda-assignment
+    table = lambda root: open(os.path.join(root, 'comparison.md')).read().replace(root, 'ROOT')
     self.assertEqual(table(killed), table(full))
-    report = lambda root: _without_wall(json.loads(open(os.path.join(root, 'comparison.json')).read().replace(  # pylint: disable=unnecessary-lambda-assignment
+    report = lambda root: _without_wall(json.loads(open(os.path.join(root, 'comparison.json')).read().replace(
         root, 'ROOT')))
     self.assertEqual(report(killed), report(full))
 

@@ -171,9 +171,9 @@ class TrainTest(parameterized.TestCase):
 
   def test_calibration_fits_the_overhead_from_two_micro_batch_sizes(self):
     # Issue 39: it timed one size, so the per-call overhead stayed whatever the config said.
-    config = lambda: harness.synthetic_config('sync', num_steps=10, eval_every=10, microbatches=2,  # pylint: disable=unnecessary-lambda-assignment
+    config = lambda: harness.synthetic_config('sync', num_steps=10, eval_every=10, microbatches=2,
                                               **{'stragglers.calibrate': True})
-    line = lambda run, *_: 0.002 + 1e-4 * run.config.batch_size / run.config.microbatches  # pylint: disable=unnecessary-lambda-assignment
+    line = lambda run, *_: 0.002 + 1e-4 * run.config.batch_size / run.config.microbatches
     workdir = self.create_tempdir().full_path
     with mock.patch.object(train, '_seconds_per_microbatch', side_effect=line):
       summary = train.train_and_evaluate(config(), workdir)

@@ -110,7 +110,7 @@ class StridedConv1DTest(parameterized.TestCase):
 
   @parameterized.parameters((5, 2, (1, 1), 40), (3, 2, (1, 1), 19), (3, 1, (0, 2), 7))
   def test_equals_flax_conv_with_the_same_parameters(self, k, stride, padding, length):
-    from waitless.models import cnn1d  # pylint: disable=g-import-not-at-top
+    from waitless.models import cnn1d
     with jax.enable_x64(True):
       x = jax.random.normal(jax.random.key(1), (3, length, 4), jnp.float64)
       ours = cnn1d.StridedConv1D(6, k, stride, padding, dtype=jnp.float64, param_dtype=jnp.float64)
@@ -122,7 +122,7 @@ class StridedConv1DTest(parameterized.TestCase):
       np.testing.assert_allclose(ours.apply(params, x), flax_conv.apply(params, x), rtol=1e-12, atol=1e-12)
 
   def test_the_cnn_keeps_the_parameter_tree_of_flax_convolutions(self):
-    from waitless.models import cnn1d  # pylint: disable=g-import-not-at-top
+    from waitless.models import cnn1d
     shapes = jax.eval_shape(lambda: cnn1d.CNN1D().init(jax.random.key(0), jnp.zeros((1, 40))))['params']
     self.assertEqual(sorted(shapes), ['Conv_0', 'Conv_1', 'Conv_2', 'Dense_0'])
     self.assertEqual(shapes['Conv_0']['kernel'].shape, (5, 1, 25))

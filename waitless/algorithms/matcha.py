@@ -198,7 +198,7 @@ def activation_probabilities(laplacians: Sequence[np.ndarray], budget: float, to
   Returns:
     float64 (J,), each in [0, 1].
   """
-  from scipy import optimize  # pylint: disable=g-import-not-at-top  (scipy: only when a plan is made)
+  from scipy import optimize  # scipy: only when a plan is made
   j = len(laplacians)
   if j == 0 or budget >= 1:
     return np.ones(j)

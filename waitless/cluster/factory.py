@@ -164,7 +164,7 @@ def _require_factors(value, workers: int) -> tuple[float, ...]:
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises config_errors.ConfigError for a bad `stragglers.*` or `network.*` field."""
   s, p = config.stragglers, config.workers
-  get = lambda name: _get(s, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  get = lambda name: _get(s, name, _STRAGGLER_DEFAULTS)
   kind = get('kind')
   errors.require(kind in STRAGGLER_KINDS, 'stragglers.kind', kind, f'known: {", ".join(STRAGGLER_KINDS)}')
   errors.require_number(get('base_s'), 'stragglers.base_s', f'must be a number > 0 and <= {MAX_SECONDS:g} (seconds)',
@@ -254,7 +254,7 @@ def _cluster(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def _validate_cluster(config: ml_collections.ConfigDict, kind: str) -> None:
   c = _cluster(config)
-  get = lambda name: _get(c, name, _CLUSTER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  get = lambda name: _get(c, name, _CLUSTER_DEFAULTS)
   errors.require_number(get('host_s'), 'cluster.host_s', 'must be a number >= 0 (seconds per iteration)',
                         lambda v: v >= 0)
   explicit = get('explicit')
@@ -276,7 +276,7 @@ def slow_factors(stragglers: ml_collections.ConfigDict, workers: int) -> np.ndar
   `worker_factors` when set (validated: P finite numbers > 0); else `slow_factor` for the slow workers
   (`slow_workers`, or the first round(slow_fraction P)) and 1 for the others.
   """
-  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)
   if len(get('worker_factors')):
     return np.asarray(get('worker_factors'), np.float64).reshape(workers)
   slow = list(_worker_list(get('slow_workers')))
@@ -292,7 +292,7 @@ def make_compute(stragglers: ml_collections.ConfigDict, workers: int) -> compute
 
   The overhead is wrapped only when > 0, so a config without it builds the model it always built.
   """
-  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)
   kind = get('kind')
   if kind in ('constant', 'slow_workers', 'random_delay', MEASURED):
     model = compute_lib.Constant(base_s=float(get('base_s')))
@@ -338,7 +338,7 @@ def mean_call_s(stragglers: ml_collections.ConfigDict, workers: int) -> float:
 def delay_seconds(stragglers: ml_collections.ConfigDict, workers: int) -> float:
   """The transient delay in seconds: `delay_s`, or `delay_calls` x `mean_call_s`, rounded to the picosecond so
   that three calls of 10 ms are 0.03 s exactly."""
-  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)
   if not get('delay_calls') > 0:
     return float(get('delay_s'))
   return round(float(get('delay_calls')) * mean_call_s(stragglers, workers), 12)
@@ -347,7 +347,7 @@ def delay_seconds(stragglers: ml_collections.ConfigDict, workers: int) -> float:
 def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
   """(RandomDelay or None, Failure or None) from the modifiers of `stragglers` (the effective ones, with a
   profile's compute, when the delay is given in calls)."""
-  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)  # pylint: disable=unnecessary-lambda-assignment
+  get = lambda name: _get(stragglers, name, _STRAGGLER_DEFAULTS)
   delay = None
   delay_s = delay_seconds(stragglers, workers) if get('delayed_workers') > 0 else 0.0
   if delay_s > 0:

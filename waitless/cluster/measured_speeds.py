@@ -271,8 +271,8 @@ class MeasuredStep:
     self._same_process = process[:, None] == process[None, :]    # (D, D): device j shares device i's process
     value_and_grad = jax.value_and_grad(loss_fn)
     spec = PartitionSpec(axis_name)
-    first = lambda tree: jax.tree.map(lambda x: x[0], tree)  # pylint: disable=unnecessary-lambda-assignment
-    lead = lambda tree: jax.tree.map(lambda x: x[None], tree)  # pylint: disable=unnecessary-lambda-assignment
+    first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+    lead = lambda tree: jax.tree.map(lambda x: x[None], tree)
 
     def device_gradients(params, microbatches, counts):
       return lead(local_gradient_sums(value_and_grad, first(params), first(microbatches), counts[0]))

@@ -15,7 +15,7 @@ from etils import epy
 import numpy as np
 
 with epy.lazy_imports():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
 
 from waitless.data import base
 from waitless.data import tfds_pipeline

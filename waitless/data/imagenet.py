@@ -19,8 +19,8 @@ import numpy as np
 
 with epy.lazy_imports():
   # Imported on first use, so that importing the data registry stays cheap for the embedded data sets.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
 
 from waitless.data import base
 from waitless.data import tfds_pipeline

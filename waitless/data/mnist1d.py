@@ -37,7 +37,7 @@ def cache_dir() -> str:
 
 
 def _default_args() -> dict:
-  from mnist1d import data as mnist1d_data  # pylint: disable=import-outside-toplevel
+  from mnist1d import data as mnist1d_data
   args = mnist1d_data.get_dataset_args(as_dict=True)
   args.pop('url')  # the download address plays no part in generation
   return args
@@ -50,8 +50,8 @@ def _cache_path() -> str:
 
 def generate() -> dict[str, np.ndarray]:
   """Runs the package's generator (its defaults, seed 42) without touching the caller's global RNG state."""
-  from mnist1d import data as mnist1d_data  # pylint: disable=import-outside-toplevel
-  from mnist1d import utils as mnist1d_utils  # pylint: disable=import-outside-toplevel
+  from mnist1d import data as mnist1d_data
+  from mnist1d import utils as mnist1d_utils
   args = _default_args()
   np_state, py_state = np.random.get_state(), random.getstate()  # make_dataset reseeds both globally
   try:

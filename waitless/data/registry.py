@@ -13,17 +13,17 @@ from waitless.data import synthetic
 
 
 def _cifar(config):
-  from waitless.data import cifar  # pylint: disable=g-import-not-at-top
+  from waitless.data import cifar
   return cifar.make_dataset(config)
 
 
 def _imagenet(config):
-  from waitless.data import imagenet  # pylint: disable=g-import-not-at-top
+  from waitless.data import imagenet
   return imagenet.make_dataset(config)
 
 
 def _wmt(config):
-  from waitless.data import wmt  # pylint: disable=g-import-not-at-top
+  from waitless.data import wmt
   return wmt.make_dataset(config)
 
 

@@ -30,8 +30,8 @@ import numpy as np
 
 with epy.lazy_imports():
   # Imported on first use, so that importing the data registry stays cheap for the embedded data sets.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
 
 from waitless import config_errors as errors
 from waitless.data import base
@@ -44,7 +44,7 @@ class DatasetNotFoundError(errors.ConfigError):
 
   def __init__(self, message: str, data_dir):
     self.field, self.value, self.allowed = 'dataset.data_dir', data_dir, message
-    ValueError.__init__(self, message)  # pylint: disable=non-parent-init-called
+    ValueError.__init__(self, message)
 
 
 def data_dir_root(data_dir: str | None) -> str:

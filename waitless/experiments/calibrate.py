@@ -74,8 +74,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def measure_compute(config, rounds: int, repeats: int) -> tuple[np.ndarray, list]:
   """(per-round (per_sample_s, dispatch overhead), sizes) of the config's micro-batch call."""
-  from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import call_timing  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import calibration
+  from waitless.experiments.harness import call_timing
   unit = config.batch_size // config.microbatches
   sizes = sorted({max(1, unit // 4), unit, 4 * unit, 16 * unit})  # far apart: a small model's noise
   calls = {s: call_timing.make_call(config, s) for s in sizes}
@@ -129,7 +129,7 @@ def harness_collectives(config_arg: str, flags_: list[str], processes: int, step
   run one after another (a round: a change of load between rounds moves its three runs alike); a collective's
   time is its run's time per iteration minus local SGD's, and local SGD's is what an iteration costs there
   without any collective (`calibrate` takes the host's time from it)."""
-  from waitless.cluster.rules import synchronous  # pylint: disable=g-import-not-at-top
+  from waitless.cluster.rules import synchronous
   seconds = {name: harness_seconds_per_iteration(config_arg, flags_, name, 1, steps, os.path.join(workdir, slug),
                                                  processes)
              for name, slug in (('sync', 'sync'), (f'local_sgd,local_steps={steps}', 'local'), ('dpsgd', 'dpsgd'))}
@@ -140,7 +140,7 @@ def harness_collectives(config_arg: str, flags_: list[str], processes: int, step
 
 def measure_collectives(processes: int, sizes: list[int], rounds: int, tmp: str) -> dict:
   """The rows of `harness.collective_timing`, run on `processes` local processes."""
-  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import distributed
   out = os.path.join(tmp, 'collectives.json')
   address = f'127.0.0.1:{distributed.free_port()}'
   command = [sys.executable, '-m', 'waitless.experiments.harness.collective_timing', f'--coordinator_address={address}',
@@ -163,7 +163,7 @@ def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, n
   the model's `nbytes` as the harness pays them, `harness_collectives`) less the bandwidth term, at least 0. The
   micro-benchmark's own latencies are kept as `microbenchmark_latency_s`; `loads`: the load average when each
   round of `in_harness` started."""
-  from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import calibration
   allreduce, p2p = [], []
   kept = {kind: [row for row in rows[kind] if row[-1] > 0] for kind in rows}  # <= 0: below the timer's noise
   dropped = sum(len(rows[kind]) - len(kept[kind]) for kind in rows)
@@ -203,8 +203,8 @@ def network_figures(rows: dict, rounds: int, processes: int, in_harness: list, n
 def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: str, name: str, rounds: int,
               repeats: int, harness_steps: int, harness_m: int, collective_sizes: list[int]) -> dict:
   """Measures and writes the profile; returns it."""
-  from waitless.cluster import profiles  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import tasks  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import profiles
+  from waitless.experiments.harness import tasks
   errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
                      '(one CPU device each, started here over loopback)')
   errors.require(bool(out), '--out', out, 'the profile JSON to write')

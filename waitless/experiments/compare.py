@@ -101,8 +101,8 @@ log = logging.getLogger('waitless')
 # ---------------------------------------------------------------------------------------------------------
 
 def _compare(argv_config: str, root: str) -> dict[str, Any]:
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
+  from waitless.experiments.configs import common
   statistics.check_options(shared_flags.SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
   errors.require(not _TUNING_SEEDS.value or bool(_SWEEP.value), '--tuning_seeds', _TUNING_SEEDS.value,
                  'the tuning seeds choose each entry\'s --sweep point; without a sweep there is nothing to choose '
@@ -137,14 +137,14 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   for r in runs:
     errors.require(r.config.devices == devices, 'devices', r.config.devices,
                    f'must be the same for every run of a comparison ({devices}: set it with --config.devices)')
-  from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir as workdir_lib
   for r in runs:  # a rerun with other settings must not skip runs of the old ones and report them as the new
     try:
       workdir_lib.check_workdir(r.workdir, r.config)
     except workdir_lib.WorkdirConflict as e:
       raise workdir_lib.WorkdirConflict(f'{e} (this workdir holds a comparison with other settings: rerun it with the '
                                   'same flags, or give the new one its own --workdir)') from e
-  from waitless.experiments.harness import workdir_lock  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import workdir_lock
   lock = workdir_lock.WorkdirLock(root)  # a second comparison on this workdir would train every run twice
   try:
     return _run_and_report(runs, root, path, skipped, sim_time)
@@ -184,10 +184,10 @@ def _budget_of_baseline_steps(get_config, entries: list[str], common_pairs: list
                               overrides: dict[str, Any]) -> float:
   """--sim_baseline_steps in simulated seconds: the time the baseline entry's clock (the first entry's when the
   baseline is not one; its first seed, on its cluster profile if any) needs for that many iterations."""
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.cluster import factory  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.comparison import sim_budget  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import validation  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
+  from waitless.cluster import factory
+  from waitless.experiments.comparison import sim_budget
+  from waitless.experiments.harness import validation
   steps = _SIM_BASELINE_STEPS.value
   errors.require(_SIM_TIME.value is None, '--sim_baseline_steps', steps,
                  f'and --sim_time={_SIM_TIME.value} both give the budget: set one of them')
@@ -204,19 +204,19 @@ def _budget_of_baseline_steps(get_config, entries: list[str], common_pairs: list
 
 def main(argv):
   del argv
-  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.WARNING)
   handler = logging.StreamHandler(sys.stderr)
   handler.setFormatter(logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))
   log.addHandler(handler)
   log.setLevel(logging.INFO)
   log.propagate = False
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import checkpointing  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import workdir_lock  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
+  from waitless.experiments.harness import checkpointing
+  from waitless.experiments.harness import metrics_io
+  from waitless.experiments.harness import preemption
+  from waitless.experiments.harness import workdir as workdir_lib
+  from waitless.experiments.harness import workdir_lock
   root = shared_flags.WORKDIR.value
   preemption.exit_before_training()
   try:
@@ -235,7 +235,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import preemption
   preemption.exit_before_training()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')

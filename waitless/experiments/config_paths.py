@@ -69,7 +69,7 @@ def parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
     argv = flags.FLAGS(resolve_argv(argv))
     if config.value is not None:
       config.value.get('workers')  # config_flags defers load errors to the first access
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     sys.exit(2)
   if len(argv) > 1:  # e.g. the rest of a config argument cut by a line break: never run without it

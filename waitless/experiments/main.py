@@ -78,13 +78,13 @@ _RAY_ADDRESS = flags.DEFINE_string(
 def _train_on_ray(config, workdir, stop_requests):
   """A `runtime=ray` run (`ray_runtime.driver`), or with --seeds=N > 1 its N seeds one after another, each in
   `WORKDIR/seed<S>` ({workdir: summary or the failure it stopped with})."""
-  from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness.ray_runtime import driver  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness.ray_runtime import worker  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import loop as loop_lib
+  from waitless.experiments.harness.ray_runtime import driver
+  from waitless.experiments.harness.ray_runtime import worker
   hooks = worker.DebugHooks(*slowdown.parse_slow(_DEBUG_SLOW.value, config.workers),
                             *slowdown.parse_delay(_DEBUG_DELAY.value, config.workers),
                             *slowdown.parse_crash(_DEBUG_CRASH.value, config.workers))
-  train = lambda c, w: driver.train_and_evaluate(c, w, stop_requests, _RAY_ADDRESS.value, hooks)  # pylint: disable=unnecessary-lambda-assignment
+  train = lambda c, w: driver.train_and_evaluate(c, w, stop_requests, _RAY_ADDRESS.value, hooks)
   if shared_flags.SEEDS.value == 1:
     return train(config, workdir)
   outcomes = {}
@@ -130,7 +130,7 @@ def _run(config, workdir, stop_requests, loss_hook=None):
   import tensorflow_datasets as tfds
   # tfds's mock generator reads the deprecated `TensorInfo.dtype` itself, a warning per feature per split: not
   # this run's business, and it buried the run's own lines. Only that message is dropped.
-  deprecated = lambda record: '`TensorInfo.dtype` is deprecated' not in record.getMessage()  # pylint: disable=unnecessary-lambda-assignment
+  deprecated = lambda record: '`TensorInfo.dtype` is deprecated' not in record.getMessage()
   absl_logging.get_absl_logger().addFilter(deprecated)
   try:
     with tfds.testing.mock_data(num_examples=_MOCK_EXAMPLES.value):
@@ -141,7 +141,7 @@ def _run(config, workdir, stop_requests, loss_hook=None):
 
 def _report_seeds(outcomes) -> None:
   """Each seed's summary or failure, one line each; exits 3 if one diverged, else 4 if one stalled."""
-  from waitless.experiments.harness import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import loop as loop_lib
   progress = std_logging.getLogger('waitless')
   for workdir, outcome in outcomes.items():
     if isinstance(outcome, Exception):
@@ -155,7 +155,7 @@ def _report_seeds(outcomes) -> None:
 
 
 def _is_jax_runtime_error(e: BaseException) -> bool:
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   return isinstance(e, jax.errors.JaxRuntimeError)
 
 
@@ -165,7 +165,7 @@ def _first_line(e: BaseException) -> str:
 
 def _watch_peers(stop_requests, workdir):
   """Starts the dead-peer watchdog of a multi-process run (half of JAX's heartbeat timeout)."""
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed as jax_distributed
   from waitless.experiments.harness import peer_watchdog
   watchdog = peer_watchdog.PeerWatchdog(
       jax_distributed.global_state.client, distributed.process_index(), distributed.process_count(),
@@ -216,7 +216,7 @@ def _join_processes(config) -> int:
 def main(argv):
   del argv
   config = shared_flags.CONFIG.value
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common
   common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
   common.mark_explicit(config, config_flags.get_override_values(flags.FLAGS['config']))
   if _VALIDATE_ONLY.value:
@@ -305,7 +305,7 @@ def main(argv):
 
 
 def run():
-  from waitless.experiments.harness import preemption  # pylint: disable=g-import-not-at-top  # light: no JAX at import
+  from waitless.experiments.harness import preemption  # light: no JAX at import
   preemption.exit_before_training()  # from here, not after the seconds of imports that main() starts with
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # TensorFlow only feeds data here; silences its notice

@@ -42,7 +42,7 @@ _BLOCK = flags.DEFINE_integer('block', 1000, 'Iterations drawn per clock call.')
 
 def model_bytes(config: ml_collections.ConfigDict) -> float:
   """Bytes of the config's model parameters, from shapes only (`tasks.model_bytes`: nothing is compiled)."""
-  from waitless.experiments.harness import tasks  # pylint: disable=g-import-not-at-top  (only when --model_bytes is not given)
+  from waitless.experiments.harness import tasks  # only when --model_bytes is not given
   try:
     return tasks.model_bytes(config)
   except errors.ConfigError as e:
@@ -63,8 +63,8 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
                  '(e.g. constant with worker_factors)')
   spec.validate(config)
   if iterations is None and config.get('num_epochs') is not None:  # a duration in epochs: the split's size
-    from waitless.data import registry as data_registry  # pylint: disable=g-import-not-at-top
-    from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+    from waitless.data import registry as data_registry
+    from waitless.experiments.configs import common
     config = common.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
   errors.require_int(iterations, 'iterations', 1)
@@ -120,8 +120,8 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if _CONFIG.value is None:
     raise app.UsageError('--config is required, e.g. --config=experiments/configs/digits.py:sync')
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags
+  from waitless.experiments.configs import common
   common.mark_explicit(_CONFIG.value, config_flags.get_override_values(flags.FLAGS['config']))
   try:
     result = simulate(_CONFIG.value, _ITERATIONS.value, _MODEL_BYTES.value, _BLOCK.value)

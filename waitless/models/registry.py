@@ -26,22 +26,22 @@ def _mlp(config, num_outputs):
 
 
 def _cnn1d(config, num_outputs):
-  from waitless.models import cnn1d  # pylint: disable=g-import-not-at-top
+  from waitless.models import cnn1d
   return cnn1d.build(config, num_outputs)
 
 
 def _resnet(config, num_outputs):
-  from waitless.models import resnet  # pylint: disable=g-import-not-at-top
+  from waitless.models import resnet
   return resnet.build(config, num_outputs)
 
 
 def _wrn(config, num_outputs):
-  from waitless.models import wrn  # pylint: disable=g-import-not-at-top
+  from waitless.models import wrn
   return wrn.build(config, num_outputs)
 
 
 def _transformer(config, num_outputs):
-  from waitless.models import transformer  # pylint: disable=g-import-not-at-top
+  from waitless.models import transformer
   return transformer.build(config, num_outputs)
 
 

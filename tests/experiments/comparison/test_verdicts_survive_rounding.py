@@ -38,7 +38,7 @@ class VerdictsSurviveRoundingTest(absltest.TestCase):
     self.assertEqual(set(verdicts.values()), {'faster', 'slower', 'tied'})  # not agreeing by being all alike
     self.assertEqual(statistics.verdicts(four), verdicts)
     # The rounding really differs: some run's final loss is not the same to every digit.
-    losses = lambda report: [r['final_eval_loss'] for r in report['runs']]  # pylint: disable=unnecessary-lambda-assignment
+    losses = lambda report: [r['final_eval_loss'] for r in report['runs']]
     self.assertNotEqual(losses(eight), losses(four))
 
 

@@ -7,7 +7,7 @@ from unittest import mock
 from absl.testing import absltest
 import matplotlib
 matplotlib.use('Agg')
-from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib import pyplot as plt
 
 from waitless.experiments.harness import atomic_files
 

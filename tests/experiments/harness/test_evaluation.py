@@ -39,8 +39,8 @@ class EvaluationTest(absltest.TestCase):
     def nested(x, w):
       return lax.cond(x.sum() > 0, jax.jit(conv), lambda x, w: x * 0.0, x, w)
     x, w = jnp.ones((1, 1, 8)), jnp.ones((1, 1, 3))
-    self.assertTrue(evaluation._has_convolution(jax.make_jaxpr(nested)(x, w).jaxpr))  # pylint: disable=protected-access
-    self.assertFalse(evaluation._has_convolution(jax.make_jaxpr(lambda a: a @ a.T)(jnp.ones((2, 3))).jaxpr))  # pylint: disable=protected-access
+    self.assertTrue(evaluation._has_convolution(jax.make_jaxpr(nested)(x, w).jaxpr))
+    self.assertFalse(evaluation._has_convolution(jax.make_jaxpr(lambda a: a @ a.T)(jnp.ones((2, 3))).jaxpr))
 
   def test_on_cpu_matrix_products_vectorise_and_convolutions_do_not(self):
     group = setup.build_group([_mnist1d(0), _mnist1d(1)])  # MNIST-1D's CNN: convolutions as matrix products

@@ -125,7 +125,7 @@ class ReusedSlotsTest(absltest.TestCase):
     reused = block_step_lib.BlockStep(run, busy_loop=False)
     reused(setup.init_state(run), *args, slots=2)  # compiles the program for 2 slots
     state, measured = reused(setup.init_state(run), *args, slots=1)
-    self.assertEqual(reused.per_iteration._cache_size(), 1)  # pylint: disable=protected-access
+    self.assertEqual(reused.per_iteration._cache_size(), 1)
     own_state, own_measured = block_step_lib.BlockStep(run, busy_loop=False)(setup.init_state(run), *args, slots=1)
     jax.tree.map(np.testing.assert_array_equal, (state, measured), (own_state, own_measured))
     self.assertEqual(reused.reuse_slots(reused.per_iteration, args[0], args[1], 8), 8)  # every slot: no gather

@@ -78,12 +78,12 @@ class ValidationTest(parameterized.TestCase):
       self.assertTrue(np.all(block.schedule.fresh))
 
   def test_simulate_refuses_a_measured_config(self):
-    from waitless.experiments import simulate  # pylint: disable=g-import-not-at-top
+    from waitless.experiments import simulate
     with self.assertRaisesRegex(errors.ConfigError, r"^stragglers.kind='measured' is not allowed: .*no simulated"):
       simulate.simulate(_config('sync'), iterations=10)
 
   def test_a_sim_time_budget_is_refused(self):
-    from waitless.experiments.comparison import plan as compare_plan  # pylint: disable=g-import-not-at-top
+    from waitless.experiments.comparison import plan as compare_plan
     with self.assertRaisesRegex(errors.ConfigError, r"stragglers.kind='measured' is not allowed: .*--sim_time"):
       compare_plan.plan(digits.get_config, [f'sync,{SMALL}'], [()], seeds=1, root=self.create_tempdir().full_path,
                         sim_time=1.0)

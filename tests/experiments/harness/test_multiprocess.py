@@ -196,7 +196,7 @@ class SettingsTest(parameterized.TestCase):
 @pytest.mark.slow
 class MultiProcessTest(parameterized.TestCase):
 
-  def assertSameSummary(self, workdir, reference):  # pylint: disable=invalid-name
+  def assertSameSummary(self, workdir, reference):
     """summary.json of `workdir` equals `reference`'s: EXACT keys exactly, CLOSE keys to summation order."""
     expected, got = _summary(reference), _summary(workdir)
     for key in EXACT:
@@ -227,7 +227,7 @@ class MultiProcessTest(parameterized.TestCase):
         if key in ref:
           np.testing.assert_allclose(row[key], ref[key], rtol=RTOL, atol=ATOL, err_msg=f'{key} at {row["step"]}')
 
-  def assertTwoSeedsCheckpointAsOnOneProcess(self, config, checkpoints):  # pylint: disable=invalid-name
+  def assertTwoSeedsCheckpointAsOnOneProcess(self, config, checkpoints):
     """`config` with --seeds=2 (replicas) on 1 and on 2 processes: the 2-process run ends without an abort, each
     seed's summary equals its 1-process one and its finished checkpoints are `checkpoints`."""
     one = self.create_tempdir().full_path

@@ -97,14 +97,14 @@ class SharedHostWorkTest(parameterized.TestCase):
   def test_one_program_slices_every_replica_for_its_checkpoint(self):
     group = setup.build_group(_configs('async'))
     state = setup.init_state(group)
-    slicer = setup._replica_slicer(group.lead.layout.sharding(), group.lead.layout.platform)  # pylint: disable=protected-access
+    slicer = setup._replica_slicer(group.lead.layout.sharding(), group.lead.layout.platform)
     compiled = None
     for i in range(group.size):
       sliced = setup.replica_state(group, state, i)
       jax.tree.map(lambda x, y, i=i: np.testing.assert_array_equal(x, np.asarray(y)[i]), sliced, state)
       self.assertEqual(jax.tree.leaves(sliced)[0].sharding, group.lead.layout.sharding())
-      compiled = slicer._cache_size() if compiled is None else compiled  # pylint: disable=protected-access
-    self.assertEqual(slicer._cache_size(), compiled)  # pylint: disable=protected-access  # r is an argument
+      compiled = slicer._cache_size() if compiled is None else compiled
+    self.assertEqual(slicer._cache_size(), compiled)  # r is an argument
 
 if __name__ == '__main__':
   absltest.main()

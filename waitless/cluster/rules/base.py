@@ -30,10 +30,10 @@ from typing import ClassVar, Mapping, TYPE_CHECKING
 # the rules); re-exported here, where rules have always found them.
 from waitless.cluster.schedules import Iteration
 from waitless.cluster.schedules import Steps
-from waitless.cluster.schedules import full  # noqa: F401  pylint: disable=unused-import
-from waitless.cluster.schedules import split  # noqa: F401  pylint: disable=unused-import
-from waitless.cluster.schedules import stack  # noqa: F401  pylint: disable=unused-import
-from waitless.cluster.schedules import take  # noqa: F401  pylint: disable=unused-import
+from waitless.cluster.schedules import full  # noqa: F401
+from waitless.cluster.schedules import split  # noqa: F401
+from waitless.cluster.schedules import stack  # noqa: F401
+from waitless.cluster.schedules import take  # noqa: F401
 from waitless.cluster.schedules import uniform_fields
 
 if TYPE_CHECKING:

@@ -167,7 +167,7 @@ def count_jobs(clock: 'Clock', jobs: np.ndarray, m: int) -> None:
 def concat_steps(parts: list[rules.Steps]) -> rules.Steps:
   if len(parts) == 1:
     return parts[0]
-  cat = lambda values: np.concatenate(values, axis=0)  # pylint: disable=unnecessary-lambda-assignment
+  cat = lambda values: np.concatenate(values, axis=0)
   return rules.Steps(
       schedule=type(parts[0].schedule)(*(cat(v) for v in zip(*(p.schedule for p in parts)))),
       idle=cat([p.idle for p in parts]), bytes_communicated=cat([p.bytes_communicated for p in parts]),

@@ -20,9 +20,9 @@ from waitless.experiments import config_paths
 
 def parse_entries(text: str) -> list[str]:
   """'sync,ksync,k=6;local_sgd' -> ['sync', 'ksync,k=6', 'local_sgd']; 'all' -> every registered algorithm."""
-  from waitless.cluster import registry  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.cluster import registry
+  from waitless.experiments.configs import common
+  from waitless import config_errors as errors
   entries: list[list[str]] = []
   for group in (text or '').split(';'):
     start, after_all = True, False  # after ';' the next part starts an entry even if it has a '='
@@ -59,8 +59,8 @@ def parse_sweeps(specs: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
   Keys joined by ':' move together (one axis of tuples, not a grid): 'a:b=1:x,2:y' -> [(('a','1'),('b','x')),
   (('a','2'),('b','y'))], e.g. a learning rate with its momentum.
   """
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common
+  from waitless import config_errors as errors
   axes = []
   for spec in specs:
     key, sep, values = spec.partition('=')
@@ -94,7 +94,7 @@ CLUSTER_SECTIONS = ('stragglers', 'network', 'cluster')  # the simulated cluster
 def _require_hyperparameter(key: str, spec: str) -> None:
   """Raises ConfigError naming --sweep for a key a sweep must not choose: the seed (a paired trial: --seeds) or
   a field of the simulated cluster (a setting of the comparison: the "best cluster" is not a result)."""
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
   if key == 'seed':
     raise errors.ConfigError('--sweep', spec, 'a sweep chooses hyper-parameters and seed is none: give the number '
                              'of seeds with --seeds')
@@ -119,8 +119,8 @@ def check_sweep_axes(specs: Sequence[str], runs: Sequence['PlannedRun']) -> None
   Raises:
     config_errors.ConfigError: naming the --sweep flag.
   """
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import replicas  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
+  from waitless.experiments.harness import replicas
   for spec in specs:
     keys = [k.strip() for k in spec.partition('=')[0].split(':')]
     if len(keys) < 2:
@@ -173,7 +173,7 @@ def load_config_module(path: str):
 
 def _apply_overrides(config, overrides: dict[str, Any], named: set[str]) -> None:
   """Sets each `--config.PATH=VALUE` that this run's config has and its entry or sweep does not name."""
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common
   common.override_duration(config, [path for path in overrides if path not in named])
   for path, value in overrides.items():
     if path in named:
@@ -192,7 +192,7 @@ def entry_config(get_config: Callable[[str], Any], entry: str, point: Sequence[t
   """The config of `entry` at sweep `point` (seed not yet varied, not validated): the workload's config for
   'ALGORITHM,<common pairs>,<entry pairs>,<point>', then each `--config.PATH` override the entry or point does
   not name."""
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.configs import common
   name, *pairs = entry.split(',', 1)
   arg = ','.join([name, *common_pairs, *pairs, *(f'{k}={v}' for k, v in point)])
   named = {k.strip() for k, _ in point} | {p.split('=', 1)[0].strip() for p in common.split_arg(entry)[1:]}
@@ -225,13 +225,13 @@ def plan(get_config: Callable[[str], Any], entries: Sequence[str], sweeps: Seque
   Returns:
     (the runs, entry -> why it was skipped).
   """
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
-  from waitless.data import registry as data_registry  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import measured_time  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.comparison import sim_budget  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import tasks  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import validation  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
+  from waitless.data import registry as data_registry
+  from waitless.experiments.harness import measured_time
+  from waitless.experiments.comparison import sim_budget
+  from waitless.experiments.harness import tasks
+  from waitless.experiments.harness import validation
+  from waitless.experiments.configs import common
   errors.require_int(seeds, '--seeds', 1)
   if sim_time is not None:
     errors.require_number(sim_time, '--sim_time', 'must be a number > 0', lambda v: v > 0)

@@ -30,9 +30,9 @@ VERDICT_COLORS = {'faster': 'tab:green', 'slower': 'tab:red', 'tied': 'tab:gray'
 
 def _pyplot():
   try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
+    import matplotlib
     matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    import matplotlib.pyplot as plt
   except ImportError:
     log.info('matplotlib is not installed: no plots')
     return None
@@ -135,8 +135,8 @@ def intervals(report: dict[str, Any], path: str, title: str) -> Optional[str]:
 def _curve(runs: list[dict[str, Any]], x: str, key: str, confidence: float):
   """(grid, median, low, high) of `key` against `x` over the runs' seeds, low and high the pointwise bootstrap
   interval of the median (None with one seed); None when no run has `key`."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from waitless.experiments.harness import metrics_io
   series = []
   for record in runs:
     rows = [r for r in metrics_io.read_rows(record['workdir']) if r.get(key) is not None and math.isfinite(r[key])]

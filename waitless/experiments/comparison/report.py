@@ -179,7 +179,7 @@ def markdown(report: dict[str, Any], title: str) -> str:
                                                     for g in report['sweep']])
   lines += ['', '## Runs', '', '| run | status | time to acc (s) | at eval (summary.json) | final acc | final loss '
             '| sim time (s) | workdir |', '| --- | --- | --- | --- | --- | --- | --- | --- |']
-  fmt = lambda v, f='{:.4g}': '-' if v is None else f.format(v)  # pylint: disable=unnecessary-lambda-assignment
+  fmt = lambda v, f='{:.4g}': '-' if v is None else f.format(v)
   for r in report['runs']:
     point = f' @ {sweep_label(r["sweep"].items())}' if r['sweep'] else ''
     role = ' (tuning)' if r['role'] == 'tuning' else ''
@@ -220,7 +220,7 @@ def write_report(runs: Sequence[PlannedRun], root: str, title: str, target_accur
   atomic_files.write_text(os.path.join(root, MARKDOWN), text)
   atomic_files.write_json(os.path.join(root, 'comparison.json'), report, indent=1)
   groups = {(g['entry'], tuple(sorted(g['sweep'].items()))): g for g in _with_runs(report)}
-  runs_of = lambda a: groups[(a['entry'], tuple(sorted(a['sweep'].items())))]['runs']  # pylint: disable=unnecessary-lambda-assignment
+  runs_of = lambda a: groups[(a['entry'], tuple(sorted(a['sweep'].items())))]['runs']
   report['intervals_png'] = plots.intervals(report, os.path.join(root, INTERVALS_PNG), title)
   report['png'] = plots.curves(report, runs_of, os.path.join(root, CURVES_PNG), title)
   return report

@@ -88,12 +88,10 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
   and the others go on. `preemption.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
   it stopped.
   """
-  # pylint: disable=g-import-not-at-top
   from waitless.experiments.harness import loop as loop_lib
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import setup
   from waitless.experiments.harness import train
-  # pylint: enable=g-import-not-at-top
   pending = [run for run in runs if run_status(run.workdir) is None]
   if len(pending) < len(runs):
     log.info('%d of %d runs finished already (summary.json or %s in their workdirs): skipped',

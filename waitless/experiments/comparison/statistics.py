@@ -64,7 +64,7 @@ def read_run(run: PlannedRun) -> dict[str, Any]:
   Raises:
     metrics_io.CutLog: the run finished but its metrics.jsonl is cut, missing or disagrees with summary.json.
   """
-  from waitless.experiments.harness import metrics_io  # pylint: disable=g-import-not-at-top
+  from waitless.experiments.harness import metrics_io
   summary = atomic_files.read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
   rows = metrics_io.read_rows(run.workdir, complete=status == 'finished')
@@ -133,7 +133,7 @@ TARGETS = ('time_to_target_accuracy', 'time_to_target_loss')
 def check_options(seeds: int, tuning_seeds: int, confidence: float) -> None:
   """Raises ConfigError naming the flag unless 0 <= tuning_seeds < seeds and 0 < confidence < 1 (a bad
   `seeds` is --seeds' error, raised by the plan)."""
-  from waitless import config_errors as errors  # pylint: disable=g-import-not-at-top
+  from waitless import config_errors as errors
   if seeds >= 1:
     errors.require_int(tuning_seeds, '--tuning_seeds', 0, seeds - 1,
                        f'fewer than --seeds={seeds}, so that a seed reports')
@@ -145,7 +145,7 @@ def _interval(data: Sequence[np.ndarray], statistic, confidence: float, paired: 
               n_resamples: int = N_RESAMPLES):
   """(low, high) of the bootstrap interval of `statistic` over the last axis of `data` (resampled jointly
   across the leading axes, and across the samples if `paired`)."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
+  from scipy import stats
   result = stats.bootstrap(tuple(data), statistic, axis=-1, vectorized=True, paired=paired,
                            confidence_level=confidence, n_resamples=n_resamples, method=METHOD, rng=RANDOM_STATE)
   return np.asarray(result.confidence_interval.low), np.asarray(result.confidence_interval.high)

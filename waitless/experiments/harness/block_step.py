@@ -164,10 +164,10 @@ class BlockStep:
     slots = self.reuse_slots(program, packed, spec, slots)
     if self.stopwatch is None:
       return program(state, packed, self.data, self.values, spec=spec, slots=slots)
-    programs = program._cache_size()  # pylint: disable=protected-access
+    programs = program._cache_size()
     self.stopwatch.start()
     out = program(state, packed, self.data, self.values, spec=spec, slots=slots)
-    self.compiled = program._cache_size() > programs  # pylint: disable=protected-access
+    self.compiled = program._cache_size() > programs
     return out
 
   def lower(self, state, packed, spec, steps, slots=None):

@@ -223,7 +223,7 @@ class Checkpointer:
     and handed to `quarantine(step)` (which moves it away)."""
     try:
       return self.restore(step, like_state)
-    except Exception as e:  # pylint: disable=broad-except  # orbax / tensorstore / JSON errors alike
+    except Exception as e:  # orbax / tensorstore / JSON errors alike
       reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
       log.warning('checkpoint at step %d is unreadable (%s: %s); trying the previous one',
                   step, type(e).__name__, reason)

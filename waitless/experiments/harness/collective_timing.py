@@ -34,9 +34,9 @@ _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of every measurement (the sp
 
 def _programs(mesh, kind: str, count: int):
   """A jitted program of `count` chained collectives of `kind` over `mesh`'s one axis."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax import lax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import PartitionSpec  # pylint: disable=g-import-not-at-top
+  import jax
+  from jax import lax
+  from jax.sharding import PartitionSpec
   n = mesh.size
 
   def one(x):
@@ -53,10 +53,10 @@ def _programs(mesh, kind: str, count: int):
 
 def measure(processes: int, sizes: list[int], chain: int, repeats: int, rounds: int) -> dict:
   """Every process calls it; returns the rows (the same on every process of each mesh)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  from waitless.cluster import calibration  # pylint: disable=g-import-not-at-top
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  from waitless.cluster import calibration
   devices = sorted(jax.devices(), key=lambda d: d.process_index)
   rows = {'allreduce': [], 'p2p': []}
   for round_ in range(rounds):
@@ -80,8 +80,8 @@ def measure(processes: int, sizes: list[int], chain: int, repeats: int, rounds: 
 
 def main(argv):
   del argv
-  from waitless.experiments import shared_flags  # pylint: disable=g-import-not-at-top
-  from waitless.experiments.harness import distributed  # pylint: disable=g-import-not-at-top
+  from waitless.experiments import shared_flags
+  from waitless.experiments.harness import distributed
   shared_flags.force_host_devices(1)
   settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   processes = distributed.initialize(settings)

@@ -27,7 +27,7 @@ def enable(path: str) -> None:
   A cache hit loads the executable compiled before for the same program, options, devices and JAX version, so
   results are bit-identical; on a 10-step digits run it saves most of the start-up's compiling.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   jax.config.update('jax_compilation_cache_dir', os.path.abspath(path))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
@@ -41,8 +41,8 @@ def enabled(path: str):
   JAX opens its cache once, at the first compile, and keeps writing there whatever the settings say later: the
   cache is reset on the way in and out (a private hook, `jax._src.compilation_cache.reset_cache`), or programs
   compiled after the block would be written to `path` (a deleted temporary directory: a warning per program)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax._src import compilation_cache as jax_cache  # pylint: disable=g-import-not-at-top
+  import jax
+  from jax._src import compilation_cache as jax_cache
   previous = {name: getattr(jax.config, name) for name in SETTINGS}
   jax_cache.reset_cache()
   enable(path)

@@ -128,9 +128,9 @@ def _bind_gloo_to_loopback() -> None:
   Uses JAX internals (the CPU backend factory); if they moved, gloo keeps its default address.
   """
   try:
-    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-    from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+    from jax._src import distributed as jax_distributed
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
 
     def make_cpu_client():
       collectives = _jax.make_gloo_tcp_collectives(
@@ -160,7 +160,7 @@ def initialize(settings: Settings | None) -> int:
     return 1
   global _heartbeat_timeout_s
   _heartbeat_timeout_s = settings.heartbeat_timeout_s
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   # gloo is JAX's cross-process collective on CPU (and its default); only the environment
   # (JAX_CPU_COLLECTIVES_IMPLEMENTATION=mpi) chooses another.
   if 'JAX_CPU_COLLECTIVES_IMPLEMENTATION' not in os.environ:
@@ -200,7 +200,7 @@ def heartbeat_timeout_s() -> int:
 
 def process_count() -> int:
   """Processes in the run, known right after `initialize` (before any backend starts); 1 if not distributed."""
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed as jax_distributed
   if jax_distributed.global_state.client is None:
     return 1
   return jax_distributed.global_state.num_processes or 1
@@ -208,7 +208,7 @@ def process_count() -> int:
 
 def process_index() -> int:
   """This process's id, known right after `initialize`; 0 if not distributed."""
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed as jax_distributed
   return jax_distributed.global_state.process_id if jax_distributed.global_state.client else 0
 
 

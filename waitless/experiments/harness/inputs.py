@@ -184,7 +184,7 @@ def read_stacked(group: setup.Group, blocks: Sequence[Any], positions: Sequence[
   first = next(m for m in made if m is not None)
   host = [first[0] if m is None else m[0] for m in made]
   after = [positions[r] if m is None else m[1] for r, m in enumerate(made)]
-  stack = lambda *xs: np.stack(xs)  # pylint: disable=unnecessary-lambda-assignment
+  stack = lambda *xs: np.stack(xs)
   examples = jax.tree.map(stack, *[h[0] for h in host])
   per_worker = jax.tree.map(stack, *[h[1] for h in host])
   frozen = np.array([m is None for m in made])

@@ -45,7 +45,7 @@ class PeerWatchdog(threading.Thread):
     self._stop.set()
     try:
       self._client.key_value_set(f'{_PREFIX}{self._me}', _DONE, allow_overwrite=True)
-    except Exception:  # pylint: disable=broad-except  # the coordinator may already be gone at the very end
+    except Exception:  # the coordinator may already be gone at the very end
       pass
 
   def report(self, what: str) -> None:
@@ -72,7 +72,7 @@ class PeerWatchdog(threading.Thread):
       try:
         self._client.key_value_set(f'{_PREFIX}{self._me}', str(counter), allow_overwrite=True)
         values = dict(self._client.key_value_dir_get(_PREFIX))
-      except Exception as e:  # pylint: disable=broad-except  # the store lives in process 0
+      except Exception as e:  # the store lives in process 0
         if self._stop.is_set():
           return
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

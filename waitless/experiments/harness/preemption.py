@@ -50,7 +50,7 @@ def _exit_preempted(signum, frame) -> None:
   sys.stderr.write(f'stopped by {signal.Signals(signum).name} before training started: nothing to save; rerun the '
                    'same command to start (or resume from the last checkpoint)\n')
   sys.stderr.flush()
-  os._exit(EXIT_PREEMPTED if signum == signal.SIGTERM else 130)  # pylint: disable=protected-access
+  os._exit(EXIT_PREEMPTED if signum == signal.SIGTERM else 130)
 
 
 def exit_before_training() -> None:
@@ -111,10 +111,10 @@ class StopRequests:
     `checkpoint_every_s`); agreed in the same exchange, so a multi-process run pays one per block for both."""
     self.completed_step = step
     asked = self.signal_name is not None
-    import jax  # pylint: disable=g-import-not-at-top  # not at module level: main imports this before JAX
+    import jax  # not at module level: main imports this before JAX
     if jax.process_count() > 1:
-      import numpy as np  # pylint: disable=g-import-not-at-top
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      import numpy as np
+      from jax.experimental import multihost_utils
       wishes = np.any(multihost_utils.process_allgather(np.array([asked, checkpoint_due], np.int32)), axis=0)
       asked, checkpoint_due = bool(wishes[0]), bool(wishes[1])
       if asked and self.signal_name is None:

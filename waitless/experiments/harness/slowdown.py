@@ -80,9 +80,9 @@ def loss_hook(process: int, seconds: float) -> Optional[Callable]:
   nothing is slowed (process < 0 or seconds == 0), so that the program has no callback at all."""
   if process < 0 or seconds == 0:
     return None
-  import jax  # pylint: disable=g-import-not-at-top  # parse_slow runs before JAX starts
-  from jax import lax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  import jax  # parse_slow runs before JAX starts
+  from jax import lax
+  import numpy as np
 
   def sleep(loss):
     if jax.process_index() == process:

@@ -255,11 +255,11 @@ class Stopwatch:
   def stamp(self, tree):
     """(tree, seconds since `start`): the read taken once every leaf of `tree` is computed, and every numeric
     leaf of the returned tree computed only after it."""
-    numeric = lambda x: x.size and jnp.issubdtype(x.dtype, jnp.number)  # pylint: disable=unnecessary-lambda-assignment
+    numeric = lambda x: x.size and jnp.issubdtype(x.dtype, jnp.number)
     token = sum((x.ravel()[0].astype(jnp.float32) for x in jax.tree.leaves(tree) if numeric(x)),
                 jnp.zeros((), jnp.float32))
     seconds = jax.pure_callback(self._read, jax.ShapeDtypeStruct((), jnp.float32), token)
-    after = lambda x: jnp.where(seconds < 0, jnp.zeros_like(x), x) if numeric(x) else x  # pylint: disable=unnecessary-lambda-assignment
+    after = lambda x: jnp.where(seconds < 0, jnp.zeros_like(x), x) if numeric(x) else x
     return jax.tree.map(after, tree), seconds
 
 
@@ -317,9 +317,9 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
   def device_gradients(state, batch, fields, seeds, step, slots):
     """The gradient sums, loss sums and model states of this device's (replica, worker) slots, every leaf
     (R, L, ...): computed for the slots with finished work only (`slots`: see `make_block_step`)."""
-    flat = lambda x: x.reshape((slots_per_device,) + x.shape[2:])  # pylint: disable=unnecessary-lambda-assignment
+    flat = lambda x: x.reshape((slots_per_device,) + x.shape[2:])
     workers = lax.axis_index(workers_lib.DEVICE_AXIS) * local + jnp.arange(local)
-    grid = lambda x: jnp.broadcast_to(x, (count, local))  # pylint: disable=unnecessary-lambda-assignment
+    grid = lambda x: jnp.broadcast_to(x, (count, local))
     keys = jax.vmap(lambda s, w: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), w))(
         flat(grid(seeds[:, None])), flat(grid(workers[None, :])))
     inputs = (jax.tree.map(flat, (state.params, state.opt_state, state.model_state, batch)),
@@ -361,7 +361,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
         return jax.vmap(one)(params, opt_state, model_state, batch, fields, rng)
       busy = fields['microbatches_done'] > 0
       index = jnp.nonzero(busy, size=slots, fill_value=slots_per_device)[0]  # padding: past the end, dropped
-      take = lambda x: jnp.take(x, jnp.minimum(index, slots_per_device - 1), axis=0)  # pylint: disable=unnecessary-lambda-assignment
+      take = lambda x: jnp.take(x, jnp.minimum(index, slots_per_device - 1), axis=0)
       computed = jax.vmap(one)(*jax.tree.map(take, (params, opt_state, model_state, batch, fields, rng)))
       return jax.tree.map(lambda base, new: base.at[index].set(new.astype(base.dtype), mode='drop'),
                           zeros(params, fields, model_state), computed)
@@ -415,7 +415,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
     else:
       seeds = values['seed'] if 'seed' in values else jnp.full((count,), seed, jnp.int32)
     # shared: uniform fields every replica shares (not batched); own: (R, n), one value per replica.
-    to_front = lambda x: jnp.moveaxis(x, 1, 0)  # pylint: disable=unnecessary-lambda-assignment  # (R, n, ...) -> (n, R, ...)
+    to_front = lambda x: jnp.moveaxis(x, 1, 0)  # (R, n, ...) -> (n, R, ...)
     xs = (jax.tree.map(to_front, batches), jax.tree.map(to_front, per_worker), jax.tree.map(to_front, own),
           shared, steps)
 
@@ -428,7 +428,7 @@ def make_block_step(task, model, tx, layout: workers_lib.WorkerLayout, microbatc
       state, started = stopwatch.stamp(state)
       sums, finished = stopwatch.stamp(device_gradients(state, batch, fields, seeds, step, slots))
       state, measured = replica_updates(state, sums, per_worker, own, shared, step, values, round_position)
-      per_slot = lambda x: jnp.broadcast_to(x, (count, local))  # pylint: disable=unnecessary-lambda-assignment
+      per_slot = lambda x: jnp.broadcast_to(x, (count, local))
       return state, {**measured, 'compute_s': per_slot(finished - started), 'started_s': per_slot(started)}
 
     names = ('loss', 'l2_grads') + (() if stopwatch is None else ('compute_s', 'started_s'))

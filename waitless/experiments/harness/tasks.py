@@ -92,7 +92,7 @@ def model_bytes(config) -> float:
   The model is initialised as the training loop does (`setup.init_state`): one example of the config's dataset,
   through its task's `model_inputs`.
   """
-  # pylint: disable=g-import-not-at-top  (the data and model registries only when asked)
+# the data and model registries only when asked
   import numpy as np
   from waitless.data import registry as data_registry
   from waitless.models import registry as model_registry

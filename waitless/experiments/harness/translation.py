@@ -114,7 +114,7 @@ def detokenize(tokenizer, ids: np.ndarray, eos_id: int = 1) -> list[str]:
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
   """Corpus BLEU (sacrebleu defaults: 13a tokenization, one reference per sentence)."""
-  import sacrebleu  # pylint: disable=import-outside-toplevel
+  import sacrebleu
   return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
 
 

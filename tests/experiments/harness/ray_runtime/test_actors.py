@@ -39,7 +39,7 @@ def setUpModule():
 
 
 def tearDownModule():
-  import ray  # pylint: disable=g-import-not-at-top
+  import ray
   ray.shutdown()
 
 

@@ -80,7 +80,7 @@ def _own_signal_handlers():
 def start_local(**options) -> None:
   """Starts a local Ray for this process (`ray.init` with `options`): a new cluster of its own (address 'local'),
   even where `ray start` left a cluster, or its address file, behind."""
-  import ray  # pylint: disable=g-import-not-at-top
+  import ray
   with warnings.catch_warnings(), _own_signal_handlers():
     warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)  # fork + exec: no JAX in the child
     ray.init(address='local', **{**_OPTIONS, **options})
@@ -90,7 +90,7 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
   """Joins the Ray cluster at `address` (HOST:PORT of its head, or 'auto'), or starts a local one; returns
   whether this process started it (and so stops it). An address that does not answer within `timeout_s`
   raises RayUnavailable, not a hang."""
-  import ray  # pylint: disable=g-import-not-at-top  # only a Ray run pays for it
+  import ray  # only a Ray run pays for it
   if ray.is_initialized():
     return False
   if not address:
@@ -117,7 +117,7 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
 def resources(config) -> dict[str, float]:
   """What each actor reserves: {'worker_cpus', 'worker_gpus', 'server_cpus'}; worker_cpus unset shares the
   cluster's CPUs among the learners (at most 1 each)."""
-  import ray  # pylint: disable=g-import-not-at-top
+  import ray
   r = config.ray
   total = ray.cluster_resources()
   cpus = r.worker_cpus
@@ -128,7 +128,7 @@ def resources(config) -> dict[str, float]:
 
 def check_resources(config, wanted: dict[str, float]) -> None:
   """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and P learners."""
-  import ray  # pylint: disable=g-import-not-at-top
+  import ray
   total = ray.cluster_resources()
   p = config.workers
   for kind, need in (('CPU', p * wanted['worker_cpus'] + wanted['server_cpus']), ('GPU', p * wanted['worker_gpus'])):
@@ -211,7 +211,7 @@ class Driver:
         return restored
 
   def train(self, stop_requests: preemption.StopRequests) -> dict[str, Any]:
-    import ray  # pylint: disable=g-import-not-at-top
+    import ray
     workdir_lib.check_workdir(self.workdir, self.config)  # a conflict is news before Ray starts
     self.lock = workdir_lock.WorkdirLock(self.workdir)  # one program per workdir
     started = connect(self.address)
@@ -257,7 +257,7 @@ class Driver:
   def wait_until_ready(self, server, learners, timeout_s: float = START_TIMEOUT_S) -> None:
     """Waits until every actor has started and compiled; one line (exit 2) when the cluster's free resources
     cannot place them within `timeout_s` (other jobs hold them)."""
-    import ray  # pylint: disable=g-import-not-at-top
+    import ray
     pending = [server.ready.remote()] + [learner.ready.remote() for learner in learners]
     ready, waiting = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
     ray.get(ready)  # a constructor's error, raised here
@@ -268,7 +268,7 @@ class Driver:
 
   def drive(self, server, learners, works: dict, stop_requests: preemption.StopRequests) -> dict[str, Any]:
     """Drains the server until its last update is recorded; watches the learners."""
-    import ray  # pylint: disable=g-import-not-at-top
+    import ray
     last_progress = time.time()
     while True:
       self.record(*ray.get(server.drain.remote()))

@@ -105,7 +105,7 @@ class LearnerActor:
   def __init__(self, config, learner: int, hooks: DebugHooks = NO_HOOKS):
     self.learner = Learner(config, learner, hooks)
     self.learner.warm_up()
-    import ray  # pylint: disable=g-import-not-at-top  # only inside a Ray worker process
+    import ray  # only inside a Ray worker process
     first_life = not ray.get_runtime_context().was_current_actor_reconstructed
     self._crash_at = hooks.crash_at_version if hooks.crash_learner == learner and first_life else None
 
@@ -114,12 +114,12 @@ class LearnerActor:
 
   def connect(self, server) -> int:
     """One call to the server before the clock starts: its first call opens the connection (tens of ms)."""
-    import ray  # pylint: disable=g-import-not-at-top
+    import ray
     return ray.get(server.ready.remote())
 
   def work(self, server) -> int:
     """Fetch, compute, push until the server says stop; returns the jobs this actor computed."""
-    import ray  # pylint: disable=g-import-not-at-top  # only inside a Ray worker process
+    import ray  # only inside a Ray worker process
     me = self.learner.learner
     reply = ray.get(server.fetch.remote(me))
     while not reply.stop:
