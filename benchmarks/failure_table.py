@@ -28,7 +28,7 @@ from absl import logging
 from waitless.cluster import registry
 from waitless.experiments.comparison import sim_budget
 from waitless.experiments.configs import digits
-from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import train
 
 ARGS = {'ksync': 'ksync,k=6', 'kasync': 'kasync,k=4', 'kbatch_sync': 'kbatch_sync,k=4',
@@ -66,7 +66,7 @@ def main(argv):
     workdir = os.path.join(_WORKDIR.value, arg.replace(',', '_').replace('=', '-'))
     try:
       summary = train.train_and_evaluate(config, workdir)
-    except loop_lib.ClusterStalled as e:
+    except recorder_lib.ClusterStalled as e:
       print(f'| {name} | stops: "{str(e).split(": the run cannot continue")[0]}" | - | - |', flush=True)
       continue
     hit = summary['time_to_target']

@@ -105,8 +105,8 @@ def measure(config, hooks) -> dict:
   acc = next((r for r in rows if r.get('eval_accuracy', 0.0) >= config.target_accuracy), None)
   loss = next((r for r in rows if r['train_loss'] <= _TARGET_LOSS.value), None)
   return {'update_s': summary['measured_time'] / summary['steps'], 'steps': summary['steps'],
-          'time_to_accuracy': None if acc is None else acc['sim_time'], 'updates_to_accuracy': acc and acc['step'],
-          'time_to_loss': None if loss is None else loss['sim_time'], 'updates_to_loss': loss and loss['step'],
+          'time_to_accuracy': None if acc is None else acc['measured_time'], 'updates_to_accuracy': acc and acc['step'],
+          'time_to_loss': None if loss is None else loss['measured_time'], 'updates_to_loss': loss and loss['step'],
           'final_accuracy': summary['final_eval_accuracy'], 'push_intervals_s': intervals}
 
 

@@ -142,15 +142,15 @@ def figures(workdir: str, target_accuracy: float, warmup_rows: int = 1) -> dict:
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   steps = np.array([r['step'] for r in rows], np.float64)
-  times = np.array([r['sim_time'] for r in rows], np.float64)
+  times = np.array([r['measured_time'] for r in rows], np.float64)
   w = warmup_rows - 1  # the last warm-up row
   per_iteration = np.diff(times[w:]) / np.diff(steps[w:])  # rows after the warm-up
-  evals = [{k: r[k] for k in ('step', 'sim_time', 'eval_accuracy', 'eval_loss')} for r in rows
+  evals = [{k: r[k] for k in ('step', 'measured_time', 'eval_accuracy', 'eval_loss')} for r in rows
            if r.get('eval_accuracy') is not None]
   counts = np.array([r['microbatches_done'] for r in rows[w + 1:]], np.float64)
   return {'seconds_per_iteration': float(np.median(per_iteration)),
           'mean_seconds_per_iteration': float((times[-1] - times[w]) / (steps[-1] - steps[w])),
-          'time_to_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True)[0],
+          'time_to_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True, x='measured_time')[0],
           'step_at_target': statistics.crossing(evals, 'eval_accuracy', target_accuracy, True, x='step')[0],
           'lowest_eval_loss': min(r['eval_loss'] for r in evals), 'rows': evals,
           'first_step': float(steps[w]), 'first_time': float(times[w]),  # the end of the warm-up
@@ -164,7 +164,8 @@ def at_target_loss(figures_: dict, target_loss: float) -> dict:
   """`figures_` with the measured seconds and the step at which its evaluation loss first fell to `target_loss`
   (None if it never did)."""
   rows = figures_['rows']
-  return {**figures_, 'time_to_target_loss': statistics.crossing(rows, 'eval_loss', target_loss, False)[0],
+  return {**figures_,
+          'time_to_target_loss': statistics.crossing(rows, 'eval_loss', target_loss, False, x='measured_time')[0],
           'step_at_target_loss': statistics.crossing(rows, 'eval_loss', target_loss, False, x='step')[0]}
 
 

@@ -15,9 +15,11 @@ from typing import Mapping
 import jax
 import numpy as np
 
+from waitless.experiments.harness import block_program
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import setup
+from waitless.experiments.harness import xla_cpu
 
 
 class BlockTimer:
@@ -60,15 +62,14 @@ def round_robin(timers: Mapping[str, BlockTimer], base: str, repeats: int) -> di
 
 def gradient_ratio(config, iterations: int = 2000) -> float:
   """Micro-batch gradients the block step computes / those the simulated cluster pushes, over `iterations` of
-  the config's own clock in blocks of `steps_per_call` (host only: `step.gradients_computed` counts what the
+  the config's own clock in blocks of `steps_per_call` (host only: `block_program.gradients_computed` counts what the
   program computes, `microbatches_done` what the cluster pushes)."""
-  from waitless.experiments.harness import step as step_lib
   run = setup.build(config)
   clock = setup.clock_for(run, 4.0 * 10_000)
   computed = pushed = 0
   for _ in range(iterations // config.steps_per_call):
     done = clock.next_block(config.steps_per_call).schedule.microbatches_done
-    computed += step_lib.gradients_computed(done, run.layout.devices, run.microbatches, run.finished_only,
-                                            block_step_lib.busy_loop_pays_off(run.layout))
+    computed += block_program.gradients_computed(done, run.layout.devices, run.microbatches, run.finished_only,
+                                                 xla_cpu.busy_loop_pays_off(run.layout.platform))
     pushed += int(done.sum())
   return computed / max(pushed, 1)

@@ -14,7 +14,7 @@ from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory
 from waitless.experiments.configs import digits
-from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import train
 
@@ -57,8 +57,8 @@ class PermanentFailureTest(parameterized.TestCase):
 
   def test_training_stops_after_logging_what_it_trained(self):
     workdir = self.create_tempdir().full_path
-    with self.assertRaisesRegex(loop_lib.ClusterStalled, r'^worker\(s\) \[3\] failed for good .* Stopped after step '
-                                r'\d+; its metrics are in '):
+    with self.assertRaisesRegex(recorder_lib.ClusterStalled,
+                                r'^worker\(s\) \[3\] failed for good .* Stopped after step \d+; its metrics are in '):
       train.train_and_evaluate(_failing('sync', num_steps=50, log_every=5, eval_every=50), workdir)
     rows = metrics_io.read_rows(workdir)
     self.assertEqual([r['step'] for r in rows], [5])  # the block that ran before the failure is logged
@@ -74,8 +74,9 @@ class PermanentFailureTest(parameterized.TestCase):
   def test_wagma_stops_at_the_first_global_average_after_the_failure(self):
     """Worker 3 fails in iteration 5; WAGMA's groups go on without it until the global average of iteration 9."""
     workdir = self.create_tempdir().full_path
-    with self.assertRaisesRegex(loop_lib.ClusterStalled, r'^worker\(s\) \[3\] failed for good at 0.05 s of simulated '
-                                r'time, and WaitAvoidingGroups waits for every worker at iteration 9 .* '
+    with self.assertRaisesRegex(recorder_lib.ClusterStalled,
+                                r'^worker\(s\) \[3\] failed for good at 0.05 s of simulated time, and '
+                                r'WaitAvoidingGroups waits for every worker at iteration 9 .* '
                                 r'Stopped after step 9;'):
       train.train_and_evaluate(_failing('wagma', num_steps=50, log_every=3, eval_every=50), workdir)
     self.assertEqual([r['step'] for r in metrics_io.read_rows(workdir)], [3, 6, 9])

@@ -26,9 +26,9 @@ def _write_run(workdir, rows, summary):
 
 # A measured run's rows every 10 steps, evaluated at each: 20 ms per iteration after a slow first row.
 ROWS = [
-    {'step': 10, 'sim_time': 0.5, 'eval_accuracy': 0.5, 'eval_loss': 1.5, 'microbatches_done': [4, 1]},
-    {'step': 20, 'sim_time': 0.7, 'eval_accuracy': 0.9, 'eval_loss': 0.5, 'microbatches_done': [4, 1]},
-    {'step': 30, 'sim_time': 0.9, 'eval_accuracy': 0.98, 'eval_loss': 0.3, 'microbatches_done': [4, 2]},
+    {'step': 10, 'measured_time': 0.5, 'eval_accuracy': 0.5, 'eval_loss': 1.5, 'microbatches_done': [4, 1]},
+    {'step': 20, 'measured_time': 0.7, 'eval_accuracy': 0.9, 'eval_loss': 0.5, 'microbatches_done': [4, 1]},
+    {'step': 30, 'measured_time': 0.9, 'eval_accuracy': 0.98, 'eval_loss': 0.3, 'microbatches_done': [4, 2]},
 ]
 SUMMARY = {'final_eval_accuracy': 0.98, 'measured_time': 0.9, 'wall_time': 3.0, 'num_params': 100,
            'measured_seconds_per_microbatch': [0.001, 0.004], 'measured_overhead_s': [0.0, 0.0005]}

@@ -16,7 +16,7 @@ import pytest
 from waitless import config_errors as errors
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import wmt
-from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import train
 from waitless.experiments.harness import validation
@@ -220,7 +220,7 @@ class TrainTest(parameterized.TestCase):
     config = harness.synthetic_config('sync', num_steps=40, checkpoint_every=5, eval_every=5, log_every=5,
                                       steps_per_call=5, **{'optimizer.learning_rate': 50.0})
     workdir = self.create_tempdir().full_path
-    with self.assertRaisesRegex(loop_lib.TrainingDiverged, r'at step \d+; stopped, the last good checkpoint'):
+    with self.assertRaisesRegex(recorder_lib.TrainingDiverged, r'at step \d+; stopped, the last good checkpoint'):
       train.train_and_evaluate(config, workdir)
 
 

@@ -7,7 +7,6 @@ and with two workers per device. The same step fed a per-worker counter instead 
 harness did before) loses the conditional: the check can fail.
 """
 
-import types
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -17,6 +16,7 @@ import optax
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import setup
+from waitless.experiments.harness import xla_cpu
 from tests import harness
 from tests import hlo
 
@@ -74,9 +74,7 @@ class ConditionalCollectivesTest(parameterized.TestCase):
     self.assertEqual(program.collectives_outside_conditionals(), [])
 
   def test_rounds_pay_off_on_accelerators_only(self):
-    def layout(platform):
-      return types.SimpleNamespace(platform=platform)
-    self.assertEqual({p: block_step_lib.rounds_pay_off(layout(p)) for p in ('cpu', 'gpu', 'tpu')},
+    self.assertEqual({p: xla_cpu.rounds_pay_off(p) for p in ('cpu', 'gpu', 'tpu')},
                      {'cpu': False, 'gpu': True, 'tpu': True})
     run = setup.build(harness.synthetic_config('local_sgd,local_steps=4', workers=4, devices=2))
     self.assertIsNone(block_step_lib.BlockStep(run).rounds)

@@ -1,8 +1,6 @@
 """A group's evaluation (`evaluation.make_evaluator`): vectorised over the replicas unless XLA:CPU would group
 the model's convolutions, and each replica's figures those of its run alone."""
 
-import types
-
 from absl.testing import absltest
 import jax
 from jax import lax
@@ -14,6 +12,7 @@ from waitless.experiments.configs import cifar10
 from waitless.experiments.configs import mnist1d
 from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import setup
+from waitless.experiments.harness import xla_cpu
 
 
 def _mnist1d(seed: int):
@@ -39,21 +38,20 @@ class EvaluationTest(absltest.TestCase):
     def nested(x, w):
       return lax.cond(x.sum() > 0, jax.jit(conv), lambda x, w: x * 0.0, x, w)
     x, w = jnp.ones((1, 1, 8)), jnp.ones((1, 1, 3))
-    self.assertTrue(evaluation._has_convolution(jax.make_jaxpr(nested)(x, w).jaxpr))
-    self.assertFalse(evaluation._has_convolution(jax.make_jaxpr(lambda a: a @ a.T)(jnp.ones((2, 3))).jaxpr))
+    self.assertTrue(xla_cpu._has_convolution(jax.make_jaxpr(nested)(x, w).jaxpr))
+    self.assertFalse(xla_cpu._has_convolution(jax.make_jaxpr(lambda a: a @ a.T)(jnp.ones((2, 3))).jaxpr))
 
   def test_on_cpu_matrix_products_vectorise_and_convolutions_do_not(self):
     group = setup.build_group([_mnist1d(0), _mnist1d(1)])  # MNIST-1D's CNN: convolutions as matrix products
     layout = group.lead.layout
     self.assertEqual(layout.platform, 'cpu')
-    self.assertTrue(evaluation.vectorize_evaluation(layout, *_one_replica(group)))
+    self.assertTrue(xla_cpu.vectorize_replicas(layout.platform, *_one_replica(group)))
     configs = [cifar10.get_config(f'local_sgd,model.name=resnet_test,workers=2,devices=2,batch_size=4,seed={s}')
                for s in (0, 1)]
     with tfds.testing.mock_data(num_examples=16):
       resnet = setup.build_group(configs)
-      self.assertFalse(evaluation.vectorize_evaluation(resnet.lead.layout, *_one_replica(resnet)))
-      accelerator = types.SimpleNamespace(platform='gpu')  # all the rule reads of a layout
-      self.assertTrue(evaluation.vectorize_evaluation(accelerator, *_one_replica(resnet)))
+      self.assertFalse(xla_cpu.vectorize_replicas(resnet.lead.layout.platform, *_one_replica(resnet)))
+      self.assertTrue(xla_cpu.vectorize_replicas('gpu', *_one_replica(resnet)))
 
   def test_each_replica_evaluates_as_its_run_alone(self):
     configs = [_mnist1d(0), _mnist1d(1)]

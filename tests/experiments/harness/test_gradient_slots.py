@@ -7,17 +7,18 @@ import numpy as np
 
 from benchmarks import timing
 from waitless.experiments.configs import digits
+from waitless.experiments.harness import block_program
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import setup
-from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import xla_cpu
 from tests import harness
 
 
 class GradientSlotsTest(parameterized.TestCase):
 
   def test_no_slots_when_every_worker_works(self):
-    self.assertIsNone(step_lib.gradient_slots(np.ones((3, 8), np.int32), devices=8))
+    self.assertIsNone(block_program.gradient_slots(np.ones((3, 8), np.int32), devices=8))
 
   @parameterized.named_parameters(
       # (n, P) of microbatches_done, devices, slots: the most busy workers of one device in one iteration,
@@ -28,12 +29,12 @@ class GradientSlotsTest(parameterized.TestCase):
       ('two_devices', [[1, 1, 1, 0, 0, 0, 0, 1]], 2, 4),
       ('capped_by_the_device', [[1, 1, 1, 0, 1, 1, 1, 1]], 1, 8))
   def test_the_most_busy_slots_of_a_device(self, done, devices, slots):
-    self.assertEqual(step_lib.gradient_slots(np.asarray(done), devices), slots)
+    self.assertEqual(block_program.gradient_slots(np.asarray(done), devices), slots)
 
   def test_replicas_count_together_on_a_device(self):
     done = np.zeros((3, 1, 8), np.int32)  # (R, n, P): one busy worker per replica, all on device 0 of 2
     done[:, 0, 1] = 1
-    self.assertEqual(step_lib.gradient_slots(done, devices=2), 4)  # 3 busy slots of 12 on device 0
+    self.assertEqual(block_program.gradient_slots(done, devices=2), 4)  # 3 busy slots of 12 on device 0
 
   @parameterized.named_parameters(('async', 'async', 8), ('async_one_device', 'async', 1),
                                   ('kasync', 'kasync,k=4', 8), ('kbatch_async', 'kbatch_async,k=4', 8))
@@ -45,18 +46,18 @@ class GradientSlotsTest(parameterized.TestCase):
   def test_a_device_without_work_computes_none(self):
     done = np.zeros((2, 8), np.int32)
     done[0, 3] = 1  # iteration 0: one worker on device 3; iteration 1: nobody
-    self.assertEqual(step_lib.gradients_computed(done, devices=8, microbatches=1, finished_only=False), 1)
-    self.assertEqual(step_lib.gradients_computed(np.ones((2, 8), np.int32), 8, 1, False), 16)
+    self.assertEqual(block_program.gradients_computed(done, devices=8, microbatches=1, finished_only=False), 1)
+    self.assertEqual(block_program.gradients_computed(np.ones((2, 8), np.int32), 8, 1, False), 16)
 
   def test_a_busy_loop_computes_the_busy_slots_only(self):
     done = np.zeros((3, 1, 8), np.int32)  # (R, n, P): replicas 0 and 1 busy on device 0 of 2, replica 2 on 1
     done[0, 0, 1] = done[1, 0, 2] = 2
     done[2, 0, 5] = 1
-    self.assertEqual(step_lib.gradient_slots(done, devices=2), 2)
+    self.assertEqual(block_program.gradient_slots(done, devices=2), 2)
     # Padded: device 0 computes its 2 slots, device 1 pads its 1 busy slot to 2; each scans 2 micro-batches.
-    self.assertEqual(step_lib.gradients_computed(done, 2, microbatches=2, finished_only=False), 8)
-    self.assertEqual(step_lib.gradients_computed(done, 2, 2, False, busy_loop=True), 6)
-    self.assertEqual(step_lib.gradients_computed(done, 2, 2, True, busy_loop=True), 5)  # what each finished
+    self.assertEqual(block_program.gradients_computed(done, 2, microbatches=2, finished_only=False), 8)
+    self.assertEqual(block_program.gradients_computed(done, 2, 2, False, busy_loop=True), 6)
+    self.assertEqual(block_program.gradients_computed(done, 2, 2, True, busy_loop=True), 5)  # what each finished
 
   @parameterized.named_parameters(('kasync', 'kasync,k=4'), ('async', 'async'))
   def test_replicas_in_a_busy_loop_compute_the_gradients_the_cluster_pushes(self, arg):
@@ -65,8 +66,8 @@ class GradientSlotsTest(parameterized.TestCase):
     clock = setup.clock_for(run, 4.0 * 10_000)
     blocks = [clock.next_block(10).schedule.microbatches_done for _ in range(14)]
     done = np.stack(blocks)  # 14 blocks as if 14 replicas: (R, n, P)
-    padded = step_lib.gradients_computed(done, 8, run.microbatches, run.finished_only)
-    looped = step_lib.gradients_computed(done, 8, run.microbatches, run.finished_only, busy_loop=True)
+    padded = block_program.gradients_computed(done, 8, run.microbatches, run.finished_only)
+    looped = block_program.gradients_computed(done, 8, run.microbatches, run.finished_only, busy_loop=True)
     self.assertEqual(looped, int(done.sum()))
     self.assertGreater(padded, looped)  # what the vmapped, padded slots computed on top
 
@@ -136,7 +137,7 @@ class ReusedSlotsTest(absltest.TestCase):
     step = block_step_lib.BlockStep(run, busy_loop=True)
     self.assertEqual({step.reuse_slots(step.per_iteration, None, None, s) for s in (1, 2, 5, 8)}, {1})
     self.assertIsNone(step.reuse_slots(step.per_iteration, None, None, None))  # every worker busy: dense
-    self.assertTrue(block_step_lib.busy_loop_pays_off(run.layout))  # on this CPU
+    self.assertTrue(xla_cpu.busy_loop_pays_off(run.layout.platform))  # on this CPU
 
 
 if __name__ == '__main__':

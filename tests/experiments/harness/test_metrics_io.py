@@ -72,11 +72,11 @@ class EventFileTest(absltest.TestCase):
   def test_the_same_scalars_against_simulated_milliseconds_in_a_second_run(self):
     workdir = self.create_tempdir().full_path
     _write(workdir)
-    by_sim_time = _scalars(workdir, metrics_io.SIM_TIME_RUN)
+    by_sim_time = _scalars(workdir, 'sim_time')
     self.assertEqual(by_sim_time, {(tag, {10: 125, 20: 250}[step]): v for (tag, step), v in EXPECTED.items()})
     _write(workdir, rows=[{'step': 20, 'train_loss': 0.5, 'sim_time': 0.3}], keep_through_step=10)
     resumed = [event_pb2.Event.FromString(r)
-               for r in metrics_io.read_records(_event_files(workdir, metrics_io.SIM_TIME_RUN)[1])]
+               for r in metrics_io.read_records(_event_files(workdir, 'sim_time')[1])]
     self.assertEqual((resumed[1].session_log.status, resumed[1].step), (event_pb2.SessionLog.START, 126))
     self.assertEqual(resumed[2].step, 300)
 

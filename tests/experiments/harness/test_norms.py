@@ -1,14 +1,19 @@
-"""The step's measured norms: over the leaves one by one, or concatenated (`step.tree_l2`'s `flat`, on CPU)."""
+"""The step's measured norms: over the leaves one by one (`step.tree_l2`), or concatenated (`xla_cpu.flat_l2`,
+on CPU)."""
+
+from unittest import mock
 
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from waitless.experiments.harness import block_program
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
+from waitless.experiments.harness import xla_cpu
 from tests import harness
 
 
@@ -19,12 +24,12 @@ class TreeL2Test(absltest.TestCase):
     tree = {'w': rng.normal(size=(64, 128)).astype(np.float32), 'b': rng.normal(size=(10,)).astype(np.float32),
             'half': jnp.asarray(rng.normal(size=(3, 5)), jnp.bfloat16), 'scalar': np.float32(2.5)}
     exact = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)))
-    for flat in (False, True):
-      got = step_lib.tree_l2(tree, flat=flat)
+    for norm in (step_lib.tree_l2, xla_cpu.flat_l2):
+      got = norm(tree)
       self.assertEqual(got.dtype, jnp.float32)
       np.testing.assert_allclose(float(got), exact, rtol=1e-6)
-      self.assertEqual(float(step_lib.tree_l2({}, flat=flat)), 0.0)
-      self.assertEqual(float(step_lib.tree_l2({'x': np.float32([3.0, 4.0])}, flat=flat)), 5.0)
+      self.assertEqual(float(norm({})), 0.0)
+      self.assertEqual(float(norm({'x': np.float32([3.0, 4.0])})), 5.0)
 
 
 class FlatNormsInTheStepTest(absltest.TestCase):
@@ -37,15 +42,16 @@ class FlatNormsInTheStepTest(absltest.TestCase):
       run = setup.build(config)
       inputs, _ = inputs_lib.block_inputs(run, setup.clock_for(run, 1e4).next_block(6),
                                           np.zeros(config.workers, np.int64), 0)
-      flat_state, flat_measured = block_step_lib.BlockStep(run, flat_norms=True)(setup.init_state(run), *inputs)
-      leaf_state, leaf_measured = block_step_lib.BlockStep(run, flat_norms=False)(setup.init_state(run), *inputs)
+      flat_state, flat_measured = block_step_lib.BlockStep(run)(setup.init_state(run), *inputs)
+      with mock.patch.object(xla_cpu, 'norm', lambda platform: step_lib.tree_l2):
+        leaf_state, leaf_measured = block_step_lib.BlockStep(run)(setup.init_state(run), *inputs)
       jax.tree.map(np.testing.assert_array_equal, flat_state, leaf_state)
-      flat, leaf = (step_lib.unpack_measurements(np.asarray(m)) for m in (flat_measured, leaf_measured))
+      flat, leaf = (block_program.unpack_measurements(np.asarray(m)) for m in (flat_measured, leaf_measured))
       np.testing.assert_array_equal(flat['loss'], leaf['loss'])
       for key in ('l2_grads', 'l2_params'):
         self.assertGreater(float(np.max(leaf[key])), 0.0, key)  # measured, not all zero
         np.testing.assert_allclose(flat[key], leaf[key], rtol=1e-6, err_msg=f'{arg}: {key}')
-      self.assertTrue(block_step_lib.flat_norms_pay_off(run.layout))  # on this CPU
+      self.assertIs(xla_cpu.norm(run.layout.platform), xla_cpu.flat_l2)  # on this CPU
 
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ import pytest
 from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.experiments.configs import digits
-from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
 from waitless.experiments.harness import replicas
@@ -167,7 +167,7 @@ class TrainGroupTest(parameterized.TestCase):
     root = self.create_tempdir().full_path
     with self.assertLogs('waitless', level='INFO') as logs:
       outcomes = train.train_group(configs, [os.path.join(root, f'r{i}') for i in range(2)])
-    self.assertIsInstance(outcomes[0], loop_lib.TrainingDiverged)
+    self.assertIsInstance(outcomes[0], recorder_lib.TrainingDiverged)
     # Reported once, at its first non-finite step: the block dispatched ahead of the divergence is not read.
     reports = [line for line in logs.output if 'training loss is' in line]
     self.assertEqual(reports, [f'INFO:waitless:{outcomes[0]}'])

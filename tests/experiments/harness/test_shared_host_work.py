@@ -64,7 +64,7 @@ class SharedHostWorkTest(parameterized.TestCase):
       for x, y in zip(a.blocks, b.blocks):
         _assert_blocks_equal(x, y)
       jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.inputs[0]), jax.device_get(b.inputs[0]))
-      self.assertEqual(a.inputs[1], b.inputs[1])  # spec
+      self.assertEqual(a.inputs[1], b.inputs[1])  # packing
       np.testing.assert_array_equal(a.inputs[2], b.inputs[2])  # steps
       self.assertEqual(a.inputs[3], b.inputs[3])  # gradient slots
       for r, s in zip(shared.replicas, separate.replicas):
@@ -78,10 +78,10 @@ class SharedHostWorkTest(parameterized.TestCase):
         self.assertTrue(shared.accept(i, a.blocks[i], host, step, reduced))
         losses = _old_accept(s, windows[i], b.blocks[i], {k: v[i] for k, v in host.items()})
         np.testing.assert_array_equal(reduced['train_loss'][i], losses)
-        self.assertEqual(r.last_train_loss, float(losses[-1]))
-        self.assertEqual(r.sim_time, float(b.blocks[i].sim_time[-1]))
+        self.assertEqual(r.recorder.last_train_loss, float(losses[-1]))
+        self.assertEqual(r.recorder.time, float(b.blocks[i].sim_time[-1]))
       for r, window in zip(shared.replicas, windows):
-        self.assertEqual(list(r.window.row().items()), list(window.row().items()))
+        self.assertEqual(list(r.recorder.window.row().items()), list(window.row().items()))
       step += n
     for r, s in zip(shared.replicas, separate.replicas):
       self.assertEqual(r.clock.state_dict(), s.clock.state_dict())

@@ -88,7 +88,7 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
   and the others go on. `preemption.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
   it stopped.
   """
-  from waitless.experiments.harness import loop as loop_lib
+  from waitless.experiments.harness import recorder as recorder_lib
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import setup
   from waitless.experiments.harness import train
@@ -114,8 +114,8 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
       outcomes = train.train_group([r.config.copy_and_resolve_references() for r in group],
                                    [r.workdir for r in group], stop_requests)
       for run, outcome in zip(group, outcomes):
-        if isinstance(outcome, (loop_lib.TrainingDiverged, loop_lib.ClusterStalled)):
-          failed = 'diverged' if isinstance(outcome, loop_lib.TrainingDiverged) else 'stalled'
+        if isinstance(outcome, (recorder_lib.TrainingDiverged, recorder_lib.ClusterStalled)):
+          failed = 'diverged' if isinstance(outcome, recorder_lib.TrainingDiverged) else 'stalled'
           atomic_files.write_json(os.path.join(run.workdir, FAILED_FILE), {'status': failed, 'error': str(outcome)})
           log.info('%s %s: %s', run.name, failed, outcome)
         else:

@@ -6,41 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from waitless.experiments.harness import block_program
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
-from waitless.experiments.harness import workers as workers_lib
-
-
-CONVOLUTION = 'conv_general_dilated'
-
-
-def _has_convolution(jaxpr) -> bool:
-  """Whether `jaxpr` (or a jaxpr inside one of its equations: a jit, a cond, a scan) has a convolution."""
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == CONVOLUTION:
-      return True
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        inner = getattr(sub, 'jaxpr', sub)  # a ClosedJaxpr's jaxpr, or a Jaxpr
-        if hasattr(inner, 'eqns') and _has_convolution(inner):
-          return True
-  return False
-
-
-def vectorize_evaluation(layout: workers_lib.WorkerLayout, one_replica, *args) -> bool:
-  """Whether a group's evaluation vectorises its replicas (`jax.vmap`) or runs them one after another in its
-  program (`lax.map`), for `one_replica(*args)` with args batched over the replicas (arrays or tracers).
-
-  Vectorised, except on XLA:CPU for a model with convolutions: there a convolution with per-replica kernels
-  becomes a grouped convolution, slower than the replicas in turn (11x for a CNN of `nn.Conv`s). A model of
-  matrix products vectorises well there too: MNIST-1D's CNN (convolutions as matrix products,
-  `models/cnn1d.py`) evaluates 10 replicas in 11 ms vectorised against 25 ms in turn. Training stays vectorised
-  (its batches are small)."""
-  if layout.platform != 'cpu':
-    return True
-  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), args)
-  return not _has_convolution(jax.make_jaxpr(one_replica)(*one).jaxpr)
+from waitless.experiments.harness import xla_cpu
 
 
 class Evaluator:
@@ -79,8 +49,8 @@ def make_evaluator(run_or_group) -> Evaluator:
 
     def sums_fn(params, model_state, batch):  # every replica on the same batch
       one = lambda p, m: one_sums(p, m, batch)
-      vectorized = vectorize_evaluation(run.layout, one, params, model_state)
-      return step_lib.map_replicas(one, vectorized)(params, model_state)
+      vectorized = xla_cpu.vectorize_replicas(run.layout.platform, one, params, model_state)
+      return block_program.map_replicas(one, vectorized)(params, model_state)
   consensus = jax.jit(consensus_and_norm, out_shardings=run.layout.replicated())
   sums = jax.jit(sums_fn, out_shardings=run.layout.replicated())
   place = lambda x: jax.device_put(x, run.layout.replicated())

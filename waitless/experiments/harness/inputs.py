@@ -12,8 +12,8 @@ import numpy as np
 from waitless.cluster import rules as rules_lib
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import setup
-from waitless.experiments.harness import step as step_lib
 from waitless.experiments.harness import transfer
+from waitless.experiments.harness import block_program
 
 
 class Cadence(NamedTuple):
@@ -131,7 +131,7 @@ def place(layout, host: HostInputs, start: int = 0, stop: Optional[int] = None):
   packed = jax.tree.map(lambda x: x[rows], host.packed)
   done = host.done[rows]
   if host.live is None or not np.all(done[host.live] > 0):
-    slots = step_lib.gradient_slots(done, layout.devices)
+    slots = block_program.gradient_slots(done, layout.devices)
   else:
     slots = None
   return _to_devices(layout, packed, host.leading), host.spec, host.steps[start:stop], slots
@@ -163,9 +163,9 @@ def read_stacked(group: setup.Group, blocks: Sequence[Any], positions: Sequence[
   fields stay shared. While every live replica's worker is busy, the block runs the dense program (slots None,
   `place`), the frozen replicas' zero gradients computed for nothing: a group whose seeds' budgets end a few
   blocks apart (an `experiments.compare --sim_time` budget) does not compile a second program for its last
-  blocks (0.76 s for 10 replicas of the MNIST-1D CNN, more than the tail's wasted gradients). A uniform field
-  that every replica shares is read by the program once, (n,), from the first replica's rows
-  (`transfer.unpack`), so its conditionals over it stay conditionals; one that differs is read as (R, n).
+  blocks (a compile costs more than the tail's wasted gradients). A uniform field that every replica shares is
+  read by the program once, (n,), from the first replica's rows (`transfer.unpack`), so its conditionals over it
+  stay conditionals; one that differs is read as (R, n).
   """
   run = group.lead
   live = [b for b in blocks if b is not None]

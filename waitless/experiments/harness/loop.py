@@ -1,14 +1,18 @@
 """The training loop: a group of runs (a run alone is a group of one) trained block by block.
 
-Each block: the replicas' clocks sample the schedules (who finished what, how long it took), the data streams
-serve every worker the micro-batches at its own positions (`Loop.prepare`; where the data set lives on the
-devices, for up to `AHEAD_BLOCKS` blocks at once, all placed on the devices together), one jitted call runs the
-block (`Loop.dispatch`), and the host takes each replica's share of its measurements (`Loop.accept`), then logs,
-evaluates the consensus model and checkpoints at fixed step boundaries (`Loop.record`); the blocks read together
-are recorded together, after the last of them, from one fetch of their measurements (`Loop.defers`). Block
-lengths depend only on absolute step numbers (`inputs.block_length`), so a resumed run executes the same programs
-on the same inputs as an uninterrupted one. `Loop.run` is the loop itself; the tests drive the same `prepare`,
-`dispatch`, `measurements` and `accept` (tests/harness.py).
+    while a replica goes on:
+      prepare   each live replica's clock samples the block's schedules (who finished what, how long it took),
+                its data stream serves every worker the micro-batches at its own positions (`inputs.py`)
+      dispatch  one jitted call runs the block on every worker (`block_step.BlockStep`)
+      record    each replica's share of the measurements goes to its recorder (`recorder.RunRecorder`): the
+                metrics window, a row every `log_every` steps, the evaluation of the consensus model every
+                `eval_every`, a checkpoint every `checkpoint_every` (and every `checkpoint_every_s` seconds)
+
+While the devices run a block, the host prepares and dispatches the next one (`lookahead`), and where the data
+set lives on the devices it draws and reads up to `AHEAD_BLOCKS` blocks at once (`prepare`; a checkpoint inside
+them rewinds the clocks and data positions to it: `rewind`). Block lengths depend only on absolute step numbers
+(`inputs.block_length`), so a resumed run executes the same programs on the same inputs as an uninterrupted
+one. The tests drive the same `prepare`, `dispatch`, `measurements` and `accept` (tests/harness.py).
 """
 
 from __future__ import annotations
@@ -23,27 +27,17 @@ import jax
 import numpy as np
 
 from waitless.cluster import clock as clock_lib
-from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import block_step as block_step_lib
-from waitless.experiments.harness import checkpointing
 from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import preemption
+from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import setup
-from waitless.experiments.harness import window as window_lib
 
 log = logging.getLogger('waitless')
 
 AHEAD_BLOCKS = 16  # the most blocks `Loop.prepare` draws and reads at once
-
-
-class TrainingDiverged(RuntimeError):
-  """The training loss became NaN or infinite; the last good checkpoint is kept."""
-
-
-class ClusterStalled(RuntimeError):
-  """The simulated cluster cannot go on: the algorithm waits for a worker that failed for good."""
 
 
 def reports(run: setup.Run) -> dict[str, str]:
@@ -53,36 +47,34 @@ def reports(run: setup.Run) -> dict[str, str]:
 
 @dataclasses.dataclass
 class Replica:
-  """The host side of one replica of a group: its run's clock, data positions, metrics, checkpoints, outcome."""
+  """The host side of one replica of a group: its run's clock, data positions and recorder (metrics,
+  checkpoints, outcome)."""
   run: setup.Run
-  workdir: Optional[str]
   clock: Any
-  checkpointer: Optional[checkpointing.Checkpointer]
   positions: np.ndarray
-  window: window_lib.Window
-  writer: Any = None
-  wall_offset: float = 0.0
-  time_to_target: Optional[float] = None
-  last_eval: dict = dataclasses.field(default_factory=dict)
-  last_train_loss: float = float('nan')
-  sim_time: float = 0.0
-  summary: Optional[dict] = None       # set when the run finished
-  failure: Optional[Exception] = None  # TrainingDiverged or ClusterStalled: the run stopped there
+  recorder: recorder_lib.RunRecorder
 
   @classmethod
   def start(cls, run: setup.Run, clock, workdir: Optional[str] = None) -> 'Replica':
-    """A replica at step 0; with a `workdir`, its checkpointer there (without one, it only trains: the tests)."""
-    checkpointer = None if workdir is None else checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
-    return cls(run=run, workdir=workdir, clock=clock, checkpointer=checkpointer,
-               positions=np.zeros(run.config.workers, np.int64), window=window_lib.Window(reports(run)))
+    """A replica at step 0, its recorder writing to `workdir` (without one it only trains: the tests)."""
+    workers = run.config.workers
+    recorder = recorder_lib.RunRecorder(
+        workdir, run.config, reports(run), recorder_lib.MEASURED if run.measured else recorder_lib.SIMULATED,
+        writes=jax.process_index() == 0,
+        finish_row=(lambda row: measured_time.finish_row(row, workers)) if run.measured else None)
+    return cls(run=run, clock=clock, positions=np.zeros(workers, np.int64), recorder=recorder)
 
   @property
   def config(self):
     return self.run.config
 
   @property
+  def workdir(self) -> Optional[str]:
+    return self.recorder.workdir
+
+  @property
   def done(self) -> bool:
-    return self.summary is not None or self.failure is not None
+    return self.recorder.done
 
 
 @dataclasses.dataclass
@@ -135,7 +127,7 @@ def share_clocks(replicas: list[Replica]) -> None:
 
 
 class Loop:
-  """The block loop of a group: fills each replica's metrics, checkpoints and outcome.
+  """The block loop of a group: each replica's measurements, evaluations and checkpoints go to its recorder.
 
   Attributes:
     group: the runs (`setup.Group`); `lead` its first run (what every run shares: layout, rule, cadence).
@@ -145,8 +137,6 @@ class Loop:
     lookahead: whether the next block is sampled and dispatched while this one runs (see `run`).
   """
 
-  records_by_span = True  # False: each block recorded as soon as it ran (tests/.../test_span_records.py compares)
-
   def __init__(self, group: setup.Group, replicas: list[Replica], block_step: block_step_lib.BlockStep,
                num_params: int = 0):
     self.group, self.lead = group, group.lead
@@ -154,37 +144,25 @@ class Loop:
     # Keep the device busy: while it runs a block, the host samples the next block's schedules and reads its
     # data, and dispatches it before this one's results are read (an evaluation first takes its consensus model
     # of this block's state, which the next block donates). Not across a checkpoint (the saved clocks and data
-    # positions must be those after the saved step), and not at all for a rule that adapts to this block's loss
-    # (AdaSync): the schedules, and so the trajectory, stay exactly the same.
-    # A measured run never looks ahead: its next block's counts need this block's times, and its clock times one
-    # block at a time (`measured_time`).
-    self.measured = self.lead.measured  # read once: a property of the config (a group shares it)
+    # positions must be those after the saved step), and not for a rule that adapts to this block's loss
+    # (AdaSync) or a measured run (its next block's counts need this block's times, and its clock times one
+    # block at a time): their schedules, and so their trajectories, stay exactly the same.
+    self.measured = self.lead.measured
     self.lookahead = not self.lead.rule.uses_feedback and not self.measured
     self.cadences = [inputs_lib.Cadence.of(r.config) for r in replicas]
     self.progress_every_s = float(self.lead.config.progress_every_s)
     self.checkpoint_every_s = float(self.lead.config.checkpoint_every_s)
     self.evaluator: Optional[evaluation.Evaluator] = None
-    self.start_wall = time.time()
-    self.last_checkpoint = self.start_wall  # the wall time of the last checkpoint (`checkpoint_due`)
-    # Blocks drawn and read ahead together (`prepare`): where the program's block is small, the host's fixed
-    # costs per call (the clock's, the data read's, the packing's) were a tenth of the block's time.
+    self.last_checkpoint = time.time()  # the wall time of the last checkpoint (`checkpoint_due`)
+    # Blocks drawn and read ahead together (`prepare`): the host's fixed costs per call (the clock's, the data
+    # read's, the packing's) are shared by up to AHEAD_BLOCKS blocks.
     self.reads_ahead = self.lookahead and inputs_lib.reads_ahead(self.lead)
     self.ahead: Optional[Ahead] = None
-    # A span's blocks are recorded together, after its last one (`run`): their measurements come to the host in
-    # one fetch (`block_step.measurements_to_host_each`), not one per block. The trajectory, rows and checkpoints
-    # are the same; rows reach the files a span later, a divergence is found at its span's end (the blocks
-    # already read run on, as they did while they were in flight). Evaluations, checkpoints and stops end a span's
-    # records, and so does the progress period (`progress_every_s`) where blocks are slow.
-    self.defers = self.reads_ahead and self.records_by_span
     share_clocks(replicas)
 
   def running(self, at: int) -> list[int]:
     """The replicas that go on after step `at`."""
     return [i for i, (r, c) in enumerate(zip(self.replicas, self.cadences)) if not r.done and c.num_steps > at]
-
-  def wall(self, r: Replica, now: Optional[float] = None) -> float:
-    """Replica r's wall-clock seconds at `now` (a `time.time()`; default: now), counted over its resumes."""
-    return r.wall_offset + (time.time() if now is None else now) - self.start_wall
 
   def prepare(self, at: int, length: Optional[int] = None) -> Optional[Prepared]:
     """Samples every running replica's next block and reads its data, moving its clock and data positions past
@@ -233,7 +211,6 @@ class Loop:
       pieces = {id(b): [b.iterations(*span) for span in spans] for b in blocks if b is not None}
       parts = [Prepared(at + start, [None if b is None else pieces[id(b)][k] for b in blocks], (), {},
                         host=(host, start, stop), span=at) for k, (start, stop) in enumerate(spans)]
-      # All placed now, one after another: placing each between two blocks cost the digits MLP's loop about 1%.
       parts = [self.place(part) for part in parts]
       self.ahead = Ahead(parts[1:], at, saved, positions,
                          [None if b is None else b.schedule.microbatches_done for b in blocks])
@@ -315,8 +292,8 @@ class Loop:
 
   def accept(self, i: int, block, host: dict[str, np.ndarray], at: int,
              reduced: Optional[dict] = None) -> bool:
-    """Replica i's share of the measurements of its `block` from step `at`: into its metrics window, and its
-    training loss to its clock (`clock.feedback`). False, its failure set, when the loss is not finite.
+    """Replica i's share of the measurements of its `block` from step `at`: into its recorder's window, and its
+    training loss to its clock (`clock.feedback`). False, the run stopped, when the loss is not finite.
     `reduced`: the block's host reductions for every replica at once (`reduce_measurements`; default: computed
     here for this one)."""
     r = self.replicas[i]
@@ -325,29 +302,22 @@ class Loop:
       blocks[i] = block
       reduced = self.reduce_measurements(blocks, host)
     losses = reduced['train_loss'][i]
-    if not np.all(np.isfinite(losses)):
-      bad = at + int(np.argmin(np.isfinite(losses)))
-      kept = None if r.checkpointer is None else r.checkpointer.latest_step()
-      r.failure = TrainingDiverged(
-          f'training loss is {losses[bad - at]} at step {bad + 1}; stopped, ' +
-          (f'the last good checkpoint (step {kept}) is kept in {r.workdir}' if kept is not None else
-           f'before its first checkpoint; its metrics are in {r.workdir}'))
-      log.info('%s', r.failure)
+    if not r.recorder.check_finite(losses, at):
       return False
     if id(block) not in reduced['blocks']:  # what the window takes from the clock's block: once per block
-      reduced['blocks'][id(block)] = r.window.reduce_block(block)
-    r.window.add_reduced(reduced['blocks'][id(block)], train_loss=losses, l2_grads=reduced['l2_grads'][i],
-                         l2_params=reduced['l2_params'][i])
+      reduced['blocks'][id(block)] = r.recorder.window.reduce_block(block)
+    r.recorder.window.add_reduced(reduced['blocks'][id(block)], train_loss=losses, l2_grads=reduced['l2_grads'][i],
+                                  l2_params=reduced['l2_params'][i])
     if r.run.rule.uses_feedback:  # AdaSync adapts K from the loss; the other rules ignore it
       r.clock.feedback(train_loss=float(losses.mean()))
-    r.sim_time, r.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
+    r.recorder.time, r.recorder.last_train_loss = float(block.sim_time[-1]), float(losses[-1])
     return True
 
   def reduce_measurements(self, blocks: list, host: dict[str, np.ndarray]) -> dict:
-    """The block's per-replica reductions of the step's measurements, for every replica at once (one numpy call
-    each, not one per replica): `train_loss` (R, n), the mean loss over the workers that contributed (a frozen
-    replica, `None` in `blocks`, counts none), `l2_grads` (R, n) and `l2_params` (R,) means over the workers;
-    `blocks` starts the cache of each clock block's own reductions (`Window.reduce_block`)."""
+    """The block's per-replica reductions of the step's measurements, for every replica at once: `train_loss`
+    (R, n), the mean loss over the workers that contributed (a frozen replica, `None` in `blocks`, counts none),
+    `l2_grads` (R, n) and `l2_params` (R,) means over the workers; `blocks` starts the cache of each clock
+    block's own reductions (`Window.reduce_block`)."""
     lead = (slice(None),) if self.group.batched else (None,)  # (R, n, P), a run's R = 1 added
     loss, l2_grads, l2_params = host['loss'][lead], host['l2_grads'][lead], host['l2_params'][lead]
     workers = loss.shape[2]
@@ -357,7 +327,7 @@ class Loop:
       contributed = np.stack([np.zeros(loss.shape[1:], bool) if b is None else b.schedule.microbatches_done > 0
                               for b in blocks])
     losses = np.where(contributed, loss, 0.0).sum(2) / np.maximum(contributed.sum(2), 1)
-    # x.sum(k) / count is what x.mean(k) computes (float32 stays float32), without its Python wrapper.
+    # x.sum(k) / count is x.mean(k) (float32 stays float32).
     return {'train_loss': losses, 'l2_grads': l2_grads.sum(2) / workers, 'l2_params': l2_params.sum(1) / workers,
             'blocks': {}}
 
@@ -370,61 +340,34 @@ class Loop:
     reduced = self.reduce_measurements(prepared.blocks, host)
     for i in prepared.live:
       r = self.replicas[i]
-      if r.failure is not None:  # diverged in the previous block, whose successor was already dispatched
+      if r.recorder.failure is not None:  # diverged in the previous block, whose successor was already dispatched
         continue
       if not self.accept(i, prepared.blocks[i], host, at, reduced):
         continue
       if evaluates[i] or end % self.cadences[i].log_every == 0:
-        row = {'step': end, 'sim_time': r.sim_time, 'wall_time': self.wall(r, prepared.finished), **r.window.row()}
-        if self.measured:
-          row = measured_time.finish_row(row, r.config.workers)
+        evaluation = None
         if evaluates[i]:
           if evaluated is None:
             evaluated = self.evaluator.measure(snapshot)
-          r.last_eval = evaluated[i] if self.group.batched else evaluated
-          row.update({k: v for k, v in r.last_eval.items() if k != 'param_norm'})
-          if r.time_to_target is None and r.last_eval['eval_accuracy'] >= r.config.target_accuracy:
-            r.time_to_target = row['sim_time']
-        r.writer.write(row)
+          evaluation = evaluated[i] if self.group.batched else evaluated
+        r.recorder.log(end, evaluation, now=prepared.finished)
       if checkpoints[i]:
         self.checkpoint(i, setup.replica_state(self.group, state, i), end)
       if end == self.cadences[i].num_steps:
         self.finish(r, end)
 
   def checkpoint(self, i: int, state, end: int) -> None:
-    """Replica i's checkpoint at step `end`: its `state` (P, ...) (`setup.replica_state`) and the loop's meta."""
+    """Replica i's checkpoint at step `end`: its `state` (P, ...) (`setup.replica_state`), its clock and data
+    positions."""
     r = self.replicas[i]
-    meta = {'step': end, 'wall_time': self.wall(r), 'positions': r.positions.tolist(),
-            'clock': r.clock.state_dict(), 'time_to_target': r.time_to_target, 'window': r.window.sums,
-            'last_eval': r.last_eval, 'train_loss': r.last_train_loss}
-    if r.writer is not None:  # the rows up to `end` are what a resume keeps: in the file before the checkpoint
-      r.writer.flush()
-    r.checkpointer.save(end, state, meta, copy=not self.group.batched)
+    r.recorder.checkpoint(end, state, {'positions': r.positions.tolist(), 'clock': r.clock.state_dict()},
+                          copy=not self.group.batched)
     if self.measured:  # not under the next timed block: it is left out of the clock, and must not slow it
-      r.checkpointer.wait()
+      r.recorder.checkpointer.wait()
 
   def finish(self, r: Replica, at: int) -> None:
-    """The replica's summary, written to its workdir."""
-    last_eval = r.last_eval
-    measured = r.clock.summary() if self.measured else {}
-    r.summary = {
-        **measured,
-        'steps': at, 'sim_time': r.sim_time, 'wall_time': self.wall(r),
-        'final_train_loss': r.last_train_loss, 'final_eval_loss': last_eval.get('eval_loss'),
-        'final_eval_accuracy': last_eval.get('eval_accuracy'), 'param_norm': last_eval.get('param_norm'),
-        'time_to_target': r.time_to_target, 'num_params': self.num_params, 'replicas': self.group.size,
-        **{f'final_{k}': v for k, v in last_eval.items() if k not in ('eval_loss', 'eval_accuracy', 'param_norm')},
-    }
-    if jax.process_index() == 0:
-      atomic_files.write_json(os.path.join(r.workdir, 'summary.json'), r.summary, indent=2)
-
-  def stall(self, i: int, error: Exception, at: int, first: bool) -> None:
-    """Replica i stops: its clock raised `error` sampling the block after step `at` (`first`: before any block
-    of this call, else while the block before ran)."""
-    r = self.replicas[i]
-    where = f'Stopped at step {at}.' if first else f'Stopped after step {at}; its metrics are in {r.workdir}.'
-    r.failure = ClusterStalled(f'{error} {where}')
-    log.info('%s: %s', r.workdir, r.failure)
+    """The replica's summary (a measured run's adds its fitted device speeds)."""
+    r.recorder.finish(at, self.num_params, self.group.size, r.clock.summary() if self.measured else None)
 
   def run(self, state, step: int, stop_requests: preemption.StopRequests | None = None) -> None:
     """Trains from `step` until every replica finished, failed, or a stop was requested.
@@ -441,20 +384,19 @@ class Loop:
              f'; {self.group.size} runs in one program ({names})' if self.group.batched else '')
     self.evaluator = evaluation.make_evaluator(self.group)
     log.info('compiling the block step (or loading it from the compilation cache); the first block waits for it')
-    self.start_wall, start_step, last_progress = time.time(), step, time.time()
-    self.last_checkpoint = self.start_wall
-    for r in replicas:  # a run resumed at its end (killed before its summary was written)
-      if r.config.num_steps <= step:
+    start_wall, start_step = time.time(), step
+    last_progress = self.last_checkpoint = start_wall
+    for r in replicas:
+      r.recorder.start_wall = start_wall
+      if r.config.num_steps <= step:  # resumed at its end (killed before its summary was written)
         self.finish(r, step)
     stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
     try:
       stop_requests.install()
       current, measured = self.prepare(step), None
-      pending = []  # (block, its measurements on the devices): run, and recorded with their span's last (`defers`)
-      pending_since = 0.0  # time.time() when the first of them was run
       while current is not None:
         for i, e in current.stalled.items():
-          self.stall(i, e, step, first=True)
+          replicas[i].recorder.stall(e, step, first=True)
         if not current.live:
           break
         if measured is None:
@@ -467,51 +409,28 @@ class Loop:
                        for i in live}
         if stop or any(checkpoints.values()):  # the clocks and positions saved are those after `end`
           self.rewind(end)
-        following = next_measured = None
         # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
-        # A measured run takes it after its block's results (`measured_time`): compiling it on this thread while
-        # the block runs would hold the Python lock that the block's clock reads wait for.
+        # A measured run takes it after its block's results: compiling it on this thread while the block runs
+        # would hold the Python lock that the block's clock reads wait for.
         snapshot = self.evaluator.consensus(state) if any(evaluates.values()) and not self.measured else None
+        following = next_measured = None
         if self.lookahead and not any(checkpoints.values()):
           following = self.prepare(end)
-        if not pending:
-          pending_since = time.time()
-        pending.append((current, measured))
-        # Never longer than the progress period: where blocks are slow, rows, progress and a divergence stay prompt.
-        flush = (not self.defers or stop or any(evaluates.values()) or any(checkpoints.values()) or
-                 following is None or not following.live or following.span != current.span or
-                 time.time() - pending_since >= self.progress_every_s)
-        # The span's measurements joined before the next block is dispatched: their fetch waits for this block only.
-        joined = (block_step_lib.join_measurements([m for _, m in pending], run.layout.platform)
-                  if flush and len(pending) > 1 else None)
-        if following is not None and following.live:
-          state, next_measured = self.dispatch(state, following)
-        if flush:
-          if joined is None:
-            hosts = [self.measurements(current, measured)]
-          else:
-            hosts = block_step_lib.measurements_to_host_each(joined, [m.shape[-2] for _, m in pending])
-          current.finished = time.time()
-          if self.measured and any(evaluates.values()):
-            snapshot = self.evaluator.consensus(state)
-          for (block, _), host in zip(pending, hosts):
-            if block is current:
-              self.record(current, host, state, snapshot, evaluates, checkpoints)
-            else:  # recorded with its span: no evaluation or checkpoint at its end (those end a span's records)
-              none = {i: False for i in block.live}
-              self.record(block, host, state, None, evaluates=none, checkpoints=none)
-          pending = []
-          if following is not None and any(replicas[i].failure is not None for i in following.live):
-            self.rewind(following.step + following.length)  # the blocks after it are read without the failed
-        else:
-          jax.block_until_ready(measured)  # at most this block and the next in flight, as without `defers`
-          current.finished = time.time()
+          if following is not None and following.live:
+            state, next_measured = self.dispatch(state, following)
+        host = self.measurements(current, measured)
+        current.finished = time.time()
+        if self.measured and any(evaluates.values()):
+          snapshot = self.evaluator.consensus(state)
+        self.record(current, host, state, snapshot, evaluates, checkpoints)
+        if following is not None and any(replicas[i].recorder.failure is not None for i in following.live):
+          self.rewind(following.step + following.length)  # the blocks after it are read without the failed
         if any(checkpoints.values()):
           self.last_checkpoint = time.time()
         step = end
-        if flush and (time.time() - last_progress >= self.progress_every_s or not self.running(step)):
+        if time.time() - last_progress >= self.progress_every_s or not self.running(step):
           last_progress = time.time()
-          self.log_progress(step, live, num_steps, (step - start_step) / max(time.time() - self.start_wall, 1e-9))
+          self.log_progress(step, live, num_steps, (step - start_step) / max(time.time() - start_wall, 1e-9))
         if stop and self.running(step):
           raise preemption.Preempted(step, ', '.join(replicas[i].workdir for i in self.running(step)),
                                      stop_requests.signal_name)
@@ -520,7 +439,7 @@ class Loop:
           measured = None
         else:
           for i, e in following.stalled.items():  # found while this block ran: it stops after this block
-            self.stall(i, e, step, first=False)
+            replicas[i].recorder.stall(e, step, first=False)
           following.stalled = {}
           current, measured = following, next_measured
     finally:
@@ -535,8 +454,8 @@ class Loop:
     return period > 0 and time.time() - self.last_checkpoint >= period
 
   def log_progress(self, step: int, live: list[int], num_steps: int, rate: float) -> None:
-    replicas = self.replicas
-    losses = [replicas[i].last_train_loss for i in live if not replicas[i].failure]
+    recorders = [self.replicas[i].recorder for i in live]
+    losses = [r.last_train_loss for r in recorders if not r.failure]
     log.info('step %d/%d  loss %.4f  %s %.2fs  %.1f steps/s  ETA %.0fs', step, num_steps,
              float(np.mean(losses)) if losses else float('nan'), 'measured' if self.lead.measured else 'sim',
-             max(replicas[i].sim_time for i in live), rate, (num_steps - step) / max(rate, 1e-9))
+             max(r.time for r in recorders), rate, (num_steps - step) / max(rate, 1e-9))

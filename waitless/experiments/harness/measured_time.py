@@ -5,8 +5,8 @@ workers=2,devices=2,microbatches=4 --workdir=/tmp/nb_measured
   bash launch/multiprocess_cpu.sh 2 --config=experiments/configs/digits.py:nonblocking,stragglers.kind=measured,\
 workers=2,devices=2,microbatches=4 --workdir=/tmp/nb_2p --debug_slow_process=1:0.004   # TEST-ONLY slowdown
 
-Nothing is simulated. The run's clock (`sim_time` in metrics.jsonl, `time_to_target`; every row and
-summary.json then say `"clock": "measured"`) is the measured training time of this process (each process of a
+Nothing is simulated. The run's clock (`measured_time` in metrics.jsonl and summary.json, `time_to_target`;
+summary.json says `"clock": "measured"`) is the measured training time of this process (each process of a
 multi-process run measures its own, and only process 0 writes the files: they hold process 0's): per block, the
 host's work to prepare it (schedules, data, transfers) plus the time from its dispatch until its results are
 ready. Evaluation, checkpoints (waited for before the next block, so that they do not run under it) and metrics
@@ -56,6 +56,8 @@ import dataclasses
 import time
 from typing import Any, Optional
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -65,7 +67,6 @@ from waitless.algorithms import nonblocking
 from waitless.cluster import factory as cluster_factory
 
 KIND = cluster_factory.MEASURED
-CLOCK = 'measured'  # the `clock` of metrics rows and summary.json in this mode
 
 # Algorithms whose time rule is the synchronous schedule (every worker m micro-batches; the rule's events are
 # periodic or the algorithm's own draws), and nonblocking, whose counts come from measured speeds.
@@ -114,9 +115,9 @@ def reports(config: ml_collections.ConfigDict) -> dict[str, str]:
 
 
 def finish_row(row: dict[str, Any], workers: int) -> dict[str, Any]:
-  """A metrics row of a measured run: the per-worker counts as one list, and the clock named."""
+  """A metrics row of a measured run: the per-worker counts as one list, `microbatches_done`."""
   counts = [row.pop(f'microbatches_w{i}') for i in range(workers) if f'microbatches_w{i}' in row]
-  return {**row, 'clock': CLOCK, **({'microbatches_done': counts} if counts else {})}
+  return {**row, **({'microbatches_done': counts} if counts else {})}
 
 
 class MeasuredClock:
@@ -124,7 +125,8 @@ class MeasuredClock:
 
   The training loop calls `next_block(n)` before a block (schedules), then `record(block, compute_s,
   seconds)` once its measurements are on the host: the block with its measured times, the speeds updated.
-  `sim_time`: the measured training seconds so far (the name the loop reads; `clock` says what it is).
+  `measured_time`: the measured training seconds so far; each recorded block's `sim_time` holds them too (the
+  `cluster.clock.Block` field the loop reads for any clock).
   """
 
   uses_feedback = False
@@ -138,7 +140,7 @@ class MeasuredClock:
     self.counted = config.algorithm.name == 'nonblocking'
     a = config.algorithm
     self.deadline_s = float(a.deadline_s) if self.counted and a.trigger == 'deadline' else None
-    self.sim_time = 0.0
+    self.measured_time = 0.0
     self._fresh_speeds()
 
   def _fresh_speeds(self) -> None:
@@ -194,8 +196,8 @@ class MeasuredClock:
         self.speeds.observe_calls(ran[k], per_device[k])
     seconds = seconds + (time.perf_counter() - begin)  # the fit is the algorithm's host work
     durations = np.full(n, seconds / n)
-    sim_time = self.sim_time + np.cumsum(durations)
-    self.sim_time = float(sim_time[-1])
+    sim_time = self.measured_time + np.cumsum(durations)
+    self.measured_time = float(sim_time[-1])
     idle = np.maximum(durations[:, None] - np.asarray(compute_s, np.float64), 0.0)
     measurements = {**block.measurements, 'compute_s': per_device.mean(axis=1),
                     **{f'microbatches_w{i}': done[:, i].astype(np.float64) for i in range(self.workers)}}
@@ -207,19 +209,18 @@ class MeasuredClock:
     del measurements  # no rule allowed here adapts to the loss
 
   def state_dict(self) -> dict[str, Any]:
-    return {'schedules': self.schedules.state_dict(), 'measured_time': self.sim_time}
+    return {'schedules': self.schedules.state_dict(), 'measured_time': self.measured_time}
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     """Restores the schedule clock and the measured time; the speeds are probed again (module docstring)."""
     self.schedules.load_state_dict(state['schedules'])
-    self.sim_time = float(state['measured_time'])
+    self.measured_time = float(state['measured_time'])
     self._fresh_speeds()
 
   def summary(self) -> dict[str, Any]:
     """summary.json's fields of a measured run."""
     seconds = self.speeds.seconds
-    return {'clock': CLOCK, 'measured_time': self.sim_time,
-            'measured_seconds_per_microbatch': None if seconds is None else [float(s) for s in seconds],
+    return {'measured_seconds_per_microbatch': None if seconds is None else [float(s) for s in seconds],
             'measured_overhead_s': [float(c) for c in self.speeds.overhead]}
 
 
@@ -231,3 +232,46 @@ def block_seconds(prepared_s: float, dispatched: float, ready: float, compiled: 
   if compiled and started_s is not None and np.size(started_s):
     return prepared_s + max(ready - (dispatched + float(np.min(started_s))), 0.0)
   return prepared_s + (ready - dispatched)
+
+
+class Stopwatch:
+  """The host's clock read inside the block program, around each iteration's gradient phase (measured time).
+
+  One lock-step program cannot time a device from outside: its collectives make every process's call last as long as
+  the slowest device's. So the program reads the host clock on each device (a `pure_callback`) right before the
+  iteration's gradients and right after them, before the update's collectives: the difference is that device's own
+  compute time, its wait at the collectives excluded. Each read is tied into the dataflow both ways, by data
+  dependencies the compiler cannot drop: its argument is a scalar that depends on every leaf it guards (the first
+  element of each: nothing large is copied to the host), and every leaf that comes out is `where(seconds < 0, 0,
+  leaf)` (never true, but the compiler cannot know): the gradients take the parameters that come out of the first
+  read, so they cannot start before it, and the update's collectives take the gradient sums that come out of the
+  second, so the read cannot slip past them (an `optimization_barrier` does not order a read against the all-reduce
+  inside the block's scan). The selects cost one elementwise pass over the state and the gradients per iteration.
+  Reads are seconds since `start()`, which the caller calls right before each dispatch (so float32 keeps
+  microseconds); a second dispatch before the first finished would mix origins (the measured training loop never looks
+  ahead). A read needs the host's Python lock: while the host thread compiles or runs Python, a read waits for it (the
+  loop waits for the block's results with the lock released).
+
+  Against two calls per iteration (a gradient call timed on the host, then the update call, as `MeasuredStep` does),
+  the block program stays one dispatch for n iterations, the simulated run's program plus two host reads per iteration
+  and device, and every device is timed on its own.
+  """
+
+  def __init__(self):
+    self.origin = time.perf_counter()
+
+  def start(self) -> None:
+    self.origin = time.perf_counter()
+
+  def _read(self, _) -> np.ndarray:
+    return np.float32(time.perf_counter() - self.origin)
+
+  def stamp(self, tree):
+    """(tree, seconds since `start`): the read taken once every leaf of `tree` is computed, and every numeric
+    leaf of the returned tree computed only after it."""
+    numeric = lambda x: x.size and jnp.issubdtype(x.dtype, jnp.number)
+    token = sum((x.ravel()[0].astype(jnp.float32) for x in jax.tree.leaves(tree) if numeric(x)),
+                jnp.zeros((), jnp.float32))
+    seconds = jax.pure_callback(self._read, jax.ShapeDtypeStruct((), jnp.float32), token)
+    after = lambda x: jnp.where(seconds < 0, jnp.zeros_like(x), x) if numeric(x) else x
+    return jax.tree.map(after, tree), seconds

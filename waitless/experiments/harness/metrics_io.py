@@ -3,14 +3,14 @@
 Only process 0 writes. On resume the log is cut back to the restored step, so the file of a resumed run has
 exactly the rows of an uninterrupted one.
 
-The event files are written here, without TensorFlow: tensorboard's own `EventFileWriter` imports TensorFlow on
-first use (4-12 s of a short run), and tensorboardX imports torch, comet_ml and PIL whenever they are
-installed. An event file is a sequence of TFRecords, each
+The event files are written here, without TensorFlow (tensorboard's own `EventFileWriter` imports TensorFlow on
+first use, and tensorboardX imports torch, comet_ml and PIL whenever they are installed). An event file is a sequence of TFRecords, each
 `uint64 length | uint32 masked_crc32c(length) | Event proto | uint32 masked_crc32c(proto)` (little-endian),
 the first Event declaring `file_version='brain.Event:2'`; the Event and Summary messages are tensorboard's
-(`tensorboard.compat.proto`, plain protobuf). Rows are written and flushed as they come, twice: in
-`tensorboard/` with the iteration as the step, and in `tensorboard/sim_time/` (a second TensorBoard run) with the
-simulated millisecond as the step, so that a loss can be plotted against simulated time.
+(`tensorboard.compat.proto`, plain protobuf). Rows are written twice: in `tensorboard/` with the iteration as
+the step, and in a second TensorBoard run named after the row's time field with the
+run's millisecond as the step (`tensorboard/sim_time/`, or `tensorboard/measured_time/` for a measured run), so
+that a loss can be plotted against the run's time.
 """
 
 from __future__ import annotations
@@ -31,16 +31,25 @@ from waitless.experiments.harness import atomic_files
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
-SIM_TIME_RUN = 'sim_time'  # tensorboard/sim_time: the scalars with the simulated millisecond as their step
+# A row's time, one field named after the clock that produced it: the simulated cluster's or the measured one.
+TIME_FIELDS = ('sim_time', 'measured_time')
 
 
-def sim_milliseconds(row: dict[str, Any]) -> int:
-  """A metrics row's simulated time in whole milliseconds: its step in the `SIM_TIME_RUN` TensorBoard run."""
-  return int(round(float(row['sim_time']) * 1000.0))
+def time_of(record: dict[str, Any]) -> float | None:
+  """A metrics row's or summary's time, whichever clock produced it (None if it has none)."""
+  for field in TIME_FIELDS:
+    if record.get(field) is not None:
+      return float(record[field])
+  return None
+
+
+def milliseconds(row: dict[str, Any]) -> int:
+  """A metrics row's time in whole milliseconds: its step in the TensorBoard run of its time field."""
+  return int(round(time_of(row) * 1000.0))
 
 
 def crc32c(data: bytes) -> int:
-  """CRC-32C (Castagnoli) of `data`, from Google's C library (a pure-Python loop cost 57 us per 300-byte record)."""
+  """CRC-32C (Castagnoli) of `data`, from Google's C library."""
   return google_crc32c.value(data)
 
 
@@ -153,16 +162,17 @@ def _json_safe(value):
 class MetricsWriter:
   """Appends rows to metrics.jsonl and scalars to TensorBoard.
 
-  Rows reach the files at least every `FLUSH_EVERY_S` seconds, at `flush` and at `close`, not one by one: three
-  flushes per row were a tenth of the training loop's host work per block of a small model. A crash loses
-  nothing that a resume keeps, as long as the loop flushes before each checkpoint (it does): a resume keeps
-  only the rows up to its checkpoint's step.
+  Rows reach the files at least every `FLUSH_EVERY_S` seconds, at `flush` and at `close`, not one by one. A
+  crash loses nothing that a resume keeps, as long as the rows are flushed before each checkpoint
+  (`recorder.RunRecorder.checkpoint` does): a resume keeps only the rows up to its checkpoint's step.
   """
 
   FLUSH_EVERY_S = 1.0
 
-  def __init__(self, workdir: str, keep_through_step: int | None, enabled: bool = True):
-    """Starts a fresh log, or keeps the rows with step <= `keep_through_step` of an earlier one."""
+  def __init__(self, workdir: str, keep_through_step: int | None, enabled: bool = True,
+               time_field: str = TIME_FIELDS[0]):
+    """Starts a fresh log, or keeps the rows with step <= `keep_through_step` of an earlier one; `time_field`:
+    the rows' time (`TIME_FIELDS`), the name of the second TensorBoard run."""
     self._enabled = enabled
     if not enabled:
       return
@@ -172,13 +182,13 @@ class MetricsWriter:
     self._file = open(path, 'a')
     self._flushed = time.monotonic()
     self._events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR))
-    # The same scalars against simulated time: a second TensorBoard run whose step is the simulated millisecond.
-    self._sim_events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR, SIM_TIME_RUN))
+    # The same scalars against the run's time: a second TensorBoard run whose step is its millisecond.
+    self._sim_events = EventFileWriter(os.path.join(workdir, TENSORBOARD_DIR, time_field))
     if keep_through_step is not None:  # TensorBoard drops the earlier files' events from this step on
       restart = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
       self._events.add_event(event_pb2.Event(wall_time=time.time(), step=keep_through_step + 1, session_log=restart))
       if kept:
-        self._sim_events.add_event(event_pb2.Event(wall_time=time.time(), step=sim_milliseconds(kept[-1]) + 1,
+        self._sim_events.add_event(event_pb2.Event(wall_time=time.time(), step=milliseconds(kept[-1]) + 1,
                                                    session_log=restart))
 
   def write(self, row: dict[str, Any]) -> None:
@@ -191,8 +201,8 @@ class MetricsWriter:
                                          if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)])
     now = time.time()
     self._events.add_event(event_pb2.Event(wall_time=now, step=int(row['step']), summary=summary))
-    if row.get('sim_time') is not None:
-      self._sim_events.add_event(event_pb2.Event(wall_time=now, step=sim_milliseconds(row), summary=summary))
+    if time_of(row) is not None:
+      self._sim_events.add_event(event_pb2.Event(wall_time=now, step=milliseconds(row), summary=summary))
     if time.monotonic() - self._flushed >= self.FLUSH_EVERY_S:
       self.flush()
 

@@ -278,9 +278,8 @@ def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
 @functools.lru_cache(maxsize=None)
 def _replica_slicer(sharding, platform: str):
   """jitted (group state, r) -> replica r's state, new arrays: r is traced, so one program serves every replica
-  and every checkpoint step. Copies only, exact at any optimisation level: compiled quick (-O1 on CPU), as it
-  runs at checkpoints and restores (a program returning all R replicas at once compiled in 0.86 s for 10
-  replicas of LAP-SGD on MNIST-1D, this one in 0.18 s; each call then takes about 1 ms)."""
+  and every checkpoint step (one program returning all R replicas at once compiles far slower). Copies only, exact
+  at any optimisation level: compiled quick (-O1 on CPU), as it runs at checkpoints and restores."""
   return jax.jit(lambda state, r: jax.tree.map(lambda x: x[r], state), out_shardings=sharding,
                  compiler_options=compilation_cache.quick_compile_options(platform))
 

@@ -7,12 +7,13 @@ testing straggler tolerance on one machine; never for a real experiment.
 
 The callback returns 0, added to the loss (its input the loss itself, under `stop_gradient`): the sleep then
 lies between the micro-batch's forward pass and everything that reads the loss, so a host timestamp taken
-after the gradient (`experiments.harness.step.Stopwatch`) comes after it even when the gradient is not computed in a
+after the gradient (`measured_time.Stopwatch`) comes after it even when the gradient is not computed in a
 loop. (`jax.debug.callback` with no data dependency may be scheduled anywhere in the iteration.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Callable, Optional
@@ -95,3 +96,11 @@ def loss_hook(process: int, seconds: float) -> Optional[Callable]:
     return loss + zero
 
   return hook
+
+
+def slowed_task(task, hook: Callable):
+  """`task` (a `tasks.Task`) whose training loss goes through `hook` (`loss_hook`) on every micro-batch."""
+  def loss(*args):
+    value, model_state = task.loss(*args)
+    return hook(value), model_state
+  return dataclasses.replace(task, loss=loss)

@@ -1,15 +1,14 @@
 """Training entry points: `train_and_evaluate(config, workdir)` trains one run, `train_group` several runs as the
-replicas of one program (`experiments/harness/replicas.py`), each resuming from its checkpoints.
+replicas of one program (`replicas.py`), each resuming from its checkpoints.
 
-`train_group` sets the runs up (`setup`), checks and writes their workdirs, restores them, and hands them to the
-one training loop (`loop.Loop`). Several runs share the loop and its program when their configs differ only in
-their seed, budget and scalar hyper-parameters: R replicas of one compiled block step, each with its own clock,
-data positions, budget and workdir (metrics, summary, TensorBoard, checkpoints: the files a run alone writes).
-`train_and_evaluate` is a group of one.
+    runs   = setup.build_group(configs)        validated configs, data, model, the algorithm's transformation
+    state  = setup.init_state(runs)            every worker's parameters and algorithm state
+    step   = restore(...)                      the newest checkpoint every run has, or 0
+    loop.Loop(runs, ...).run(state, step)      block by block until every run finished (`loop.py`)
 
-With `stragglers.kind='measured'` nothing is simulated (`experiments/harness/measured_time.py`): the clock is a
-`MeasuredClock`, `sim_time` and `time_to_target` hold measured training seconds (every row and the summary say
-`"clock": "measured"`), and nonblocking's counts come from the devices' measured speeds.
+Each run writes what `recorder.RunRecorder` writes (metrics, checkpoints, summary) in its own workdir. With
+`stragglers.kind='measured'` nothing is simulated (`measured_time.py`): the clock is a `MeasuredClock` and the
+rows and summary hold `measured_time` instead of `sim_time`.
 """
 
 from __future__ import annotations
@@ -32,11 +31,11 @@ from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import checkpointing
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import loop as loop_lib
-from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
+from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import setup
+from waitless.experiments.harness import slowdown
 from waitless.experiments.harness import validation
-from waitless.experiments.harness import window as window_lib
 from waitless.experiments.harness import workdir as workdir_lib
 from waitless.experiments.harness import workdir_lock
 
@@ -50,8 +49,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   Writes metrics.jsonl, summary.json, config.json, TensorBoard events and orbax checkpoints in `workdir`.
 
   Raises:
-    loop.TrainingDiverged, loop.ClusterStalled: the run stopped there (its metrics up to then and its last good
-      checkpoint are kept).
+    recorder.TrainingDiverged, recorder.ClusterStalled: the run stopped there (its metrics up to then and its last
+      good checkpoint are kept).
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; the run finished its
       block and checkpointed, and the same call resumes it.
   """
@@ -67,26 +66,24 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
 
   The configs must be able to share a program (`replicas.partition`): the same workload, algorithm and cadence,
   differing only in seed, budget (`num_steps`) and scalar hyper-parameters. Each replica writes in its workdir
-  what a run alone writes (metrics.jsonl, summary.json, config.json, TensorBoard events, orbax checkpoints of its
-  own state, at the same steps as the others); its trajectory is the one it has alone (float64: to rounding;
-  float32: XLA may round the batched program differently). A replica that has spent its budget, or that
-  diverged or stalled, is frozen (it computes what is never read) while the others go on.
+  what a run alone writes, at the same steps as the others; its trajectory is the one it has alone (float64: to
+  rounding; float32: XLA may round the batched program differently). A replica that has spent its budget, or
+  that diverged or stalled, is frozen (it computes what is never read) while the others go on. A run whose
+  workdir holds its summary.json finished: it is returned as it is, not trained again.
 
-  A run whose workdir holds its summary.json finished: it is returned as it is, not trained again.
-
-  `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`experiments.harness.slowdown.loss_hook`).
+  `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`slowdown.loss_hook`).
 
   Returns:
-    Per run, its summary dict, or the `loop.TrainingDiverged` / `loop.ClusterStalled` it stopped with.
+    Per run, its summary dict, or the `recorder.TrainingDiverged` / `recorder.ClusterStalled` it stopped with.
 
   Raises:
     preemption.Preempted: SIGTERM or SIGINT (or `stop_requests.request()`) arrived; every unfinished replica
       finished its block and checkpointed, and the same call resumes them.
   """
-  for config in configs:  # the Ray runtime has its own loop (`ray_runtime.driver`); this one is lock-step
+  for config in configs:  # the Ray runtime has its own driver (`ray_runtime.driver`); this loop is lock-step
     errors.require(config.get('runtime', 'spmd') != 'ray', 'runtime', config.get('runtime'),
                    'runs through experiments.main (ray_runtime.driver.train_and_evaluate), not the lock-step loop')
-  finished = [atomic_files.read_json(os.path.join(w, 'summary.json')) for w in workdirs]
+  finished = [atomic_files.read_json(os.path.join(w, recorder_lib.SUMMARY_FILE)) for w in workdirs]
   if any(s is not None for s in finished):  # as they finished: a rerun must not train them again, nor rewrite them
     for config, workdir, summary in zip(configs, workdirs, finished):
       if summary is not None:
@@ -98,7 +95,9 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
       finished[i] = outcome
     return finished
   group = setup.build_group(configs)
-  lead = jax.process_index() == 0
+  if loss_hook is not None:
+    for run in group.runs:
+      run.task = slowdown.slowed_task(run.task, loss_hook)
   state_bytes = setup.state_bytes_of(group.lead)  # shapes only (one trace of the init): nothing allocated yet
   for config, workdir in zip(configs, workdirs):
     workdir_lib.check_workdir(workdir, config)  # on every process, so that a conflict stops all of them
@@ -106,29 +105,25 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   # One program per workdir at a time (process 0 holds the locks): a second would train the same runs again.
   locks = []
   try:
-    locks.extend(workdir_lock.WorkdirLock(workdir) for workdir in (workdirs if lead else ()))
-    return _train_locked(group, configs, workdirs, state_bytes, stop_requests, loss_hook)
+    locks.extend(workdir_lock.WorkdirLock(workdir) for workdir in (workdirs if jax.process_index() == 0 else ()))
+    return _train_locked(group, configs, workdirs, state_bytes, stop_requests)
   finally:
     for lock in locks:
       lock.release()
 
 
-def _train_locked(group, configs, workdirs, state_bytes, stop_requests, loss_hook) -> list[Any]:
+def _train_locked(group, configs, workdirs, state_bytes, stop_requests) -> list[Any]:
   """`train_group` once its workdirs are checked and locked."""
-  lead = jax.process_index() == 0
   setup.check_memory(group, state_bytes)
-  if lead:
+  if jax.process_index() == 0:
     for config, workdir in zip(configs, workdirs):
-      os.makedirs(workdir, exist_ok=True)
-      # Atomic: other processes may be reading it in check_workdir.
-      atomic_files.write_text(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  run = group.lead  # num_steps resolved (config.json keeps the duration as given)
-
+      recorder_lib.write_config(workdir, config)  # as given (num_epochs unresolved)
+  run = group.lead
   state = setup.init_state(group)
   num_params, model_bytes = setup.param_count_and_bytes(state.params)
   num_params, model_bytes = (num_params // (run.config.workers * group.size),
                              model_bytes // (run.config.workers * group.size))
-  block_step = block_step_lib.BlockStep(group, loss_hook=loss_hook)
+  block_step = block_step_lib.BlockStep(group)
   if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
     run.config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
   replicas = [loop_lib.Replica.start(r, setup.clock_for(r, model_bytes), workdir)
@@ -136,45 +131,26 @@ def _train_locked(group, configs, workdirs, state_bytes, stop_requests, loss_hoo
   try:
     state, step = _restore(group, replicas, state)
     for r in replicas:
-      r.writer = metrics_io.MetricsWriter(r.workdir, keep_through_step=step or None, enabled=lead)
+      r.recorder.open(resumed_step=step)
     loop_lib.Loop(group, replicas, block_step, num_params).run(state, step, stop_requests)
   finally:
     for r in replicas:
-      r.checkpointer.close()
-      if r.writer is not None:
-        r.writer.close()
-  return [r.summary if r.failure is None else r.failure for r in replicas]
+      r.recorder.close()
+  return [r.recorder.summary if r.recorder.failure is None else r.recorder.failure for r in replicas]
 
 
 def _restore(group: setup.Group, replicas: list[loop_lib.Replica], state):
-  """Restores every replica from the newest checkpoint step they all have (a kill between the replicas' saves
-  leaves some a checkpoint ahead: they go back one); the group's state and that step, or (state, 0) if none.
-
-  A checkpoint that does not read back is moved aside (`checkpointing.quarantine_step`) and the choice made again.
-  """
+  """Every replica as it was at the newest checkpoint step they all have: the group's state and that step, or
+  (state, 0) if none (`recorder.restore_common_step`)."""
   like = setup.replica_state(group, state, 0) if group.batched else state
-  while True:
-    steps = [set(r.checkpointer.all_steps()) for r in replicas]
-    if not any(steps):
-      return state, 0
-    common = set.intersection(*steps)
-    if not common:
-      raise ValueError('the runs of this group have no checkpoint step in common (latest: '
-                       + ', '.join(f'{r.workdir}: {max(s) if s else None}' for r, s in zip(replicas, steps))
-                       + '): train them in separate groups (experiments.harness.replicas.partition does)')
-    step = max(common)
-    restored = [r.checkpointer.restore_step(step, like, checkpointing.quarantine_step(r.workdir)) for r in replicas]
-    if all(x is not None for x in restored):
-      break
+  found = recorder_lib.restore_common_step([r.recorder for r in replicas], like)
+  if found is None:
+    return state, 0
+  step, restored = found
   for r, (_, meta) in zip(replicas, restored):
-    r.wall_offset = float(meta['wall_time'])
+    r.recorder.restore(step, meta)
     r.positions = np.asarray(meta['positions'], np.int64)
     r.clock.load_state_dict(meta['clock'])
-    r.time_to_target, r.last_eval = meta['time_to_target'], meta['last_eval']
-    r.window = window_lib.Window(loop_lib.reports(r.run), meta['window'])
-    r.last_train_loss = float(meta['train_loss'])
-    r.sim_time = r.clock.sim_time
-    log.info('Resumed from the checkpoint at step %d in %s', step, r.workdir)
   return setup.stack_replicas(group, [s for s, _ in restored]), step
 
 

@@ -1,14 +1,12 @@
 """A block's inputs in ONE transfer (`pack` on the host), and back inside the program (`unpack`).
 
-Every array handed to the devices is a transfer of its own to each device (about 40 us on XLA:CPU for 8 devices,
-whatever its size), and a block's inputs were up to ten of them. The host packs every integer of the block
-into ONE array sharded over the workers: the examples' indices, when the data set lives on the devices (the step
-gathers its micro-batches there), every per-worker field of the schedule, then the uniform fields, the step
-numbers and the uniform fields that differ between replicas, each repeated in every worker's row (a few bytes;
-a replicated array of their own cost a second transfer, a quarter of the host's work per block of a small
-model). Bools and ints travel as integers, floats bitcast to the integers of their width: unpacking gives back
-exactly what a direct transfer gives. A data set that does not live on the devices still sends its examples as
-arrays of their own.
+Every array handed to the devices is a transfer of its own to each device, whatever its size. So the host packs
+every integer of a block into ONE array sharded over the workers: the examples' indices (when the data set lives
+on the devices and the program gathers its micro-batches there), every per-worker field of the schedule, then
+the uniform fields, the step numbers and the uniform fields that differ between replicas, each repeated in every
+worker's row. Bools and ints travel as integers, floats bitcast to the integers of their width: unpacking gives
+back exactly what a direct transfer gives. A data set that does not live on the devices still sends its
+examples as arrays of their own.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ _BATCHED_DEVICE_PUT = getattr(pxla, 'batched_device_put', None)  # None: a JAX w
 def put(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
   """`jax.device_put(array, sharding)` of a host array in this process, by the call it ends in
   (`pxla.batched_device_put`: each device's slice handed over at once) without the tree walk and checks around
-  it: 18 us against 41 us for a block's pack on 8 XLA:CPU devices, measured alone, and 2-4 times both while the
-  devices run. Falls back to `jax.device_put` if a JAX version lacks that call (tests/.../test_transfer.py
-  checks that the pinned one has it, and that both give the same array)."""
+  it. Falls back to `jax.device_put` where a JAX version lacks that call (tests/.../test_transfer.py checks that
+  the pinned one has it, and that both give the same array)."""
   fast = _BATCHED_DEVICE_PUT
   if fast is None or sharding.is_fully_replicated:
     return jax.device_put(array, sharding)
@@ -57,8 +54,7 @@ def put(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
 
 def fetch(array: jax.Array) -> np.ndarray:
   """`np.asarray(array)` of an array whose shards all live in this process, assembled here from its shards by
-  position (`addressable_data`, without the `Shard` objects that `addressable_shards` builds at each read): 22 us
-  against 38-44 us for `np.asarray` of a block's measurements over 8 XLA:CPU devices, measured alone."""
+  position (`addressable_data`, without the `Shard` objects that `addressable_shards` builds at each read)."""
   if not isinstance(array, jax.Array):
     return np.asarray(array)
   if array.is_fully_replicated:
@@ -73,7 +69,7 @@ def fetch(array: jax.Array) -> np.ndarray:
 def _shards(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
   """(this process's devices, where each one's shard of an array of `shape` goes), in the sharding's addressable
   device order, the order `addressable_data` numbers an array's shards (tests/experiments/harness/test_transfer.py
-  checks it on a permuted mesh); computed once per sharding and shape, not at every block's `put` and `fetch`."""
+  checks it on a permuted mesh); computed once per sharding and shape."""
   placement = sharding.addressable_devices_indices_map(shape)
   return tuple(placement), tuple(placement.values())
 

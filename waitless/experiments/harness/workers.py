@@ -86,8 +86,8 @@ class WorkerLayout:
                          check_vma=self.local == 1)
 
 
-# The loop asks for these every block: each new NamedSharding is hashed again by the transfer and the jitted
-# call's cache (tens of microseconds of the host's work per block, which on a small machine delays the devices).
+# The loop asks for these every block: one NamedSharding per mesh and spec, not a new one that the transfer and
+# the jitted call's cache hash again.
 @functools.lru_cache(maxsize=64)
 def _named_sharding(mesh: Mesh, spec: PartitionSpec) -> NamedSharding:
   return NamedSharding(mesh, spec)

@@ -79,10 +79,10 @@ class ActorsReplayTest(parameterized.TestCase):
     self.assertLen(traj.schedules, 12)
     replay(self, traj, ray_config.server_config(config), variant, block=12, restarts=True)
     self.assertEqual([r['step'] for r in rows], [3, 6, 9, 12])
-    self.assertTrue(all(r['clock'] == 'measured' and r['runtime'] == 'ray' for r in rows))
+    self.assertTrue(all(r['measured_time'] > 0 and 'sim_time' not in r for r in rows))
     self.assertIn('eval_accuracy', rows[1])
     self.assertEqual(written['steps'], 12)
-    self.assertEqual(summary['runtime'], 'ray')
+    self.assertEqual((summary['runtime'], summary['clock']), ('ray', 'measured'))
     self.assertGreater(written['measured_time'], 0.0)
 
 

@@ -3,16 +3,16 @@
 The driver (this process) joins a Ray cluster (`address`; without one it starts a local Ray that stops with the
 run), starts the server actor (`server.ServerActor`: the model, the real arrivals, the algorithm's own update)
 and one learner actor per worker (`worker.LearnerActor`: one device each), waits until every actor compiled,
-starts the measured clock, and lets the learners work. While they do, it drains the server's records: metrics
-rows every `log_every` updates, the evaluation of the server model every `eval_every`, an orbax checkpoint every
-`checkpoint_every` (and at the end), the event log (`events.py`). It writes what any run writes (metrics.jsonl,
-summary.json, TensorBoard, checkpoints, config.json), with `sim_time` the measured training seconds (every row
-and the summary say `"clock": "measured"`, `"runtime": "ray"`): actor start-up and compilation left out,
-evaluation and checkpoints included (they run in the driver beside the training, as a real job's would).
+starts the measured clock, and lets the learners work. While they do, it drains the server's records into the
+run's recorder (`recorder.RunRecorder`, as the lock-step loop does): a metrics row every `log_every` updates, the
+evaluation of the server model every `eval_every`, an orbax checkpoint every `checkpoint_every` (and at the
+end); and into the event log (`events.py`). The time is `measured_time`, the measured training seconds (the
+summary says `"clock": "measured"`, `"runtime": "ray"`): actor start-up and compilation left out, evaluation and
+checkpoints included (they run in the driver beside the training, as a real job's would).
 
 Failures: a learner actor that dies is restarted by Ray (`ray.max_restarts` times) and fetches its view again;
 the driver says so in one line and the run goes on (a synchronous one waits for it). A learner lost for good
-stops a run whose update needs more learners than are left (`loop.ClusterStalled`). SIGTERM / Ctrl-C
+stops a run whose update needs more learners than are left (`recorder.ClusterStalled`). SIGTERM / Ctrl-C
 checkpoint the server after its last update and raise `preemption.Preempted`; kill -9 of the driver loses what
 followed the last checkpoint, and the same command resumes from it.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import socket
@@ -34,12 +33,10 @@ import jax
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import checkpointing
 from waitless.experiments.harness import evaluation
-from waitless.experiments.harness import loop as loop_lib
-from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
+from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import workdir as workdir_lib
 from waitless.experiments.harness import workdir_lock
@@ -52,8 +49,9 @@ from waitless.experiments.harness.ray_runtime import worker as worker_lib
 
 log = logging.getLogger('waitless')
 
-CLOCK = 'measured'
 RUNTIME = 'ray'
+# What a metrics row reports of the updates since the last one, beyond the recorder's own (their reductions).
+REPORTS = {'k': 'mean', 'max_staleness': 'max', 'discarded': 'sum', 'update_s': 'mean'}
 CONNECT_TIMEOUT_S = 15.0
 POLL_S = 0.05
 START_TIMEOUT_S = 600.0  # actors start, import JAX and compile: minutes on a busy cluster
@@ -150,30 +148,19 @@ def _runtime_env() -> dict[str, Any]:
   return {'env_vars': env}
 
 
-class Window:
-  """Sums of the updates since the last metrics row."""
-
-  def __init__(self):
-    self.records: list[server_lib.UpdateRecord] = []
-
-  def add(self, record: server_lib.UpdateRecord) -> None:
-    self.records.append(record)
-
-  def row(self, previous_time_s: float) -> dict[str, float]:
-    records, self.records = self.records, []
-    taken = [p for r in records for p in r.pushes if p.outcome in (arrivals_lib.TAKEN, arrivals_lib.TAKEN_LAST)]
-    ends = [r.update.time_s for r in records]
-    return {'train_loss': float(np.mean([r.train_loss for r in records])),
-            'l2_grads': float(np.mean([r.l2_grads for r in records])),
-            'k': float(np.mean([int(r.update.schedule.k) for r in records])),
-            'staleness': float(np.mean([p.delay for p in taken])) if taken else 0.0,
-            'max_staleness': float(max((p.delay for p in taken), default=0)),
-            'discarded': float(sum(p.outcome == arrivals_lib.DISCARDED for r in records for p in r.pushes)),
-            'update_s': (ends[-1] - previous_time_s) / len(records)}
+def update_measurements(record: server_lib.UpdateRecord, previous_time_s: float) -> dict[str, float]:
+  """One update's contribution to the metrics window: its loss and gradient norm, K, the mean and largest delay of
+  the gradients it took, the pushes it discarded, and its duration."""
+  taken = [p.delay for p in record.pushes if p.outcome in (arrivals_lib.TAKEN, arrivals_lib.TAKEN_LAST)]
+  return {'iterations': 1.0, 'train_loss': record.train_loss, 'l2_grads': record.l2_grads,
+          'k': float(int(record.update.schedule.k)), 'staleness': float(np.mean(taken)) if taken else 0.0,
+          'max_staleness': float(max(taken, default=0)),
+          'discarded': float(sum(p.outcome == arrivals_lib.DISCARDED for p in record.pushes)),
+          'update_s': record.update.time_s - previous_time_s}
 
 
 class Driver:
-  """One Ray run: actors, the drain loop, metrics, evaluation, checkpoints, failures."""
+  """One Ray run: actors, the drain loop, failures; what it measures goes to its recorder."""
 
   def __init__(self, config, workdir: str, address: Optional[str], hooks: worker_lib.DebugHooks):
     self.run = pieces.build(config)  # validates the config: before Ray starts
@@ -181,37 +168,26 @@ class Driver:
     self.num_steps = self.run.config.num_steps
     self.policy = arrivals_lib.policy_of(self.run.rule)
     self.evaluator = evaluation.make_evaluator(self.run)
-    self.checkpointer: Optional[checkpointing.Checkpointer] = None
-    self.writer = self.events = self.lock = None
-    self.window = Window()
-    self.time_to_target: Optional[float] = None
-    self.last_eval: dict = {}
-    self.last_train_loss = math.nan
-    self.last_time_s = 0.0
+    self.recorder = recorder_lib.RunRecorder(workdir, self.run.config, REPORTS, recorder_lib.MEASURED, RUNTIME)
+    self.events = self.lock = None
     self.step = 0
     self.num_params = 0
     self.deaths = np.zeros(config.workers, np.int64)
     self.lost: set[int] = set()
-    self.start_wall = time.time()
-    self.wall_offset = 0.0
 
   def prepare_workdir(self, like_state) -> tuple[Any, dict]:
     """Writes config.json and restores the newest readable checkpoint: (state, meta), or (None, {})."""
     checkpointing.check_writable([self.workdir], setup.param_count_and_bytes(like_state)[1])
-    os.makedirs(self.workdir, exist_ok=True)
-    atomic_files.write_text(os.path.join(self.workdir, 'config.json'), self.config.to_json_best_effort(indent=2))
-    self.checkpointer = checkpointing.Checkpointer(os.path.join(self.workdir, 'checkpoints'))
-    while True:
-      step = self.checkpointer.latest_step()
-      if step is None:
-        return None, {}
-      restored = self.checkpointer.restore_step(step, like_state, checkpointing.quarantine_step(self.workdir))
-      if restored is not None:
-        log.info('Resumed from the checkpoint at step %d in %s', step, self.workdir)
-        return restored
+    recorder_lib.write_config(self.workdir, self.config)
+    found = recorder_lib.restore_common_step([self.recorder], like_state)
+    if found is None:
+      return None, {}
+    step, [(state, meta)] = found
+    self.recorder.restore(step, meta)
+    return state, meta
 
   def train(self, stop_requests: preemption.StopRequests) -> dict[str, Any]:
-    import ray
+    import ray  # only a Ray run pays for it
     workdir_lib.check_workdir(self.workdir, self.config)  # a conflict is news before Ray starts
     self.lock = workdir_lock.WorkdirLock(self.workdir)  # one program per workdir
     started = connect(self.address)
@@ -223,18 +199,14 @@ class Driver:
       self.num_params = setup.param_count_and_bytes(like.params)[0] // self.config.workers
       state, meta = self.prepare_workdir(like)
       self.step = int(meta.get('step', 0))
-      self.last_time_s = float(meta.get('measured_time', 0.0))
-      self.wall_offset = float(meta.get('wall_time', 0.0))
-      self.time_to_target, self.last_eval = meta.get('time_to_target'), meta.get('last_eval', {})
-      self.last_train_loss = float(meta.get('train_loss', math.nan))
-      self.writer = metrics_io.MetricsWriter(self.workdir, keep_through_step=self.step or None)
+      self.recorder.open(resumed_step=self.step)
       self.events = events_lib.EventLog(self.workdir, keep_through_step=self.step or None)
       if self.step >= self.num_steps:  # killed after its last checkpoint, before its summary
         return self.finish()
       env = _runtime_env()
       server = ray.remote(server_lib.ServerActor).options(
           num_cpus=wanted['server_cpus'], max_restarts=0, runtime_env=env).remote(
-              self.config, state, self.step, meta.get('positions'), meta.get('adasync'), self.last_time_s)
+              self.config, state, self.step, meta.get('positions'), meta.get('adasync'), self.recorder.time)
       learners = [ray.remote(worker_lib.LearnerActor).options(
           num_cpus=wanted['worker_cpus'], num_gpus=wanted['worker_gpus'], max_restarts=self.config.ray.max_restarts,
           max_task_retries=0, runtime_env=env).remote(self.config, i, self.hooks)
@@ -245,7 +217,7 @@ class Driver:
       self.wait_until_ready(server, learners)
       self.evaluator.measure(ray.get(server.snapshot.remote()))  # compiles the evaluation before the clock starts
       ray.get(server.start.remote())
-      self.start_wall = time.time()
+      self.recorder.start_wall = time.time()
       works = {learner.work.remote(server): i for i, learner in enumerate(learners)}
       return self.drive(server, learners, works, stop_requests)
     finally:
@@ -276,7 +248,7 @@ class Driver:
         break
       if stop_requests.signal_name is not None:
         self.record(*ray.get(server.stop.remote()))  # the updates since the last drain, and a checkpoint
-        self.checkpointer.wait()
+        self.recorder.checkpointer.wait()
         raise preemption.Preempted(self.step, self.workdir, stop_requests.signal_name)
       done, _ = ray.wait(list(works), num_returns=len(works), timeout=POLL_S)
       for ref in done:
@@ -290,8 +262,8 @@ class Driver:
       if time.time() - last_progress >= self.config.progress_every_s:
         last_progress = time.time()
         log.info('step %d/%d  loss %.4f  measured %.2fs  %.1f updates/s', self.step, self.num_steps,
-                 self.last_train_loss, self.last_time_s, self.step / max(self.last_time_s, 1e-9))
-    self.checkpointer.wait()
+                 self.recorder.last_train_loss, self.recorder.time, self.step / max(self.recorder.time, 1e-9))
+    self.recorder.checkpointer.wait()
     return self.finish()
 
   def learner_died(self, i: int, error: Exception) -> None:
@@ -307,66 +279,44 @@ class Driver:
     left = self.config.workers - len(self.lost)
     k = arrivals_lib.initial_k(self.run.rule)
     if left == 0 or (self.policy.waits and left < k):
-      raise loop_lib.ClusterStalled(f'learner {i} died {self.deaths[i]} times and is lost for good; '
-                                    f'{self.config.algorithm.name} needs {k} learners per update and {left} are '
-                                    f'left. Stopped after step {self.step}; rerun to resume from the last checkpoint')
+      raise recorder_lib.ClusterStalled(
+          f'learner {i} died {self.deaths[i]} times and is lost for good; {self.config.algorithm.name} needs {k} '
+          f'learners per update and {left} are left. Stopped after step {self.step}; rerun to resume from the last '
+          'checkpoint')
     log.warning('learner %d is lost for good (died %d times); %d learners go on', i, self.deaths[i], left)
 
   def record(self, records, snapshots: dict, checkpoints: dict) -> None:
-    """Metrics rows, evaluations, event-log lines and checkpoints of the updates drained from the server."""
-    cfg = self.run.config
+    """The updates drained from the server: into the event log and the recorder (rows, evaluations,
+    checkpoints); a loss that is not finite stops the run."""
+    cfg, recorder = self.run.config, self.recorder
     for record in records:
       self.events.write(record.step, record.update, record.pushes)
-      self.window.add(record)
-      self.step = record.step
+      recorder.window.add_reduced(update_measurements(record, recorder.time))
+      self.step, recorder.time, recorder.last_train_loss = record.step, record.update.time_s, record.train_loss
+      if not recorder.check_finite(np.float64(record.train_loss), record.step - 1):
+        raise recorder.failure
       evaluates = record.step in snapshots
       if evaluates or record.step % cfg.log_every == 0 or record.step == self.num_steps:
-        row = {'step': record.step, 'sim_time': record.update.time_s, 'wall_time': self.wall(),
-               **self.window.row(self.last_time_s), 'clock': CLOCK, 'runtime': RUNTIME}
-        self.last_time_s, self.last_train_loss = record.update.time_s, row['train_loss']
-        if not math.isfinite(row['train_loss']):
-          kept = self.checkpointer.latest_step()
-          raise loop_lib.TrainingDiverged(f'training loss is {row["train_loss"]} at step {record.step}; stopped, '
-                                          f'the last good checkpoint (step {kept}) is kept in {self.workdir}')
-        if evaluates:
-          self.last_eval = self.evaluator.measure(snapshots[record.step])
-          row.update({k: v for k, v in self.last_eval.items() if k != 'param_norm'})
-          if self.time_to_target is None and self.last_eval['eval_accuracy'] >= cfg.target_accuracy:
-            self.time_to_target = row['sim_time']
-        self.writer.write(row)
+        recorder.log(record.step, self.evaluator.measure(snapshots[record.step]) if evaluates else None)
       if record.step in checkpoints:
         self.save(*checkpoints.pop(record.step))
     for step in sorted(checkpoints):  # a stop's checkpoint of an update drained before (`server.Server.stop`)
       self.save(*checkpoints[step])
     self.events.flush()
 
-  def wall(self) -> float:
-    return self.wall_offset + time.time() - self.start_wall
-
   def save(self, step: int, state, meta: dict) -> None:
-    meta = {**meta, 'wall_time': self.wall(), 'time_to_target': self.time_to_target, 'last_eval': self.last_eval,
-            'train_loss': self.last_train_loss}
-    self.writer.flush()  # the rows up to this step are what a resume keeps: in the file before the checkpoint
-    self.checkpointer.save(step, state, meta, copy=False)
+    """The server's checkpoint of `step` (its state, data positions and AdaSync's K)."""
+    self.recorder.checkpoint(step, state, {k: v for k, v in meta.items() if k not in ('step', 'measured_time')},
+                             copy=False)
 
   def finish(self) -> dict[str, Any]:
-    last = self.last_eval
-    summary = {
-        'clock': CLOCK, 'runtime': RUNTIME, 'measured_time': self.last_time_s,
-        'steps': self.step, 'sim_time': self.last_time_s, 'wall_time': self.wall(),
-        'mean_update_s': self.last_time_s / max(self.step, 1),
-        'final_train_loss': self.last_train_loss, 'final_eval_loss': last.get('eval_loss'),
-        'final_eval_accuracy': last.get('eval_accuracy'), 'param_norm': last.get('param_norm'),
-        'time_to_target': self.time_to_target, 'num_params': self.num_params,
-        'replicas': 1, 'learner_deaths': int(self.deaths.sum()),
-    }
-    atomic_files.write_json(os.path.join(self.workdir, 'summary.json'), summary, indent=2)
-    return summary
+    return self.recorder.finish(self.step, self.num_params, extra={
+        'mean_update_s': self.recorder.time / max(self.step, 1), 'learner_deaths': int(self.deaths.sum())})
 
   def close(self) -> None:
-    for closeable in (self.checkpointer, self.writer, self.events):
-      if closeable is not None:
-        closeable.close()
+    self.recorder.close()
+    if self.events is not None:
+      self.events.close()
     if self.lock is not None:
       self.lock.release()
 
@@ -381,7 +331,7 @@ def train_and_evaluate(config, workdir: str, stop_requests: Optional[preemption.
 
   Raises:
     config_errors.ConfigError, ray_config.RayUnavailable: before any actor starts (one line).
-    loop.TrainingDiverged, loop.ClusterStalled: the run stopped there; its last good checkpoint is kept.
+    recorder.TrainingDiverged, recorder.ClusterStalled: the run stopped there; its last good checkpoint is kept.
     preemption.Preempted: SIGTERM or SIGINT arrived; the server's state after its last update is checkpointed.
   """
   stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests

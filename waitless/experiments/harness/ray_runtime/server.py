@@ -2,7 +2,7 @@
 
 `ServerCore` holds what the emulator holds for the family (`algorithms.parameter_server`): every learner's view
 as `params` (P, ...), the server copy W_t and the inner optimizer state in `opt_state`. An update is the
-emulator's per-worker update (`experiments.harness.step.make_worker_update` around the algorithm's
+lock-step program's per-worker update (`experiments.harness.step.make_worker_update` around the algorithm's
 transformation), vmapped over the P learners on the server's one device exactly as the simulated run maps its
 workers onto a device: the same functions, fed the gradient sums that really arrived and the schedule that
 `arrivals.Arrivals` made of their arrival order. No second copy of the math.
@@ -31,11 +31,11 @@ from jax.sharding import PartitionSpec
 from waitless.algorithms import parameter_server as ps
 from waitless.cluster.rules import adasync as adasync_rule
 from waitless.cluster.rules import base as rules_base
-from waitless.experiments.harness import block_step
 from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
 from waitless.experiments.harness import workers as workers_lib
+from waitless.experiments.harness import xla_cpu
 from waitless.experiments.harness.ray_runtime import arrivals as arrivals_lib
 from waitless.experiments.harness.ray_runtime import pieces
 
@@ -66,7 +66,7 @@ class ServerCore:
     layout = run.layout
     self.state = setup.init_state(run) if state is None else jax.device_put(state, layout.sharding())
     update = step_lib.make_worker_update(run.tx, run.microbatches, run.spec.gradient_sums,
-                                         block_step.flat_norms_pay_off(layout))  # the emulator's norms
+                                         xla_cpu.norm(layout.platform))  # the lock-step program's norms
     uniform_fields = ps.ServerSchedule.UNIFORM
     worker = PartitionSpec(workers_lib.DEVICE_AXIS)
 
