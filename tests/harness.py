@@ -45,10 +45,10 @@ def _loop(group: setup.Group, model_bytes: float, rounds: bool) -> loop_lib.Loop
 
 def _advance(loop: loop_lib.Loop, state, step: int, n: int):
   """One block of `n` iterations from `step` through the loop's own per-block methods, as `Loop.run` calls them:
-  `prepare` (schedules and inputs), `dispatch` (the block step), `measurements`, and `accept` for each replica
+  `reader.prepare` (schedules and inputs), `dispatch` (the block step), `measurements`, and `accept` for each replica
   (its metrics window and its clock's loss feedback). Returns the new state, the `Prepared` block and the host
   measurements."""
-  prepared = loop.prepare(step, n)
+  prepared = loop.reader.prepare(step, n)
   assert prepared is not None and not prepared.stalled and len(prepared.live) == len(loop.replicas), (
       f'every replica must run the block at step {step}')
   state, measured = loop.dispatch(state, prepared)

@@ -215,7 +215,7 @@ class ResumeAcrossBlockBoundariesTest(parameterized.TestCase):
 
 class BlockIterationsTest(parameterized.TestCase):
   """`Block.iterations`: a block of n iterations cut into parts is the blocks of those parts drawn in turn (the
-  training loop draws several blocks at once, `loop.Loop.prepare`), field by field and to the bit."""
+  training loop draws several blocks at once, `reader.BlockReader.prepare`), field by field and to the bit."""
 
   @parameterized.named_parameters(*((f'{rule}_{name}', rule, name) for rule in RULES
                                     for name in ('exponential', 'random_delay', 'failure_returns')))

@@ -1,5 +1,5 @@
-"""Blocks drawn and read ahead together (`loop.Loop.prepare`, `Loop.rewind`) against the same loop taking them
-one at a time, as it did before: the same blocks, inputs, clocks and data positions, a stall found at the same
+"""Blocks drawn and read ahead together (`reader.BlockReader.prepare`, `BlockReader.rewind`) against the same
+reader taking them one at a time: the same blocks, inputs, clocks and data positions, a stall found at the same
 block, and the same metrics rows from a whole run."""
 
 from unittest import mock
@@ -11,6 +11,7 @@ import numpy as np
 
 from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import reader as reader_lib
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import train
@@ -30,30 +31,31 @@ def _group(arg: str, replicas: int, **overrides):
   return setup.build_group(configs)
 
 
-def _loops(group) -> tuple[loop_lib.Loop, loop_lib.Loop]:
-  """The loop as it runs (reads ahead where it may) and the same loop one block at a time."""
+def _readers(group, checkpoint_due=lambda: False) -> tuple[reader_lib.BlockReader, reader_lib.BlockReader]:
+  """The loop's block reader as it runs (reads ahead where it may) and the same reader one block at a time."""
   _, model_bytes = setup.param_count_and_bytes(setup.init_state(group).params)
   made = []
   for _ in range(2):
     members = [loop_lib.Replica.start(run, setup.clock_for(run, model_bytes)) for run in group.runs]
-    made.append(loop_lib.Loop(group, members, block_step=None))
+    lookahead = not group.lead.rule.uses_feedback and not group.lead.measured  # as `loop.Loop` decides
+    made.append(reader_lib.BlockReader(group, members, lookahead, checkpoint_due))
   made[1].reads_ahead = False
   return made[0], made[1]
 
 
-def _assert_same_block(test, a: loop_lib.Prepared, b: loop_lib.Prepared):
+def _assert_same_block(test, a: reader_lib.Prepared, b: reader_lib.Prepared):
   test.assertEqual((a.step, a.length, a.live, sorted(a.stalled)), (b.step, b.length, b.live, sorted(b.stalled)))
   for x, y in zip(a.blocks, b.blocks):
     test.assertEqual(x is None, y is None)
     if x is not None:
       test_shared_host_work._assert_blocks_equal(x, y)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.inputs[0]), jax.device_get(b.inputs[0]))
-  test.assertEqual(a.inputs[1], b.inputs[1])  # spec
+  test.assertEqual(a.inputs[1], b.inputs[1])  # packing
   np.testing.assert_array_equal(a.inputs[2], b.inputs[2])  # steps
   test.assertEqual(a.inputs[3], b.inputs[3])  # gradient slots
 
 
-def _assert_same_host_state(test, a: loop_lib.Loop, b: loop_lib.Loop):
+def _assert_same_host_state(test, a: reader_lib.BlockReader, b: reader_lib.BlockReader):
   for r, s in zip(a.replicas, b.replicas):
     np.testing.assert_array_equal(r.positions, s.positions)
     test.assertEqual(r.clock.state_dict(), s.clock.state_dict())
@@ -63,9 +65,9 @@ class ReadAheadTest(parameterized.TestCase):
 
   @parameterized.product(arg=ALGORITHMS, replicas=(1, 2))
   def test_blocks_read_ahead_equal_blocks_read_one_at_a_time(self, arg, replicas):
-    ahead, one_by_one = _loops(_group(arg, replicas))
+    ahead, one_by_one = _readers(_group(arg, replicas))
     lead = ahead.lead
-    self.assertEqual(ahead.reads_ahead, ahead.lookahead and inputs_lib.reads_ahead(lead))
+    self.assertEqual(ahead.reads_ahead, not lead.rule.uses_feedback and inputs_lib.reads_ahead(lead))
     self.assertEqual(ahead.reads_ahead, not lead.rule.uses_feedback and not lead.finished_only)
     spans, step = [], 0
     while step < 40:
@@ -79,13 +81,13 @@ class ReadAheadTest(parameterized.TestCase):
         _assert_same_host_state(self, ahead, one_by_one)
     if ahead.reads_ahead:  # from the start and from the checkpoint's step, at most AHEAD_BLOCKS blocks each
       self.assertContainsSubset([0, 24], spans)
-      self.assertLessEqual(len(spans), 2 * 40 // (loop_lib.AHEAD_BLOCKS * 2))
+      self.assertLessEqual(len(spans), 2 * 40 // (reader_lib.AHEAD_BLOCKS * 2))
     else:
       self.assertEmpty(spans)
 
   @parameterized.parameters('sync', 'kasync,k=2', 'local_sgd,local_steps=2')
   def test_a_rewind_inside_a_span_leaves_what_one_block_at_a_time_leaves(self, arg):
-    ahead, one_by_one = _loops(_group(arg, 2))
+    ahead, one_by_one = _readers(_group(arg, 2))
     step = 0
     for _ in range(3):
       a, b = ahead.prepare(step), one_by_one.prepare(step)
@@ -102,16 +104,15 @@ class ReadAheadTest(parameterized.TestCase):
 
   def test_a_passed_checkpoint_period_reads_one_block(self):
     # Each block would end with a checkpoint that rewinds what was read past it: read none.
-    ahead, _ = _loops(_group('sync', 1, checkpoint_every_s=1e-9))
+    ahead, _ = _readers(_group('sync', 1), checkpoint_due=lambda: True)
     self.assertTrue(ahead.reads_ahead)
-    ahead.last_checkpoint -= 1.0
     self.assertEqual(ahead.prepare(0).length, 3)
     self.assertIsNone(ahead.ahead)
 
   def test_a_stall_inside_a_span_stops_at_the_same_block(self):
     group = _group('sync', 1, **{'stragglers.fail_worker': 1, 'stragglers.fail_at_s': 0.3,
                                  'stragglers.return_at_s': -1.0, 'stragglers.rate': 100.0})
-    ahead, one_by_one = _loops(group)
+    ahead, one_by_one = _readers(group)
     step, blocks = 0, 0
     while True:
       a, b = ahead.prepare(step), one_by_one.prepare(step)

@@ -60,7 +60,7 @@ class SharedHostWorkTest(parameterized.TestCase):
     rng = np.random.default_rng(0)
     step = 0
     for n in (3, 5, 2):
-      a, b = shared.prepare(step, n), separate.prepare(step, n)
+      a, b = shared.reader.prepare(step, n), separate.reader.prepare(step, n)
       for x, y in zip(a.blocks, b.blocks):
         _assert_blocks_equal(x, y)
       jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.inputs[0]), jax.device_get(b.inputs[0]))

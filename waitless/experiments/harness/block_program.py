@@ -181,7 +181,7 @@ def make_block_step(run, replicas: Optional[ReplicaAxis] = None, round_length: O
       (R, n) ("own"), else (n,) (shared).
     data: the training arrays (N, ...) replicated on every device when the examples come as indices, else None.
     values: with `replicas`, the per-replica inputs of `ReplicaAxis.build`, path -> (R,) replicated; else None.
-    packing: static, the `transfer.PackSpec` of `packed`.
+    packing: static, the `transfer.Packing` of `packed`.
     slots: static, `gradient_slots` of the block's `microbatches_done`: None, every slot computes.
   With `round_length` R, n must be a multiple of R and steps[0] a multiple of R (whole rounds). `stopwatch`:
   time each device's gradient phase (`measured_time.Stopwatch`). `busy_loop`: compute busy slots in a loop

@@ -75,9 +75,9 @@ def batch_slots(run: setup.Run, blocks) -> int:
 
 
 def reads_ahead(run: setup.Run) -> bool:
-  """Whether the loop may read several blocks' inputs at once (`loop.Loop.prepare`): where the data set lives on
-  the devices (the host sends indices, a few bytes per example, so a span's inputs are small) and every block
-  has all its micro-batch slots (`batch_slots`: one batch shape whatever the schedule)."""
+  """Whether the loop may read several blocks' inputs at once (`reader.BlockReader.prepare`): where the data set
+  lives on the devices (the host sends indices, a few bytes per example, so a span's inputs are small) and every
+  block has all its micro-batch slots (`batch_slots`: one batch shape whatever the schedule)."""
   return run.dataset.train.resident is not None and (not run.finished_only or
                                                      measured_time.counts_measured(run.config))
 
@@ -107,9 +107,10 @@ def _pack(run: setup.Run, examples, per_worker, shared, own, steps):
 
 class HostInputs(NamedTuple):
   """The inputs of a span of iterations on the host (`read_block`, `read_stacked`), placed on the devices one
-  block of them at a time (`place`): the loop reads the blocks prepared ahead together (`loop.Loop.prepare`)."""
+  block of them at a time (`place`): the blocks prepared ahead together are read together
+  (`reader.BlockReader.prepare`)."""
   packed: transfer.Packed  # host arrays; the iterations on axis 0 for a run, 1 for a group
-  spec: transfer.PackSpec
+  packing: transfer.Packing
   steps: np.ndarray        # int32 (N,)
   done: np.ndarray         # every worker's microbatches_done (the same on every process): (N, P) for a run,
                            # (R, N, P) for a group (0 for a frozen replica)
@@ -122,7 +123,7 @@ class HostInputs(NamedTuple):
 
 
 def place(layout, host: HostInputs, start: int = 0, stop: Optional[int] = None):
-  """The step's (packed inputs on the devices, their spec, steps, slots) for iterations `start:stop` of `host`.
+  """The step's (packed inputs on the devices, their packing, steps, slots) for iterations `start:stop` of `host`.
 
   slots: the block's gradient slots (`step.gradient_slots`); for a group, None while every live replica's
   workers are all busy (the dense program: a frozen replica's zero gradients are computed for nothing, see
@@ -134,7 +135,7 @@ def place(layout, host: HostInputs, start: int = 0, stop: Optional[int] = None):
     slots = block_program.gradient_slots(done, layout.devices)
   else:
     slots = None
-  return _to_devices(layout, packed, host.leading), host.spec, host.steps[start:stop], slots
+  return _to_devices(layout, packed, host.leading), host.packing, host.steps[start:stop], slots
 
 
 def read_block(run: setup.Run, block, positions: np.ndarray, step: int) -> tuple[HostInputs, np.ndarray]:
@@ -142,12 +143,12 @@ def read_block(run: setup.Run, block, positions: np.ndarray, step: int) -> tuple
   schedule and the steps packed: `experiments.harness.transfer`), and the data positions after it."""
   (examples, per_worker, same), positions = host_inputs(run, block, positions, batch_slots(run, [block]))
   steps = np.arange(step, step + len(block.duration), dtype=np.int32)
-  packed, spec = _pack(run, examples, per_worker, same, {}, steps)
-  return HostInputs(packed, spec, steps, block.schedule.microbatches_done), positions
+  packed, packing = _pack(run, examples, per_worker, same, {}, steps)
+  return HostInputs(packed, packing, steps, block.schedule.microbatches_done), positions
 
 
 def block_inputs(run: setup.Run, block, positions: np.ndarray, step: int):
-  """The step's (packed inputs, their spec, steps, slots) for `block` (`read_block`, `place`): the four
+  """The step's (packed inputs, their packing, steps, slots) for `block` (`read_block`, `place`): the four
   arguments after the state, and the data positions after the block."""
   host, positions = read_block(run, block, positions, step)
   return place(run.layout, host), positions
@@ -198,12 +199,12 @@ def read_stacked(group: setup.Group, blocks: Sequence[Any], positions: Sequence[
   done = np.stack([np.zeros_like(live[0].schedule.microbatches_done) if b is None
                    else b.schedule.microbatches_done for b in blocks])  # every worker's, on every process
   steps = np.arange(step, step + len(live[0].duration), dtype=np.int32)
-  packed, spec = _pack(run, examples, per_worker, shared, own, steps)
-  return HostInputs(packed, spec, steps, done, live=~frozen), after
+  packed, packing = _pack(run, examples, per_worker, shared, own, steps)
+  return HostInputs(packed, packing, steps, done, live=~frozen), after
 
 
 def stacked_inputs(group: setup.Group, blocks: Sequence[Any], positions: Sequence[np.ndarray], step: int):
-  """The step's (packed inputs, spec, steps, slots) for replica r's `blocks[r]` at `positions[r]`
+  """The step's (packed inputs, packing, steps, slots) for replica r's `blocks[r]` at `positions[r]`
   (`read_stacked`, `place`), and each replica's data positions after its block."""
   host, after = read_stacked(group, blocks, positions, step)
   return place(group.lead.layout, host), after

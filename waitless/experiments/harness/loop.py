@@ -8,11 +8,10 @@
                 metrics window, a row every `log_every` steps, the evaluation of the consensus model every
                 `eval_every`, a checkpoint every `checkpoint_every` (and every `checkpoint_every_s` seconds)
 
-While the devices run a block, the host prepares and dispatches the next one (`lookahead`), and where the data
-set lives on the devices it draws and reads up to `AHEAD_BLOCKS` blocks at once (`prepare`; a checkpoint inside
-them rewinds the clocks and data positions to it: `rewind`). Block lengths depend only on absolute step numbers
+While the devices run a block, the host prepares and dispatches the next one (`lookahead`; the blocks come from
+`reader.BlockReader`, which may draw and read several at once). Block lengths depend only on absolute step numbers
 (`inputs.block_length`), so a resumed run executes the same programs on the same inputs as an uninterrupted
-one. The tests drive the same `prepare`, `dispatch`, `measurements` and `accept` (tests/harness.py).
+one. The tests drive the same `reader.prepare`, `dispatch`, `measurements` and `accept` (tests/harness.py).
 """
 
 from __future__ import annotations
@@ -26,19 +25,15 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from waitless.cluster import clock as clock_lib
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import evaluation
-from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import preemption
+from waitless.experiments.harness import reader as reader_lib
 from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import setup
 
 log = logging.getLogger('waitless')
-
-AHEAD_BLOCKS = 16  # the most blocks `Loop.prepare` draws and reads at once
-
 
 def reports(run: setup.Run) -> dict[str, str]:
   """The window's reductions beyond the step's: the rule's reports, and a measured run's counts and times."""
@@ -77,55 +72,6 @@ class Replica:
     return self.recorder.done
 
 
-@dataclasses.dataclass
-class Prepared:
-  """A block ready to dispatch: each replica's clock Block (None: frozen) and the step's inputs."""
-  step: int
-  blocks: list
-  inputs: tuple
-  stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
-  seconds: float = 0.0  # host seconds spent preparing it (a measured run's clock counts them)
-  host: Optional[tuple] = None  # (inputs.HostInputs, start, stop): its inputs on the host, until `Loop.place`
-  span: int = -1  # the first step of the blocks read with it (`Loop.prepare`): a new span is a new read
-  finished: Optional[float] = None  # time.time() when its results were known (`Loop.run`; its rows' wall time)
-
-  @property
-  def live(self) -> list[int]:
-    """The replicas that run this block."""
-    return [i for i, b in enumerate(self.blocks) if b is not None]
-
-  @property
-  def length(self) -> int:
-    return len(self.blocks[self.live[0]].duration)
-
-
-@dataclasses.dataclass
-class Ahead:
-  """Blocks drawn and read together with the one being run (`Loop.prepare`), and where their span started, to go
-  back to the end of any of them (`Loop.rewind`)."""
-  blocks: list        # the Prepared blocks not handed out yet, in order
-  step: int           # the first step of the span
-  clocks: dict        # id(clock) -> (clock, its state_dict at `step`)
-  positions: list     # each replica's data positions at `step`
-  done: list          # each replica's microbatches_done (N, P) over the span (None: frozen)
-
-
-def share_clocks(replicas: list[Replica]) -> None:
-  """Replicas that would draw the same simulated times share one clock, so that each block is sampled once for
-  them: the step sizes of a sweep at one seed. A group's runs differ only in fields that change no time rule
-  (`replicas.replica_fields`), so equal seeds give equal clocks; they must also be in the same state (e.g. after
-  a restore), and the rule must not adapt to the loss (AdaSync: each replica's own feedback); a measured run
-  times its own program. Same draws, same schedules: only the host's work is shared."""
-  leaders: dict[tuple, Replica] = {}
-  for r in replicas:
-    if r.done or r.run.measured or r.run.rule.uses_feedback or not isinstance(r.clock, clock_lib.Clock):
-      continue
-    key = (r.config.seed, type(r.run.rule))  # not the rule itself: some hold a function (local SGD's period)
-    leader = leaders.setdefault(key, r)
-    if leader is not r and leader.clock.state_dict() == r.clock.state_dict():
-      r.clock = leader.clock
-
-
 class Loop:
   """The block loop of a group: each replica's measurements, evaluations and checkpoints go to its recorder.
 
@@ -149,133 +95,18 @@ class Loop:
     # block at a time): their schedules, and so their trajectories, stay exactly the same.
     self.measured = self.lead.measured
     self.lookahead = not self.lead.rule.uses_feedback and not self.measured
-    self.cadences = [inputs_lib.Cadence.of(r.config) for r in replicas]
     self.progress_every_s = float(self.lead.config.progress_every_s)
     self.checkpoint_every_s = float(self.lead.config.checkpoint_every_s)
     self.evaluator: Optional[evaluation.Evaluator] = None
     self.last_checkpoint = time.time()  # the wall time of the last checkpoint (`checkpoint_due`)
-    # Blocks drawn and read ahead together (`prepare`): the host's fixed costs per call (the clock's, the data
-    # read's, the packing's) are shared by up to AHEAD_BLOCKS blocks.
-    self.reads_ahead = self.lookahead and inputs_lib.reads_ahead(self.lead)
-    self.ahead: Optional[Ahead] = None
-    share_clocks(replicas)
+    self.reader = reader_lib.BlockReader(group, replicas, self.lookahead, self.checkpoint_due)
+    self.cadences = self.reader.cadences
 
-  def running(self, at: int) -> list[int]:
-    """The replicas that go on after step `at`."""
-    return [i for i, (r, c) in enumerate(zip(self.replicas, self.cadences)) if not r.done and c.num_steps > at]
-
-  def prepare(self, at: int, length: Optional[int] = None) -> Optional[Prepared]:
-    """Samples every running replica's next block and reads its data, moving its clock and data positions past
-    the block; None when no replica goes on. `length`: the block's iterations (default: `inputs.block_length`,
-    never across a log, eval or checkpoint boundary).
-
-    Without a `length`, a run that looks ahead (`reads_ahead`) draws and reads up to `AHEAD_BLOCKS` blocks at
-    once, up to its next checkpoint step: one clock draw (a block of n iterations is n of one: `Block.iterations`),
-    one data read and one pack for all of them, and each block's inputs placed on the devices. The clocks and data
-    positions are then past the last of them; a checkpoint after an earlier one goes back to it (`rewind`).
-    Schedules, data and programs are the blocks' own: the trajectory is the same to the bit.
-    """
-    if self.ahead is not None:
-      if length is None and self.ahead.blocks and self.ahead.blocks[0].step == at:
-        return self.ahead.blocks.pop(0)
-      self.rewind(at)
-    live = self.running(at)
-    if not live:
-      return None
-    begin = time.perf_counter()
-    run = self.lead
-    lengths = [length] if length else self.span(at, live)
-    clocks = {id(self.replicas[i].clock): self.replicas[i].clock for i in live}
-    saved = {key: (clock, clock.state_dict()) for key, clock in clocks.items()} if len(lengths) > 1 else None
-    blocks, stalled = self.draw(live, sum(lengths))
-    if stalled and saved:  # a stall inside the span: each block on its own, so that the blocks before it run
-      for clock, state in saved.values():
-        clock.load_state_dict(state)
-      lengths, saved = lengths[:1], None
-      blocks, stalled = self.draw(live, lengths[0])
-    if all(b is None for b in blocks):
-      return Prepared(at, blocks, (), stalled, span=at)
-    positions = [r.positions for r in self.replicas]
-    if self.group.batched:
-      host, after = inputs_lib.read_stacked(self.group, blocks, positions, at)
-    else:
-      host, position = inputs_lib.read_block(run, blocks[0], positions[0], at)
-      after = [position]
-    for r, position in zip(self.replicas, after):
-      r.positions = position
-    if len(lengths) == 1:
-      first = self.place(Prepared(at, blocks, (), stalled, host=(host, 0, None), span=at))
-    else:
-      bounds = np.cumsum([0] + lengths).tolist()
-      spans = list(zip(bounds[:-1], bounds[1:]))
-      pieces = {id(b): [b.iterations(*span) for span in spans] for b in blocks if b is not None}
-      parts = [Prepared(at + start, [None if b is None else pieces[id(b)][k] for b in blocks], (), {},
-                        host=(host, start, stop), span=at) for k, (start, stop) in enumerate(spans)]
-      parts = [self.place(part) for part in parts]
-      self.ahead = Ahead(parts[1:], at, saved, positions,
-                         [None if b is None else b.schedule.microbatches_done for b in blocks])
-      first = parts[0]
-    first.seconds = time.perf_counter() - begin
-    return first
-
-  def span(self, at: int, live: list[int]) -> list[int]:
-    """The lengths of the blocks from `at` that `prepare` draws and reads at once: one block, or for a run that
-    `reads_ahead` up to `AHEAD_BLOCKS` of them, none past a live replica's next checkpoint step or its end; one
-    while the wall-clock checkpoint period has passed (a period shorter than a block checkpoints every block)."""
-    cadences = [self.cadences[i] for i in live]
-    block = lambda step: min(inputs_lib.block_length(step, c, self.lead.round_length) for c in cadences)
-    lengths = [block(at)]
-    if not self.reads_ahead or self.checkpoint_due():  # a checkpoint at this block's end would rewind the rest
-      return lengths
-    limit = min(min(c.num_steps, (at // c.checkpoint_every + 1) * c.checkpoint_every) for c in cadences)
-    step = at + lengths[0]
-    while len(lengths) < AHEAD_BLOCKS and step < limit:
-      lengths.append(block(step))
-      step += lengths[-1]
-    return lengths
-
-  def draw(self, live: list[int], n: int) -> tuple[list, dict]:
-    """Each replica's next `n` iterations (None: not live, or its clock stalled) and the stalls (replica index ->
-    StalledError); a clock that replicas share (`share_clocks`) draws once."""
-    blocks, stalled, drawn = [None] * len(self.replicas), {}, {}
-    for i in live:
-      clock = self.replicas[i].clock
-      if id(clock) not in drawn:
-        try:
-          drawn[id(clock)] = clock.next_block(n)
-        except clock_lib.StalledError as e:
-          drawn[id(clock)] = e
-      if isinstance(drawn[id(clock)], clock_lib.StalledError):
-        stalled[i] = drawn[id(clock)]
-      else:
-        blocks[i] = drawn[id(clock)]
-    return blocks, stalled
-
-  def place(self, prepared: Prepared) -> Prepared:
-    """`prepared` with its inputs on the devices (`inputs.place`), from what `prepare` read ahead."""
-    if prepared.host is not None:
-      host, start, stop = prepared.host
-      prepared.inputs, prepared.host = inputs_lib.place(self.lead.layout, host, start, stop), None
-    return prepared
-
-  def rewind(self, step: int) -> None:
-    """Drops the blocks read ahead from `step` on (a checkpoint at `step`, or a stop): each clock and each
-    replica's data positions back to where they were after step `step`, as if drawn block by block."""
-    ahead, self.ahead = self.ahead, None
-    if ahead is None or not ahead.blocks:
-      return
-    for clock, state in ahead.clocks.values():
-      clock.load_state_dict(state)
-      if step > ahead.step:
-        clock.next_block(step - ahead.step)
-    for r, position, done in zip(self.replicas, ahead.positions, ahead.done):
-      r.positions = position if done is None else position + done[:step - ahead.step].sum(axis=0)
-
-  def dispatch(self, state, prepared: Prepared):
+  def dispatch(self, state, prepared: reader_lib.Prepared):
     """Runs the block on the devices (asynchronously): (new state, packed measurements)."""
     return self.block_step(state, *prepared.inputs)
 
-  def measurements(self, prepared: Prepared, measured) -> dict[str, np.ndarray]:
+  def measurements(self, prepared: reader_lib.Prepared, measured) -> dict[str, np.ndarray]:
     """The block's measurements on the host (`step.unpack_measurements`); a measured run's clock records the
     block's measured times here (`prepared.blocks[0]` becomes the recorded block)."""
     run = self.lead
@@ -331,8 +162,8 @@ class Loop:
     return {'train_loss': losses, 'l2_grads': l2_grads.sum(2) / workers, 'l2_params': l2_params.sum(1) / workers,
             'blocks': {}}
 
-  def record(self, prepared: Prepared, host: dict[str, np.ndarray], state, snapshot, evaluates: dict[int, bool],
-             checkpoints: dict[int, bool]) -> None:
+  def record(self, prepared: reader_lib.Prepared, host: dict[str, np.ndarray], state, snapshot,
+             evaluates: dict[int, bool], checkpoints: dict[int, bool]) -> None:
     """Each live replica's metrics row, evaluation (of `snapshot`, the consensus model), checkpoint and summary
     at the end of the block."""
     at, end = prepared.step, prepared.step + prepared.length
@@ -393,7 +224,7 @@ class Loop:
     stop_requests = preemption.StopRequests() if stop_requests is None else stop_requests
     try:
       stop_requests.install()
-      current, measured = self.prepare(step), None
+      current, measured = self.reader.prepare(step), None
       while current is not None:
         for i, e in current.stalled.items():
           replicas[i].recorder.stall(e, step, first=True)
@@ -408,14 +239,14 @@ class Loop:
         checkpoints = {i: end % cadences[i].checkpoint_every == 0 or end == cadences[i].num_steps or due
                        for i in live}
         if stop or any(checkpoints.values()):  # the clocks and positions saved are those after `end`
-          self.rewind(end)
+          self.reader.rewind(end)
         # The evaluation's consensus model is taken before the next block is dispatched (it donates `state`).
         # A measured run takes it after its block's results: compiling it on this thread while the block runs
         # would hold the Python lock that the block's clock reads wait for.
         snapshot = self.evaluator.consensus(state) if any(evaluates.values()) and not self.measured else None
         following = next_measured = None
         if self.lookahead and not any(checkpoints.values()):
-          following = self.prepare(end)
+          following = self.reader.prepare(end)
           if following is not None and following.live:
             state, next_measured = self.dispatch(state, following)
         host = self.measurements(current, measured)
@@ -424,18 +255,18 @@ class Loop:
           snapshot = self.evaluator.consensus(state)
         self.record(current, host, state, snapshot, evaluates, checkpoints)
         if following is not None and any(replicas[i].recorder.failure is not None for i in following.live):
-          self.rewind(following.step + following.length)  # the blocks after it are read without the failed
+          self.reader.rewind(following.step + following.length)  # the blocks after it are read without the failed
         if any(checkpoints.values()):
           self.last_checkpoint = time.time()
         step = end
-        if time.time() - last_progress >= self.progress_every_s or not self.running(step):
+        if time.time() - last_progress >= self.progress_every_s or not self.reader.running(step):
           last_progress = time.time()
           self.log_progress(step, live, num_steps, (step - start_step) / max(time.time() - start_wall, 1e-9))
-        if stop and self.running(step):
-          raise preemption.Preempted(step, ', '.join(replicas[i].workdir for i in self.running(step)),
+        if stop and self.reader.running(step):
+          raise preemption.Preempted(step, ', '.join(replicas[i].workdir for i in self.reader.running(step)),
                                      stop_requests.signal_name)
         if following is None:
-          current = self.prepare(step) if self.running(step) else None
+          current = self.reader.prepare(step) if self.reader.running(step) else None
           measured = None
         else:
           for i, e in following.stalled.items():  # found while this block ran: it stops after this block

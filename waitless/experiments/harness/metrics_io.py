@@ -4,13 +4,14 @@ Only process 0 writes. On resume the log is cut back to the restored step, so th
 exactly the rows of an uninterrupted one.
 
 The event files are written here, without TensorFlow (tensorboard's own `EventFileWriter` imports TensorFlow on
-first use, and tensorboardX imports torch, comet_ml and PIL whenever they are installed). An event file is a sequence of TFRecords, each
+first use, and tensorboardX imports torch, comet_ml and PIL whenever they are installed). An event file is a
+sequence of TFRecords, each
 `uint64 length | uint32 masked_crc32c(length) | Event proto | uint32 masked_crc32c(proto)` (little-endian),
 the first Event declaring `file_version='brain.Event:2'`; the Event and Summary messages are tensorboard's
 (`tensorboard.compat.proto`, plain protobuf). Rows are written twice: in `tensorboard/` with the iteration as
-the step, and in a second TensorBoard run named after the row's time field with the
-run's millisecond as the step (`tensorboard/sim_time/`, or `tensorboard/measured_time/` for a measured run), so
-that a loss can be plotted against the run's time.
+the step, and in a second TensorBoard run named after the row's time field (`tensorboard/sim_time/`, or
+`tensorboard/measured_time/` for a measured run) with the run's millisecond as the step, so that a loss can be
+plotted against the run's time.
 """
 
 from __future__ import annotations

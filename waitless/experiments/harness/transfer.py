@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-class PackSpec(NamedTuple):
+class Packing(NamedTuple):
   """What a pack holds, in order (static: part of the compiled program's key)."""
   per_worker: tuple[tuple[str, str], ...]  # (field, kind) after the indices; kind: 'bool', 'int' or 'float'
   shared: tuple[tuple[str, str], ...]      # uniform fields every replica shares, then ('step', 'int')
@@ -108,7 +108,7 @@ def _columns(fields: dict[str, np.ndarray], lead: tuple[int, ...]) -> list[np.nd
 
 def pack(per_worker: dict[str, np.ndarray], shared: dict[str, np.ndarray], own: dict[str, np.ndarray],
          steps: np.ndarray, indices: Optional[np.ndarray] = None,
-         batches: Optional[dict[str, np.ndarray]] = None) -> tuple[Packed, PackSpec]:
+         batches: Optional[dict[str, np.ndarray]] = None) -> tuple[Packed, Packing]:
   """Packs a block's host arrays: per-worker fields (..., n, P), shared uniform fields (n,), own uniform fields
   (R, n), the steps (n,), and either the examples' `indices` (..., n, P, m, b) or the examples (`batches`)."""
   lead = next(iter(per_worker.values())).shape
@@ -118,14 +118,14 @@ def pack(per_worker: dict[str, np.ndarray], shared: dict[str, np.ndarray], own: 
   uniform = _columns(shared, steps.shape) + [_as_int(steps).reshape(-1, 1)]  # (n, 1) each
   uniform = [np.broadcast_to(c[..., None, :], lead + (1,)) for c in uniform]
   uniform += [np.broadcast_to(c[..., None, :], lead + (1,)) for c in _columns(own, lead[:-1])]  # (R, n, 1) each
-  spec = PackSpec(per_worker=tuple((k, _kind(v)) for k, v in per_worker.items()),
+  packing = Packing(per_worker=tuple((k, _kind(v)) for k, v in per_worker.items()),
                   shared=tuple((k, _kind(v)) for k, v in shared.items()) + (('step', 'int'),),
                   own=tuple((k, _kind(v)) for k, v in own.items()),
                   index_shape=None if indices is None else tuple(indices.shape[len(lead):]))
-  return Packed(np.concatenate(columns + uniform, axis=-1), batches), spec
+  return Packed(np.concatenate(columns + uniform, axis=-1), batches), packing
 
 
-def unpack(packed: Packed, spec: PackSpec):
+def unpack(packed: Packed, packing: Packing):
   """Inside the program, from a device's block of the pack ((n, L, F) for a run, (R, n, L, F) for a group):
   (the examples' indices (..., n, L, m, b) or the examples, per-worker fields (..., n, L), shared uniform fields
   (n,), own uniform fields (R, n), the steps (n,) as int32). The uniform fields are read from the device's first
@@ -133,15 +133,15 @@ def unpack(packed: Packed, spec: PackSpec):
   columns = packed.per_worker
   offset = 0
   indices = packed.batches
-  if spec.index_shape is not None:
-    offset = int(np.prod(spec.index_shape))
-    indices = columns[..., :offset].reshape(columns.shape[:-1] + spec.index_shape)
-  per_worker = {name: _as_kind(columns[..., offset + i], kind) for i, (name, kind) in enumerate(spec.per_worker)}
-  offset += len(spec.per_worker)
+  if packing.index_shape is not None:
+    offset = int(np.prod(packing.index_shape))
+    indices = columns[..., :offset].reshape(columns.shape[:-1] + packing.index_shape)
+  per_worker = {name: _as_kind(columns[..., offset + i], kind) for i, (name, kind) in enumerate(packing.per_worker)}
+  offset += len(packing.per_worker)
   first_row = columns[..., 0, :]  # (n, F) or (R, n, F)
   shared_rows = first_row if first_row.ndim == 2 else first_row[0]
-  shared = {name: _as_kind(shared_rows[:, offset + i], kind) for i, (name, kind) in enumerate(spec.shared)}
-  offset += len(spec.shared)
+  shared = {name: _as_kind(shared_rows[:, offset + i], kind) for i, (name, kind) in enumerate(packing.shared)}
+  offset += len(packing.shared)
   steps = shared.pop('step').astype(jnp.int32)
-  own = {name: _as_kind(first_row[..., offset + i], kind) for i, (name, kind) in enumerate(spec.own)}
+  own = {name: _as_kind(first_row[..., offset + i], kind) for i, (name, kind) in enumerate(packing.own)}
   return indices, per_worker, shared, own, steps
