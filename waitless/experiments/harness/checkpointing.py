@@ -9,10 +9,9 @@ Orbax checks only its index files: flipped bytes in an array's data read back as
 writes a checksum of the state's content into `meta` (`state_checksum`, computed on the devices, the same on every
 process), and one of `meta` itself; a restore recomputes both and compares. A checkpoint that orbax finalised but
 that cannot be read back or does not match its checksums (a truncated or corrupted file, a disk error) is reported
-in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored. (A checkpoint
-written before the checksums existed is restored unchecked.)
-Before anything trains, `check_writable` makes sure the workdirs can take the checkpoints at all (all the runs
-of a group together).
+in one line, moved to `<workdir>/corrupt_checkpoints/<step>`, and the previous one is restored. Before anything
+trains, `check_writable` makes sure the workdirs can take the checkpoints at all (all the runs of a group
+together).
 """
 
 from __future__ import annotations
@@ -151,9 +150,9 @@ def _meta_checksum(meta: dict[str, Any]) -> str:
 
 def check_restored(state: Any, meta: dict[str, Any]) -> None:
   """Raises CorruptCheckpoint (one line) if `state` or `meta` differ from what their checkpoint's save wrote."""
-  if 'meta_checksum' in meta and meta['meta_checksum'] != _meta_checksum(meta):
+  if meta.get('meta_checksum') != _meta_checksum(meta):
     raise CorruptCheckpoint('its meta item does not match its checksum')
-  if 'state_checksum' in meta and meta['state_checksum'] != state_checksum(state):
+  if meta.get('state_checksum') != state_checksum(state):
     raise CorruptCheckpoint('its state does not match the checksum written with it')
 
 

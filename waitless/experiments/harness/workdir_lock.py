@@ -1,8 +1,8 @@
 """One program at a time per workdir: an advisory lock (`flock`) on `<workdir>/.lock`, held while the program runs.
 
-Two programs on one workdir (a comparison started twice, a run started from two shells) trained every run twice
-and wrote duplicate event files. The second now stops before anything trains, in one line naming the holder (its
-pid, host and command, which the holder writes into the lock file). The kernel releases the lock when its holder
+Two programs on one workdir (a comparison started twice, a run started from two shells) would train every run
+twice and write duplicate event files: the second stops before anything trains, in one line naming the holder
+(its pid, host and command, which the holder writes into the lock file). The kernel releases the lock when its holder
 exits, however it exits (also `kill -9`), so a stale lock file never blocks a rerun.
 """
 
