@@ -236,7 +236,7 @@ def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400,
   `slow`: (process, seconds it adds to each of its micro-batches), -1 for none; `slow_microbatch_s`: instead,
   the slowed worker's whole micro-batch (`measured_slow_microbatch_s`, a diagnostic)."""
   from waitless.cluster import factory
-  from waitless.cluster import measured_speeds
+  from waitless.experiments.harness import measured_speeds
   from waitless.experiments import simulate
   from waitless.experiments.configs import digits
   out = {}

@@ -21,7 +21,7 @@ its rule is driven by a clock on which every worker takes the same constant time
 'measured' builds no straggler model), so every worker finishes its m micro-batches and the rule's periodic
 events (averaging periods, WAGMA's groups, MATCHA's draws) come out as they would anyway. `nonblocking` is the
 exception that makes the mode worth having: worker w's `microbatches_done` is `MeasuredSpeeds.counts()` of its
-device (`cluster/measured_speeds.py`, the one place counts are computed), and the step loops over exactly
+device (`harness/measured_speeds.py`, the one place counts are computed), and the step loops over exactly
 those micro-batches (`finished_only`: a `while_loop` with a per-device trip count), so a slow device really
 computes less. Rules that need simulated events (who finishes first, stale views, cancelled jobs, an adaptive
 K) are refused before anything compiles (`REFUSED` says why for each).
@@ -60,7 +60,7 @@ import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.cluster import measured_speeds
+from waitless.experiments.harness import measured_speeds
 from waitless.algorithms import nonblocking
 from waitless.cluster import factory as cluster_factory
 
