@@ -28,6 +28,15 @@ class CalibrateTest(absltest.TestCase):
     self.assertRegex(out.stderr.strip(), r'^error: --processes=1 is not allowed: .*2 or more real processes')
     self.assertNotIn('Traceback', out.stderr)
 
+  def test_the_docs_example_is_a_profile_every_program_reads(self):
+    path = os.path.join(ROOT, 'docs', 'examples', 'this_machine.json')
+    self.assertNotIn('this_machine', profiles.names())  # an example of calibrate's output, not a shipped cluster
+    profile = profiles.load(path)
+    config = digits.get_config('sync')
+    config.cluster.profile = path
+    result = simulate.simulate(config, iterations=10, nbytes=1e4)
+    self.assertEqual(result['host_s'], profile.host_s)
+
   @pytest.mark.slow
   def test_writes_a_profile_every_program_reads(self):
     path = os.path.join(self.create_tempdir().full_path, 'here.json')

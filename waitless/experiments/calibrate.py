@@ -6,11 +6,11 @@ r"""Measures the machine at hand and writes a cluster profile (`cluster/profiles
       --config.cluster.profile=this_machine.json
 
 The measurements are `experiments/harness/measure.py`'s, the fits `cluster/calibration.py`'s; this program runs them
-and writes the profile. Each measurement is taken in several rounds (`--rounds`; the harness's runs interleaved:
-every round runs each of them once, so that a change of the machine's load moves them alike) and each figure is
-`calibration.figure` of its rounds: the median after the outliers are dropped (`calibration.robust`), `spread` the
-kept rounds' scaled MAD, `rounds` every round's value, `dropped` the outliers' indices and, for the harness's
-figures, `load` the load average when each round started:
+and writes the profile (docs/examples/this_machine.json is one). Each measurement is taken in several rounds
+(`--rounds`; the harness's runs interleaved: every round runs each of them once, so that a change of the machine's
+load moves them alike) and each figure is `calibration.figure` of its rounds: the median after the outliers are
+dropped (`calibration.robust`), `spread` the kept rounds' scaled MAD, `rounds` every round's value, `dropped` the
+outliers' indices and, for the harness's figures, `load` the load average when each round started:
   compute       one worker's micro-batch call of the config's model (`measure.microbatch_call`, what
                 `benchmarks.call_overhead` times) at several sizes s, fitted as t(s) = c + s x per_sample_s
                 (`calibration.fit_overhead`): per_sample_s; c, the cost of a separately dispatched call, is
