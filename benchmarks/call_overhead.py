@@ -3,14 +3,14 @@
   python -m benchmarks.call_overhead --config=experiments/configs/mnist1d.py            # the quickstart CNN
   python -m benchmarks.call_overhead --config=experiments/configs/digits.py --sizes=4,16,64
 
-Times one worker's jitted step (gradient of the loss on one micro-batch, then the config's SGD update) at
-each of `--sizes` samples (default: a quarter of the config's micro-batch, batch_size / microbatches, and
-the micro-batch itself: the sizes that splitting it four ways compares; on a CPU the time per sample grows
-with larger sizes, past the caches, and a line through far larger sizes hides the overhead), fits
-t(s) = overhead + s x per_sample (`cluster.calibration.fit_overhead`), and prints the fit, each size's
-measured and fitted time, the overhead as a share of one configured micro-batch call (the ratio that the
-simulated runs of docs/results/nonblocking.md and lap_sgd.md carry over to their 10 ms steps), and the
-`--config.stragglers.*` flags that put the calibration into a run.
+Times one worker's jitted step (`experiments.harness.measure.microbatch_call`: the gradient of the loss on one
+micro-batch, then the config's SGD update) at each of `--sizes` samples (default: a quarter of the config's
+micro-batch, batch_size / microbatches, and the micro-batch itself: the sizes that splitting it four ways
+compares; on a CPU the time per sample grows with larger sizes, past the caches, and a line through far larger
+sizes hides the overhead), fits t(s) = overhead + s x per_sample (`cluster.calibration.fit_overhead`), and prints
+the fit, each size's measured and fitted time, the overhead as a share of one configured micro-batch call (the
+ratio that the simulated runs of docs/results/nonblocking.md and lap_sgd.md carry over to their 10 ms steps), and
+the `--config.stragglers.*` flags that put the calibration into a run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import jax
 from ml_collections import config_flags
 
 from waitless.cluster import calibration
-from waitless.experiments.harness import call_timing
+from waitless.experiments.harness import measure
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/configs/mnist1d.py', 'The workload.')
 _SIZES = flags.DEFINE_list('sizes', [], 'Micro-batch sizes to time (default: a quarter of the configured one, '
@@ -40,8 +40,8 @@ def main(argv):
   config = _CONFIG.value
   unit = config.batch_size // config.microbatches
   sizes = [int(s) for s in _SIZES.value] or [max(1, unit // 4), unit]
-  seconds = calibration.time_sizes(lambda s: call_timing.make_call(config, s), sizes, warmup=3, repeats=_REPEATS.value,
-                                   carry=True)
+  seconds = measure.time_sizes(lambda s: measure.microbatch_call(config, s), sizes, warmup=3, repeats=_REPEATS.value,
+                               carry=True)
   fit = calibration.fit_overhead(sizes, seconds)
   print(f'{config.model.name} on {jax.default_backend()} ({jax.devices()[0].device_kind}), one worker, '
         f'median of {_REPEATS.value} calls per size')

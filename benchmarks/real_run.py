@@ -2,9 +2,10 @@
 on 2 real CPU processes, one slowed, against the simulator's prediction on the cluster profile `calibrate` measured.
 
   python -m waitless.experiments.calibrate --config=experiments/configs/digits.py:sync,microbatches=4 \
-      --processes=2 --out=waitless/cluster/profiles/this_machine.json     # the profile (a few minutes)
-  python benchmarks/real_run.py                              # digits, 2 processes, process 1 +4 ms/micro-batch
-  python benchmarks/real_run.py --seeds=0 --num_steps=300 --debug_slow_process=1:0.008 --out=/tmp/real_run.json
+      --processes=2 --out=/tmp/this_machine.json                 # the profile (a few minutes)
+  python benchmarks/real_run.py --profile=/tmp/this_machine.json  # digits, 2 processes, process 1 +4 ms/micro-batch
+  python benchmarks/real_run.py --profile=/tmp/this_machine.json --seeds=0 --num_steps=300 \
+      --debug_slow_process=1:0.008 --out=/tmp/real_run.json
 
 Each algorithm is one `bash launch/multiprocess_cpu.sh 2 --config=experiments/configs/digits.py:NAME,
 stragglers.kind=measured,workers=2,devices=2,...` run (`experiments/harness/measured_time.py`: nothing simulated, the
@@ -23,7 +24,7 @@ micro-batch it computes). From each run's metrics.jsonl and summary.json the tab
     (interpolated too);
     the target loss defaults to the highest of the runs' lowest evaluation losses (every run reaches it);
   - nonblocking's micro-batches per worker (mean over the rows after the first);
-  - predicted (`--profile`, default the shipped `this_machine` that calibrate wrote): `experiments.simulate` of
+  - predicted (`--profile`, the profile calibrate wrote for this machine): `experiments.simulate` of
     the same config (2 workers, m micro-batches, the algorithm's own time rule) with `cluster.profile` set, so
     the clock charges the profile's per-sample and per-call compute, its all-reduce and point-to-point costs and
     its host time per iteration; the TEST-ONLY slowdown, S seconds in every micro-batch of process I, is
@@ -92,8 +93,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_integer('local_steps', 4, 'local_sgd and diloco: H (also what the prediction simulates).', **where)
   flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (model init, data order); one round of every algorithm each.',
                     **where)
-  flags.DEFINE_string('profile', 'this_machine', 'The cluster profile of the prediction: a shipped name or a path '
-                      '(experiments.calibrate).', **where)
+  flags.DEFINE_string('profile', None, 'Required: the cluster profile of the prediction, the path that '
+                      'experiments.calibrate wrote for this machine (or a shipped name).', **where)
   flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory); runs finished there '
                       'before are read, not run again.', **where)
   flags.DEFINE_string('out', '', 'Write the results as JSON here.', **where)
@@ -237,7 +238,7 @@ def predict_on_profile(names, slow: tuple[int, float], iterations: int = 400,
   `slow`: (process, seconds it adds to each of its micro-batches), -1 for none; `slow_microbatch_s`: instead,
   the slowed worker's whole micro-batch (`measured_slow_microbatch_s`, a diagnostic)."""
   from waitless.cluster import factory
-  from waitless.cluster import measured_speeds
+  from waitless.experiments.harness import measured_speeds
   from waitless.experiments import simulate
   from waitless.experiments.configs import digits
   out = {}
@@ -339,6 +340,8 @@ def main(argv):
   from waitless.experiments.harness import slowdown
   from waitless import config_errors as errors
   try:
+    errors.require(bool(FLAGS.profile), 'profile', FLAGS.profile,
+                   'required: the profile experiments.calibrate wrote for this machine')
     slow = slowdown.parse_slow(FLAGS.debug_slow_process, 2)
     if FLAGS.target_loss is not None:
       errors.require_number(FLAGS.target_loss, 'target_loss', 'must be a finite number > 0', lambda v: v > 0)

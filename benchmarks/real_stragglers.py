@@ -7,7 +7,7 @@ the simulator's prediction for the same slowdowns.
 The script starts `--num_processes` copies of itself (one CPU device each), joined by `jax.distributed` over
 loopback (`experiments.harness.distributed`, as `launch/multiprocess_cpu.sh` joins `experiments.main`), and each
 trains the same MLP least-squares problem (one worker per process, `--microbatches` m micro-batches per
-iteration) with sync, nonblocking with measured speeds (`cluster/measured_speeds.py`), local SGD, D-PSGD
+iteration) with sync, nonblocking with measured speeds (`experiments/harness/measured_speeds.py`), local SGD, D-PSGD
 and WAGMA, each from the library's optax transformation in a plain `shard_map` step. The lock-step steps
 return each worker's own loss (no all-reduce of it), so D-PSGD's ring and WAGMA's group exchanges are the only
 collectives of their iterations (WAGMA's every `sync_every`-th is its global average): point-to-point
@@ -178,7 +178,7 @@ def run_process() -> dict:
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
   from waitless.algorithms import dpsgd, local_sgd, sync, wagma
-  from waitless.cluster import measured_speeds
+  from waitless.experiments.harness import measured_speeds
 
   settings = check_settings(FLAGS.num_processes)
   conditions = settings['conditions']

@@ -38,9 +38,9 @@ from waitless.cluster.rules import local_sgd
 from waitless.cluster.rules import nonblocking
 from waitless.cluster.rules import sync
 from waitless.cluster.rules import wagma
-from waitless.cluster import calibration
 from waitless.cluster import factory
 from waitless.experiments.configs import digits
+from waitless.experiments.harness import measure
 from waitless.models import registry as model_registry
 
 
@@ -87,8 +87,7 @@ def digits_step_seconds() -> float:
     updates, opt_state = tx.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), None
 
-  return calibration.time_callable(step, (params, tx.init(params)), images, labels, warmup=3, repeats=50,
-                                   carry=True)
+  return measure.time_callable(step, (params, tx.init(params)), images, labels, warmup=3, repeats=50, carry=True)
 
 
 def main(argv):

@@ -95,7 +95,7 @@ class OverRoundsTest(absltest.TestCase):
     rounds = lambda seconds, to_target: [self._round(seconds, to_target), self._round(seconds * 1.1, to_target)]
     results = {'nonblocking': real_run.median_of(rounds(0.01, 1.0)), 'sync': real_run.median_of(rounds(0.02, None))}
     settings = types.SimpleNamespace(microbatches=4, num_steps=200, repeats=1, debug_slow_process='1:0.004',
-                                     target_accuracy=0.96, seeds=['0', '1'], profile='this_machine')
+                                     target_accuracy=0.96, seeds=['0', '1'], profile='/tmp/this_machine.json')
     predicted = {'nonblocking': 0.011, real_run.IDEALS['nonblocking']: 0.002, 'sync': 0.018,
                  '_microbatch_s': [0.001, 0.005], '_counts': [4, 1]}
     measured = {'nonblocking': 0.009, 'sync': 0.016, '_slow_microbatch_s': 0.0045}

@@ -1,38 +1,16 @@
-"""Calibrating the compute model from a measured step."""
-
-import time
+"""The fits of calibration: a call's overhead, a collective's alpha-beta, rounds, the rescaled stragglers."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.cluster.rules import sync
-from waitless.experiments.harness import call_timing
 from waitless.cluster import calibration
 from waitless.cluster import factory
-from waitless.experiments.configs import digits
 from tests.cluster import helpers
 
 
 class CalibrationTest(parameterized.TestCase):
-
-  def test_times_a_jitted_step_and_divides_by_microbatches(self):
-    step = jax.jit(lambda state, x: (state + jnp.sum(x * x), x.mean()))
-    x = jnp.ones((64, 64))
-    per_call = calibration.time_callable(step, jnp.zeros(()), x, repeats=3, carry=True)
-    self.assertGreater(per_call, 0)
-    config = ml_collections.ConfigDict({'workers': 8, 'devices': 2, 'microbatches': 2})
-    self.assertEqual(calibration.microbatches_per_call(config, iterations_per_call=5), 4 * 2 * 5)
-    per_microbatch = calibration.seconds_per_microbatch(step, jnp.zeros(()), x, microbatches_per_call=40,
-                                                        repeats=3, carry=True)
-    self.assertLess(per_microbatch, per_call)
-
-  def test_measures_wall_time(self):
-    self.assertGreater(calibration.time_callable(lambda: time.sleep(0.01), warmup=0, repeats=3), 0.009)
 
   @parameterized.named_parameters(
       ('constant', {}),
@@ -101,30 +79,39 @@ class FitOverheadTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, message):
       calibration.fit_overhead(samples, seconds)
 
-  def test_times_each_size(self):
-    # A call that sleeps 10 ms + 5 ms per sample; a loaded machine only adds (wake-up latency: overhead).
-    seconds = calibration.time_sizes(lambda s: (lambda: time.sleep(0.01 + 0.005 * s), ()), [1, 4], warmup=0,
-                                     repeats=3)
-    fit = calibration.fit_overhead([1, 4], seconds)
-    self.assertAlmostEqual(fit.per_sample_s, 0.005, delta=1.5e-3)
-    self.assertBetween(fit.overhead_s, 0.007, 0.016)
 
-  def test_end_to_end_on_the_digits_mlp(self):
-    # The real step at 4 and 256 samples (far apart: this machine is noisy), fitted, written into a config
-    # whose clock then charges a configured micro-batch the fitted time.
-    config = digits.get_config('sync')
-    sizes = [4, 256]
-    seconds = calibration.time_sizes(lambda s: call_timing.make_call(config, s), sizes, warmup=2, repeats=5,
-                                     carry=True)
-    self.assertLess(seconds[0], seconds[1])
-    fit = calibration.fit_overhead(sizes, seconds)
-    self.assertGreaterEqual(fit.overhead_s, 0.0)
-    self.assertGreater(fit.per_sample_s, 0.0)
-    unit = config.batch_size // config.microbatches
-    config.stragglers = calibration.calibrated(config.stragglers, fit.seconds(unit), overhead_s=fit.overhead_s)
-    factory.validate(config)
-    clock = factory.make_clock(config, sync.Barrier(config.microbatches), 1e4)
-    np.testing.assert_allclose(clock.next_block(3).duration, config.microbatches * fit.seconds(unit), rtol=1e-12)
+class RoundsTest(absltest.TestCase):
+
+  def test_a_round_another_job_slowed_is_dropped(self):
+    value, spread, dropped = calibration.robust([1.0, 1.1, 0.9, 1.05, 5.0])
+    self.assertEqual(dropped, [4])
+    self.assertAlmostEqual(value, 1.025)  # the median of the four kept rounds
+    self.assertAlmostEqual(spread, calibration.MAD_SCALE * 0.05)  # their scaled MAD, not inflated by 5.0
+    self.assertEqual(calibration.robust([1.0, 9.0])[2], [])  # two rounds: nothing to tell the outlier by
+    self.assertEqual(calibration.robust([2.0, 2.0, 2.0, 7.0])[2], [])  # MAD 0: nothing dropped
+    figure = calibration.figure([1.0, 1.1, 0.9, 1.05, 5.0], 'test', loads=[1, 2, 3, 4, 12.5])
+    self.assertEqual((figure['dropped'], figure['load'], figure['rounds'][-1]), ([4], [1, 2, 3, 4, 12.5], 5.0))
+
+  def test_harness_overhead_and_host_in_closed_form(self):
+    # T(m) = host + m o + B s with host 3 ms, o 0.5 ms, B s = 16 x 0.1 ms; round 2's m = M is faster: o clamped.
+    single = [[3e-3 + 0.5e-3 + 1.6e-3, 3e-3 + 4 * 0.5e-3 + 1.6e-3], [5e-3, 4e-3]]
+    overhead, host = calibration.fit_harness(single, 4, [3e-3 + 0.5e-3 + 1.6e-3, 1e-3], 16, 1e-4)
+    np.testing.assert_allclose(overhead, [0.5e-3, 0.0], atol=1e-15)
+    np.testing.assert_allclose(host, [3e-3, 0.0], atol=1e-15)  # 1 ms less a 1.6 ms micro-batch: clamped
+
+  def test_network_recovers_the_rings_figures_and_the_harness_latency(self):
+    # Two rounds of exact ring and shift timings (alpha 1e-4 s, beta 8 Gb/s: 1e-9 s per byte); the harness pays
+    # 2 ms per iteration for an all-reduce among 2 of 1e5 bytes and 1 ms for an exchange. A row of 0 s is dropped.
+    sizes = [4096, 65536, 1048576]
+    ring = lambda n, m: 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * m * 1e-9
+    rows = {'allreduce': [[r, n, m, ring(n, m)] for r in range(2) for n in (2, 3) for m in sizes] + [[0, 2, 8, 0.0]],
+            'p2p': [[r, m, 1e-4 + m * 1e-9] for r in range(2) for m in sizes]}
+    fit = calibration.fit_network(rows, 2, 2, [[2e-3, 1e-3]] * 2, 1e5)
+    np.testing.assert_allclose(fit.allreduce, [[1e-4, 8.0]] * 2, rtol=1e-9)
+    np.testing.assert_allclose(fit.p2p, [[1e-4, 8.0]] * 2, rtol=1e-9)
+    np.testing.assert_allclose(fit.allreduce_latency_s, (2e-3 - 1e5 * 1e-9) / 2, rtol=1e-9)  # 2(n - 1) messages
+    np.testing.assert_allclose(fit.p2p_latency_s, 1e-3 - 1e5 * 1e-9, rtol=1e-9)
+    self.assertEqual(fit.dropped, 1)
 
 
 if __name__ == '__main__':

@@ -8,7 +8,6 @@ import sys
 from absl.testing import absltest
 import pytest
 
-from waitless.cluster import profile_figures
 from waitless.cluster import profiles
 from waitless.experiments import simulate
 from waitless.experiments.configs import digits
@@ -29,15 +28,14 @@ class CalibrateTest(absltest.TestCase):
     self.assertRegex(out.stderr.strip(), r'^error: --processes=1 is not allowed: .*2 or more real processes')
     self.assertNotIn('Traceback', out.stderr)
 
-  def test_a_round_another_job_slowed_is_dropped(self):
-    value, spread, dropped = profile_figures.robust([1.0, 1.1, 0.9, 1.05, 5.0])
-    self.assertEqual(dropped, [4])
-    self.assertAlmostEqual(value, 1.025)  # the median of the four kept rounds
-    self.assertAlmostEqual(spread, profile_figures.MAD_SCALE * 0.05)  # their scaled MAD, not inflated by 5.0
-    self.assertEqual(profile_figures.robust([1.0, 9.0])[2], [])  # two rounds: nothing to tell the outlier by
-    self.assertEqual(profile_figures.robust([2.0, 2.0, 2.0, 7.0])[2], [])  # MAD 0: nothing dropped
-    figure = profile_figures.figure([1.0, 1.1, 0.9, 1.05, 5.0], 'test', loads=[1, 2, 3, 4, 12.5])
-    self.assertEqual((figure['dropped'], figure['load'], figure['rounds'][-1]), ([4], [1, 2, 3, 4, 12.5], 5.0))
+  def test_the_docs_example_is_a_profile_every_program_reads(self):
+    path = os.path.join(ROOT, 'docs', 'examples', 'this_machine.json')
+    self.assertNotIn('this_machine', profiles.names())  # an example of calibrate's output, not a shipped cluster
+    profile = profiles.load(path)
+    config = digits.get_config('sync')
+    config.cluster.profile = path
+    result = simulate.simulate(config, iterations=10, nbytes=1e4)
+    self.assertEqual(result['host_s'], profile.host_s)
 
   @pytest.mark.slow
   def test_writes_a_profile_every_program_reads(self):

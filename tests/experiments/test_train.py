@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -156,40 +155,6 @@ class TrainTest(parameterized.TestCase):
     config.optimizer.momentum = 1.5
     with self.assertRaisesRegex(errors.ConfigError, r'optimizer.momentum=1.5'):
       validation.validate(config)
-
-  def test_calibration_scales_the_clock_and_leaves_the_trajectory(self):
-    plain = self.create_tempdir().full_path
-    calibrated = self.create_tempdir().full_path
-    config = lambda: harness.synthetic_config('sync', num_steps=10, eval_every=10, **{'stragglers.calibrate': True})
-    train.train_and_evaluate(harness.synthetic_config('sync', num_steps=10, eval_every=10), plain)
-    summary = train.train_and_evaluate(config(), calibrated)
-    with open(os.path.join(calibrated, 'calibration.json')) as f:
-      seconds = json.load(f)['seconds_per_microbatch']
-    self.assertGreater(seconds, 0)
-    self.assertAlmostEqual(summary['sim_time'], 10 * seconds, places=9)  # constant model, ideal network
-    self.assertEqual(summary['param_norm'], _summary_without_wall(plain)['param_norm'])
-
-  def test_calibration_fits_the_overhead_from_two_micro_batch_sizes(self):
-    # Issue 39: it timed one size, so the per-call overhead stayed whatever the config said.
-    config = lambda: harness.synthetic_config('sync', num_steps=10, eval_every=10, microbatches=2,
-                                              **{'stragglers.calibrate': True})
-    line = lambda run, *_: 0.002 + 1e-4 * run.config.batch_size / run.config.microbatches
-    workdir = self.create_tempdir().full_path
-    with mock.patch.object(train, '_seconds_per_microbatch', side_effect=line):
-      summary = train.train_and_evaluate(config(), workdir)
-    with open(os.path.join(workdir, 'calibration.json')) as f:
-      saved = json.load(f)
-    size = config().batch_size // 2
-    self.assertEqual(saved['sizes'], [size, size // 2])  # the config's, and half of it
-    self.assertAlmostEqual(saved['overhead_s'], 0.002, places=12)
-    self.assertAlmostEqual(saved['seconds_per_microbatch'], 0.002 + 1e-4 * size, places=12)
-    self.assertAlmostEqual(summary['sim_time'], 10 * 2 * saved['seconds_per_microbatch'], places=9)  # m = 2 calls
-    # Times that do not grow with the size (noise on a tiny model): the configured overhead is kept.
-    workdir = self.create_tempdir().full_path
-    with mock.patch.object(train, '_seconds_per_microbatch', side_effect=[0.003, 0.004]):
-      train.train_and_evaluate(config(), workdir)
-    with open(os.path.join(workdir, 'calibration.json')) as f:
-      self.assertNotIn('overhead_s', json.load(f))
 
   def test_a_workdir_with_an_unreadable_config_is_refused_in_one_line(self):
     workdir = self.create_tempdir().full_path

@@ -1,87 +1,32 @@
-"""Calibrates the compute-time model from a measured training step (`stragglers.calibrate = True`).
+"""The fits of calibration: measured seconds in, the compute and network figures a profile or a config holds.
 
-The simulated unit is one micro-batch of one worker. A jitted step on one device processes
-(workers / devices) workers x microbatches micro-batches x the iterations of one call, one after another, so
-    seconds per micro-batch = median seconds per call / `microbatches_per_call(config, iterations)`.
-`calibrated(stragglers, seconds)` then rescales the configured distribution so that one call, its overhead
-(`stragglers.overhead_s`) plus the distribution's mean (its median for `lognormal`, whose `base_s` is a median),
-takes the measured seconds; the straggler modifiers stay as they are.
-
-The per-call overhead itself comes from timing the step at two (or more) micro-batch sizes s_k: a call costs
-    t(s) = overhead + s x per_sample,
-fitted by least squares (`fit_overhead`; two sizes: the line through both points). Timing noise can tilt the
-line below the origin; a negative overhead is clamped to 0 and the per-sample seconds refitted through the
-origin (`Fit.clamped` says so): the step then shows no per-call cost this measurement can resolve.
+Numpy only (the measurements are `experiments/harness/measure.py`'s, the profile JSON `experiments/calibrate.py`'s):
+  fit_overhead      a call on s samples costs t(s) = overhead + s x per_sample: least squares over two or more
+                    sizes (two: the line through both points); a negative overhead (noise tilting the line below
+                    the origin) is clamped to 0 and the per-sample seconds refitted through the origin
+                    (`Fit.clamped`)
+  fit_alpha_beta    a collective costs t = messages x alpha + volume / beta: relative least squares
+  fit_harness       the harness's per-micro-batch overhead and host time per iteration, from its runs
+  fit_network       the collectives' figures of every round: the micro-benchmark's bandwidths, the harness's
+                    latencies
+  robust, figure    a figure of several rounds: their median after the outliers are dropped, and its spread
+  calibrated        `stragglers.*` rescaled so that one micro-batch call takes the measured seconds
 `Fit.seconds(s)` is the fitted time of a call on s samples, so
     calibrated(stragglers, fit.seconds(batch_size / microbatches), overhead_s=fit.overhead_s)
-writes both into the config (`benchmarks/call_overhead.py` does it for a config's model).
-
-Typical use in the training loop, after the step is jitted and before the clock is built:
-
-    if config.stragglers.calibrate:
-      seconds = calibration.seconds_per_microbatch(
-          train_step, state, batch, schedule,
-          microbatches_per_call=calibration.microbatches_per_call(config, config.steps_per_call),
-          carry=True)                               # train_step returns the new state first (donation)
-      config.stragglers = calibration.calibrated(config.stragglers, seconds)
-    clock = factory.make_clock(config, rule, model_bytes)
+writes both into a config (`benchmarks/call_overhead.py` does it for a config's model).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
-import jax
 import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
 
-
-def time_callable(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 5, carry: bool = False) -> float:
-  """Median wall-clock seconds of one `fn(*args)`, waiting for its outputs (the first call compiles).
-
-  Args:
-    fn: the (jitted) function to time.
-    *args: its arguments.
-    warmup: untimed calls first (compilation, caches).
-    repeats: timed calls; the median is returned (robust to a noisy shared machine).
-    carry: `fn` returns a tuple whose first element replaces the first argument of the next call, as a train
-      step that donates its state must be called.
-
-  Returns:
-    Seconds per call.
-  """
-  args = list(args)
-
-  def call():
-    out = fn(*args)
-    jax.block_until_ready(out)
-    if carry:
-      args[0] = out[0]
-
-  for _ in range(warmup):
-    call()
-  seconds = []
-  for _ in range(repeats):
-    begin = time.perf_counter()
-    call()
-    seconds.append(time.perf_counter() - begin)
-  return float(np.median(seconds))
-
-
-def microbatches_per_call(config: ml_collections.ConfigDict, iterations_per_call: int = 1) -> int:
-  """Micro-batches one device computes back to back in one call of the step."""
-  per_device = max(1, config.workers // max(1, config.get('devices', 1)))
-  return per_device * config.microbatches * iterations_per_call
-
-
-def seconds_per_microbatch(fn: Callable[..., Any], *args, microbatches_per_call: int, **timing) -> float:
-  """Measured seconds of one worker's micro-batch: `time_callable(fn, *args) / microbatches_per_call`."""
-  if microbatches_per_call < 1:
-    raise ValueError(f'microbatches_per_call={microbatches_per_call} must be >= 1')
-  return time_callable(fn, *args, **timing) / microbatches_per_call
+MAD_SCALE = 1.4826  # a normal sample's standard deviation / its median absolute deviation
+OUTLIER_MADS = 3.0  # a round further than this many scaled MADs from the median is dropped
 
 
 class Fit(NamedTuple):
@@ -156,17 +101,108 @@ def fit_alpha_beta(messages: Sequence[float], volumes: Sequence[float],
   return float(alpha), float(per_byte)
 
 
-def time_sizes(make_call: Callable[[int], tuple[Callable[..., Any], tuple]], sizes: Sequence[int],
-               **timing) -> np.ndarray:
-  """float64 seconds of one call at each size: `time_callable(*make_call(size))` (`timing`: its options).
+def fit_harness(single_s, microbatches: int, no_collective_s, batch_size: int,
+                per_sample_s: float) -> tuple[np.ndarray, np.ndarray]:
+  """Per round, the harness's per-micro-batch overhead and the host's seconds per iteration, both clamped at 0.
 
-  `make_call(size)` returns (fn, args), a jitted step and its inputs for a micro-batch of `size` samples.
+  An iteration of one process's synchronous run at m micro-batches of the batch B takes
+  T(m) = host_s + m x overhead_s + B x per_sample_s, so overhead_s = (T(M) - T(1)) / (M - 1); host_s is an
+  iteration without any collective (`no_collective_s`, as the processes of the collectives' runs pay it) less
+  its micro-batch, overhead_s + B x per_sample_s.
+
+  Args:
+    single_s: (rounds, 2) seconds per iteration of the one-process runs at m = 1 and m = `microbatches`.
+    microbatches: M >= 2.
+    no_collective_s: (rounds,) seconds per iteration of a run that never communicates.
+    batch_size: B, the samples of one worker's iteration.
+    per_sample_s: the compute fit's seconds per sample.
+
+  Returns:
+    (overhead_s, host_s), float64 (rounds,) each.
   """
-  seconds = []
-  for size in sizes:
-    fn, args = make_call(int(size))
-    seconds.append(time_callable(fn, *args, **timing))
-  return np.asarray(seconds, np.float64)
+  single = np.asarray(single_s, np.float64)
+  overhead = np.maximum((single[:, 1] - single[:, 0]) / (microbatches - 1), 0.0)
+  host = np.maximum(np.asarray(no_collective_s, np.float64) - overhead - batch_size * per_sample_s, 0.0)
+  return overhead, host
+
+
+class NetworkFit(NamedTuple):
+  """Every round's collective figures (`fit_network`); bandwidths in gigabits per second."""
+  allreduce: np.ndarray            # (rounds, 2): the micro-benchmark's ring fit, (latency_s, bandwidth_gbps)
+  p2p: np.ndarray                  # (rounds, 2): its ring-shift fit, (latency_s, bandwidth_gbps)
+  allreduce_latency_s: np.ndarray  # (rounds,): the harness's all-reduce less the bandwidth term, per message
+  p2p_latency_s: np.ndarray        # (rounds,): the harness's exchange less the bandwidth term
+  dropped: int                     # timings <= 0 (below the timer's noise) left out of the fits
+
+
+def fit_network(rows: Mapping[str, Sequence[Sequence[float]]], rounds: int, processes: int, harness_s,
+                nbytes: float) -> NetworkFit:
+  """The collectives' figures of every round, from the micro-benchmark's rows and the harness's times.
+
+  The bandwidths: per round, the all-reduce rows fitted to the ring, t = 2(n-1) alpha + 2 (n-1)/n M / beta, and
+  the ring shift to t = alpha + M / beta (`fit_alpha_beta`). The latencies: what the harness pays per iteration
+  for the model's `nbytes` (an all-reduce among `processes` = n, one exchange) less the bandwidth term at the
+  rounds' median bandwidth, per message (2(n-1) of them in the ring), at least 0.
+
+  Args:
+    rows: {"allreduce": [[round, n, bytes, seconds], ...], "p2p": [[round, bytes, seconds], ...]}, what
+      `experiments/harness/collective_timing.py` writes; rows of seconds <= 0 are dropped.
+    rounds: the rounds 0..rounds-1 the rows hold.
+    processes: n, the participants of the harness's collectives.
+    harness_s: (rounds, 2) seconds per iteration the harness paid for its all-reduce and for one exchange.
+    nbytes: the model's bytes, what the harness's collectives carry.
+  """
+  allreduce, p2p = [], []
+  kept = {kind: [row for row in rows[kind] if row[-1] > 0] for kind in rows}
+  dropped = sum(len(rows[kind]) - len(kept[kind]) for kind in rows)
+  for r in range(rounds):
+    ar = np.array([row[1:] for row in kept['allreduce'] if row[0] == r], np.float64)
+    alpha, per_byte = fit_alpha_beta(2 * (ar[:, 0] - 1), 2 * (ar[:, 0] - 1) / ar[:, 0] * ar[:, 1], ar[:, 2])
+    allreduce.append((alpha, 8.0 / per_byte / 1e9))
+    pp = np.array([row[1:] for row in kept['p2p'] if row[0] == r], np.float64)
+    alpha, per_byte = fit_alpha_beta(np.ones(len(pp)), pp[:, 0], pp[:, 1])
+    p2p.append((alpha, 8.0 / per_byte / 1e9))
+  allreduce, p2p = np.asarray(allreduce), np.asarray(p2p)
+  n = processes
+  volume = 2 * (n - 1) / n * nbytes * 8 / 1e9
+  harness = np.asarray(harness_s, np.float64)
+  ar_latency = np.maximum(harness[:, 0] - volume / np.median(allreduce[:, 1]), 0) / (2 * (n - 1))
+  p2p_latency = np.maximum(harness[:, 1] - nbytes * 8 / 1e9 / np.median(p2p[:, 1]), 0)
+  return NetworkFit(allreduce, p2p, ar_latency, p2p_latency, dropped)
+
+
+def robust(values) -> tuple[float, float, list[int]]:
+  """The median of a figure's rounds after the outliers are dropped, the kept rounds' spread, the dropped ones.
+
+  A round further than OUTLIER_MADS scaled median absolute deviations from the median of all rounds is dropped
+  (on a shared machine, another user's job landed on it); the spread is the kept rounds' scaled MAD (their
+  standard deviation if they were normal, not inflated by a dropped round). Two rounds drop nothing (both lie one
+  MAD from their median); a MAD of 0 drops nothing either.
+
+  Returns:
+    (value, spread, the dropped rounds' indices).
+  """
+  values = np.asarray(values, np.float64)
+  median = np.median(values)
+  mad = MAD_SCALE * np.median(np.abs(values - median))
+  dropped = [i for i, v in enumerate(values) if mad > 0 and abs(v - median) > OUTLIER_MADS * mad]
+  kept = np.delete(values, dropped)
+  median = float(np.median(kept))
+  return median, float(MAD_SCALE * np.median(np.abs(kept - median))), dropped
+
+
+def figure(values, source: str, loads=None, **extra) -> dict:
+  """A profile figure of several rounds: {"value", "spread", "rounds", "dropped", "source"[, "load"], **extra}.
+
+  `value` and `spread` are `robust`'s, `rounds` every round's value, `dropped` the outliers' indices, `load` (where
+  `loads` is given) the load average when each round started: what the machine's other users were doing.
+  """
+  value, spread, dropped = robust(values)
+  out = {'value': value, 'spread': spread, 'rounds': np.asarray(values, np.float64).tolist(), 'dropped': dropped,
+         'source': source, **extra}
+  if loads is not None:
+    out['load'] = [round(float(x), 2) for x in loads]
+  return out
 
 
 def calibrated(stragglers: ml_collections.ConfigDict, seconds: float,

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.cluster import measured_speeds
+from waitless.experiments.harness import measured_speeds
 from waitless.cluster import registry
 from waitless.experiments.configs import digits
 from waitless.experiments.harness import measured_time

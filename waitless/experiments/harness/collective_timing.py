@@ -1,7 +1,7 @@
-"""Times the collectives of a real multi-process CPU mesh: one process of `experiments.calibrate`'s measurement.
+"""One process of the collectives' measurement (`measure.collective_rows` starts N): times a real CPU mesh's.
 
   python -m waitless.experiments.harness.collective_timing --coordinator_address=127.0.0.1:PORT \
-      --num_processes=N --process_id=I --out=FILE.json        # N of these, started by experiments.calibrate
+      --num_processes=N --process_id=I --out=FILE.json    # N of these, started by measure.collective_rows
 
 Every process owns one CPU device and joins `jax.distributed` (gloo over loopback, as
 `launch/multiprocess_cpu.sh` runs the harness). For each participant count n in 2..N (the first n processes'
@@ -51,12 +51,12 @@ def _programs(mesh, kind: str, count: int):
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
 
 
-def measure(processes: int, sizes: list[int], chain: int, repeats: int, rounds: int) -> dict:
+def time_collectives(processes: int, sizes: list[int], chain: int, repeats: int, rounds: int) -> dict:
   """Every process calls it; returns the rows (the same on every process of each mesh)."""
   import jax
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
-  from waitless.cluster import calibration
+  from waitless.experiments.harness import measure
   devices = sorted(jax.devices(), key=lambda d: d.process_index)
   rows = {'allreduce': [], 'p2p': []}
   for round_ in range(rounds):
@@ -71,9 +71,9 @@ def measure(processes: int, sizes: list[int], chain: int, repeats: int, rounds: 
         for nbytes in sizes:
           local = np.ones((1, max(1, nbytes // 4)), np.float32)
           x = jax.make_array_from_process_local_data(sharding, local, (n, local.shape[1]))
-          t1 = calibration.time_callable(short, x, warmup=2, repeats=repeats)
-          tk = calibration.time_callable(long, x, warmup=2, repeats=repeats)
-          seconds = (tk - t1) / chain  # <= 0 when noise exceeds the cost: calibrate drops it
+          t1 = measure.time_callable(short, x, warmup=2, repeats=repeats)
+          tk = measure.time_callable(long, x, warmup=2, repeats=repeats)
+          seconds = (tk - t1) / chain  # <= 0 when noise exceeds the cost: calibration.fit_network drops it
           rows[kind].append([round_, n, nbytes, seconds] if kind == 'allreduce' else [round_, nbytes, seconds])
   return rows
 
@@ -85,7 +85,7 @@ def main(argv):
   shared_flags.force_host_devices(1)
   settings = distributed.settings_from(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   processes = distributed.initialize(settings)
-  rows = measure(processes, [int(s) for s in _SIZES.value], _CHAIN.value, _REPEATS.value, _ROUNDS.value)
+  rows = time_collectives(processes, [int(s) for s in _SIZES.value], _CHAIN.value, _REPEATS.value, _ROUNDS.value)
   if distributed.process_index() == 0:
     with open(_OUT.value, 'w') as f:
       json.dump(rows, f)

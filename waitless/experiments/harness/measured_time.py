@@ -21,7 +21,7 @@ its rule is driven by a clock on which every worker takes the same constant time
 'measured' builds no straggler model), so every worker finishes its m micro-batches and the rule's periodic
 events (averaging periods, WAGMA's groups, MATCHA's draws) come out as they would anyway. `nonblocking` is the
 exception that makes the mode worth having: worker w's `microbatches_done` is `MeasuredSpeeds.counts()` of its
-device (`cluster/measured_speeds.py`, the one place counts are computed), and the step loops over exactly
+device (`harness/measured_speeds.py`, the one place counts are computed), and the step loops over exactly
 those micro-batches (`finished_only`: a `while_loop` with a per-device trip count), so a slow device really
 computes less. Rules that need simulated events (who finishes first, stale views, cancelled jobs, an adaptive
 K) are refused before anything compiles (`REFUSED` says why for each).
@@ -29,7 +29,7 @@ K) are refused before anything compiles (`REFUSED` says why for each).
 Measuring a device inside a lock-step program: the program's collectives make every process's call as long
 as the slowest device's, so each device's gradient phase is timed from inside the program, by host clock reads
 on that device right before and right after its gradients, before the update's collectives
-(`experiments.harness.step.Stopwatch`, which says why this was chosen over two calls per iteration). The seconds and
+(`Stopwatch`, below, which says why it is chosen over two calls per iteration). The seconds and
 counts of every device reach every process with the block's measurements (one all-gather), so every process
 feeds the same table to `MeasuredSpeeds.observe_calls` and computes the same counts. The first measured
 iteration of a process is not fed (first execution of a program); then, as `MeasuredStep` does, the counts
@@ -62,7 +62,7 @@ import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.cluster import measured_speeds
+from waitless.experiments.harness import measured_speeds
 from waitless.algorithms import nonblocking
 from waitless.cluster import factory as cluster_factory
 

@@ -13,29 +13,24 @@ rows and summary hold `measured_time` instead of `sim_time`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Sequence
 
 import jax
-from jax.experimental import multihost_utils
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.cluster import calibration
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import checkpointing
-from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import loop as loop_lib
+from waitless.experiments.harness import measure
 from waitless.experiments.harness import preemption
 from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import slowdown
-from waitless.experiments.harness import validation
 from waitless.experiments.harness import workdir as workdir_lib
 from waitless.experiments.harness import workdir_lock
 
@@ -125,7 +120,7 @@ def _train_locked(group, configs, workdirs, state_bytes, stop_requests) -> list[
                              model_bytes // (run.config.workers * group.size))
   block_step = block_step_lib.BlockStep(group)
   if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
-    run.config.stragglers = calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
+    run.config.stragglers = measure.calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
   replicas = [loop_lib.Replica.start(r, setup.clock_for(r, model_bytes), workdir)
               for r, workdir in zip(group.runs, workdirs)]
   try:
@@ -152,73 +147,3 @@ def _restore(group: setup.Group, replicas: list[loop_lib.Replica], state):
     r.positions = np.asarray(meta['positions'], np.int64)
     r.clock.load_state_dict(meta['clock'])
   return setup.stack_replicas(group, [s for s, _ in restored]), step
-
-
-def calibrated_stragglers(run: setup.Run, block_step, state, model_bytes: float, workdir: str):
-  """`config.stragglers` rescaled to this machine's jitted step, its per-call overhead fitted from two sizes.
-
-  A micro-batch call is timed at the config's micro-batch size and at a second one (half of it, or twice it:
-  `_second_size`), and the line t(s) = overhead + s x per_sample through both (`calibration.fit_overhead`) gives
-  `stragglers.overhead_s` and the per-sample part (`calibration.calibrated`); a config with no second size (an
-  odd micro-batch of an odd count), or times that do not grow with the size (noise), keeps its configured
-  overhead. Measured once per workdir
-  on copies of the state (the run's trajectory is untouched), broadcast from process 0 and kept in
-  `calibration.json`, so a resumed run simulates the same clock.
-  """
-  config = run.config
-  path = os.path.join(workdir, 'calibration.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-  else:
-    sizes = [config.batch_size // config.microbatches]
-    seconds = [_seconds_per_microbatch(run, block_step, state, model_bytes)]
-    second = _second_size(config)
-    if second is not None:
-      other = setup.build(second)
-      group = setup.as_group(other)
-      sizes.append(second.batch_size // second.microbatches)
-      seconds.append(_seconds_per_microbatch(other, block_step_lib.BlockStep(group), setup.init_state(group),
-                                             model_bytes))
-    seconds = [float(multihost_utils.broadcast_one_to_all(np.float64(t))) for t in seconds]
-    saved = {'seconds_per_microbatch': seconds[0], 'device': str(jax.devices()[0].device_kind),
-             'sizes': sizes, 'seconds': seconds}
-    if len(sizes) > 1:
-      try:
-        fit = calibration.fit_overhead(sizes, seconds)
-        saved.update(overhead_s=fit.overhead_s, seconds_per_microbatch=fit.seconds(sizes[0]))
-      except ValueError as e:  # times that do not grow with the size: this machine's noise; one size it is
-        log.info('calibration keeps the configured overhead: %s', e)
-    if jax.process_index() == 0:
-      atomic_files.write_json(path, saved)
-  overhead = saved.get('overhead_s')  # None: one size timed (or a calibration.json of one): the configured one
-  log.info('calibrated: %.3g s per micro-batch on this machine%s', saved['seconds_per_microbatch'],
-           '' if overhead is None else f', {overhead:.3g} s of it the per-call overhead')
-  return calibration.calibrated(config.stragglers, saved['seconds_per_microbatch'], overhead_s=overhead)
-
-
-def _second_size(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
-  """The config with micro-batches of another size for the overhead's fit: twice as many (half the size) where
-  the batch splits so, else half as many; None where neither does, or the variant is not a valid config."""
-  m, b = config.microbatches, config.batch_size
-  count = 2 * m if b % (2 * m) == 0 else (m // 2 if m % 2 == 0 else None)
-  if count is None:
-    return None
-  variant = config.copy_and_resolve_references()
-  variant.microbatches = count
-  try:
-    validation.validate(variant)
-  except errors.ConfigError:
-    return None
-  return variant
-
-
-def _seconds_per_microbatch(run: setup.Run, block_step, state, model_bytes: float) -> float:
-  """Seconds of one micro-batch of `run`'s block step on a copy of `state` (timed on this process)."""
-  config = run.config
-  scratch_clock = setup.clock_for(run, model_bytes)
-  inputs, _ = inputs_lib.block_inputs(run, scratch_clock.next_block(config.steps_per_call),
-                                      np.zeros(config.workers, np.int64), 0)
-  return calibration.seconds_per_microbatch(
-      block_step, jax.tree.map(jnp.copy, state), *inputs, carry=True,
-      microbatches_per_call=calibration.microbatches_per_call(config, config.steps_per_call))

@@ -13,7 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from waitless import config_errors as errors
-from waitless.cluster import measured_speeds
+from waitless.experiments.harness import measured_speeds
 from tests import hlo
 from tests.algorithms import reference
 

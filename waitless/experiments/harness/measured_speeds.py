@@ -11,8 +11,8 @@ host sync; s_d seconds per micro-batch), fitted from its measured calls:
     n_d       = clip(floor((deadline + slack - c_d) / s_d), 1, m),   slack = max(tolerance deadline, min_slack_s)
 The slack (defaults: tolerance 0.1, min_slack_s 1 ms) is how far past the deadline the round may run to let a
 device finish its micro-batches: without it, two equally fast devices split by noise in the fitted speeds give
-the slower-looking one m - 1. The absolute floor is the resolution of a host-timed call on a loaded machine
-(calls of a fraction of a millisecond, as the digits MLP through the harness, `experiments/harness/measured_time.py`).
+the slower-looking one m - 1. The absolute floor is the resolution of a host-timed call on a loaded machine,
+where a short call's noise exceeds any fraction of its deadline.
 Device d then runs exactly n_d micro-batches, a real `lax.while_loop` whose trip count is a per-device input
 (not a masked scan over all m), and the all-reduce weights each device by what it ran: the update is
 `nonblocking.nonblocking_sgd` with `microbatches_done` = n_d, g = (sum_d G_d) / (sum_d n_d), W <- W + U(g).
