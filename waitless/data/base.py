@@ -47,6 +47,15 @@ class WorkerStreams(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class Signature:
+  """What a model needs of a data set to be built and sized, without the data: `example` (one un-batched training
+  example, zeros of its shapes and dtypes), `num_classes` and `task` (as in `Dataset`)."""
+  example: Batch
+  num_classes: int
+  task: str = 'classification'
+
+
+@dataclasses.dataclass(frozen=True)
 class Dataset:
   """A training stream per worker plus an evaluation split.
 

@@ -57,6 +57,12 @@ def eval_preprocess(name: str):
   return fn
 
 
+def signature(config) -> base.Signature:
+  """The examples' shapes and classes of `config.dataset.name`, without its files."""
+  return base.Signature({'image': np.zeros(IMAGE_SHAPE, np.float32), 'label': np.zeros((), np.int32)},
+                        NUM_CLASSES[config.dataset.name])
+
+
 def make_dataset(config) -> base.Dataset:
   """`config.dataset.name` is `cifar10` or `cifar100`; reads `data_dir`, `train_split`, `eval_split`,
   `shuffle_buffer`, `augment`."""

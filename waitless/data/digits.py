@@ -94,6 +94,12 @@ def load_arrays(test_fraction: float = 0.2):
           {'image': x_test.astype(np.float32), 'label': y_test})
 
 
+def signature(config) -> base.Signature:
+  """One example of the training split and the classes (no split over workers)."""
+  train, _ = load_arrays(config.dataset.test_fraction)
+  return base.Signature({k: v[0] for k, v in train.items()}, 10)
+
+
 def make_dataset(config) -> base.Dataset:
   train, test = load_arrays(config.dataset.test_fraction)
   return in_memory.make_dataset(train, test, config, num_classes=10)

@@ -89,6 +89,16 @@ def eval_preprocess(image_size: int):
   return fn
 
 
+NUM_CLASSES = 1000  # ILSVRC 2012's classes (tfds imagenet2012's `label` feature)
+
+
+def signature(config) -> base.Signature:
+  """The examples' shapes (`dataset.image_size`) and classes, without the data set's files."""
+  image_size = config.dataset.get('image_size', 224)
+  return base.Signature({'image': np.zeros((image_size, image_size, 3), np.float32), 'label': np.zeros((), np.int32)},
+                        NUM_CLASSES)
+
+
 def make_dataset(config) -> base.Dataset:
   """Reads `config.dataset.`: `data_dir`, `image_size`, `train_split`, `eval_split`, `shuffle_buffer`, `augment`."""
   d = config.dataset

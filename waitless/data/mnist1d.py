@@ -89,6 +89,12 @@ def load_arrays():
   return ({'image': a['x_train'], 'label': a['y_train']}, {'image': a['x_test'], 'label': a['y_test']})
 
 
+def signature(config) -> base.Signature:
+  """One example of the training split and the classes (no split over workers)."""
+  train, _ = load_arrays()
+  return base.Signature({k: v[0] for k, v in train.items()}, NUM_CLASSES)
+
+
 def make_dataset(config) -> base.Dataset:
   train, test = load_arrays()
   return in_memory.make_dataset(train, test, config, num_classes=NUM_CLASSES)

@@ -6,6 +6,8 @@ tokenizer, sentencepiece) when a run asks for them: a digits run does not import
 
 from __future__ import annotations
 
+import importlib
+
 from waitless import config_errors as errors
 from waitless.data import digits
 from waitless.data import mnist1d
@@ -38,7 +40,29 @@ BUILDERS = {
 }
 
 
-def make_dataset(config):
+def _signature(module_name: str):
+  def signature(config):
+    module = importlib.import_module(f'waitless.data.{module_name}')
+    return module.signature(config)
+  return signature
+
+
+SIGNATURES = {name: _signature(module) for name, module in (
+    ('digits', 'digits'), ('mnist1d', 'mnist1d'), ('synthetic', 'synthetic'), ('cifar10', 'cifar'),
+    ('cifar100', 'cifar'), ('imagenet2012', 'imagenet'), ('wmt', 'wmt'))}
+
+
+def _check_name(config) -> None:
   if config.dataset.name not in BUILDERS:
     raise errors.ConfigError('dataset.name', config.dataset.name, f'known: {", ".join(sorted(BUILDERS))}')
+
+
+def signature(config):
+  """The `base.Signature` of `config.dataset` (example shapes, classes, task) without reading the data set."""
+  _check_name(config)
+  return SIGNATURES[config.dataset.name](config)
+
+
+def make_dataset(config):
+  _check_name(config)
   return BUILDERS[config.dataset.name](config)

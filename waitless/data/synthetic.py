@@ -30,6 +30,15 @@ def make_arrays(problem: str, num_examples: int, dim: int, noise: float, seed: i
   return {'image': x[:cut], 'label': y[:cut]}, {'image': x[cut:], 'label': y[cut:]}
 
 
+def signature(config) -> base.Signature:
+  """The examples' shapes and the problem's outputs (1 for least squares, 2 classes for logistic)."""
+  d = config.dataset
+  regression = d.problem == 'least_squares'
+  label = np.zeros((), np.float32 if regression else np.int32)
+  return base.Signature({'image': np.zeros((d.dim,), np.float32), 'label': label}, 1 if regression else 2,
+                        task='regression' if regression else 'classification')
+
+
 def make_dataset(config) -> base.Dataset:
   d = config.dataset
   train, test = make_arrays(d.problem, d.num_examples, d.dim, d.noise, d.problem_seed)

@@ -196,6 +196,17 @@ def _cache_path(model_dir: str, sp, tfds_name: str, split: str, keys) -> str:
   return os.path.join(model_dir, f'tokens_{digest[:16]}.npz')
 
 
+def signature(config) -> base.Signature:
+  """The examples' shapes (`dataset.max_len`; packed rows add their segmentation and positions) and the vocabulary
+  (`dataset.vocab_size`, the size the tokenizer is trained to), without the data set or a tokenizer."""
+  d = config.dataset
+  sides = ('inputs', 'targets')
+  keys = sides + tuple(f'{s}_{part}' for s in sides for part in ('segmentation', 'position')) if d.get(
+      'packing', False) else sides
+  return base.Signature({key: np.zeros((d.get('max_len', 256),), np.int32) for key in keys},
+                        d.get('vocab_size', 32000), task='seq2seq')
+
+
 def make_dataset(config) -> TranslationDataset:
   """Reads `config.dataset.`: `tfds_name`, `data_dir`, `source_language`, `target_language`, `train_split`,
   `eval_tfds_name` (evaluate on another dataset's `eval_split`, e.g. newstest2014 of `wmt14_translate/de-en`;

@@ -87,19 +87,16 @@ def get(name: str) -> Task:
 
 
 def model_bytes(config) -> float:
-  """Bytes of one copy of the config's model parameters, from shapes only (`jax.eval_shape`: nothing compiles).
-
-  The model is initialised as the training loop does (`setup.init_state`): one example of the config's dataset,
-  through its task's `model_inputs`.
-  """
-# the data and model registries only when asked
+  """Bytes of one copy of the config's model parameters, from shapes only: the data set's signature (no data is
+  read: `data.registry.signature`) through the task's `model_inputs`, and the model's initialisation traced with
+  `jax.eval_shape` (nothing is allocated or compiled), as the training loop initialises it (`setup.init_state`)."""
   import numpy as np
   from waitless.data import registry as data_registry
   from waitless.models import registry as model_registry
-  dataset = data_registry.make_dataset(config)  # for one example and the number of classes
-  model = model_registry.make_model(config.model, dataset.num_classes)
-  example = jax.tree.map(lambda x: np.asarray(x)[None], dataset.example)
-  inputs = get(dataset.task).model_inputs(example)
+  signature = data_registry.signature(config)
+  model = model_registry.make_model(config.model, signature.num_classes)
+  example = jax.tree.map(lambda x: np.asarray(x)[None], signature.example)
+  inputs = get(signature.task).model_inputs(example)
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), inputs, train=False))
   params = variables['params'] if 'params' in variables else variables
   return float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))
