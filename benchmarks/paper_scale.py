@@ -159,8 +159,8 @@ def stale_table(iterations: int, seeds: int) -> dict:
   out = {}
   for p in STALE_SIZES:
     k = p // 2
-    forms = {'sync': (f'sync', harmonic(p) / RATE),
-             f'K-sync (K=P/2)': (f'ksync,k={k}', (harmonic(p) - harmonic(p - k)) / RATE),
+    forms = {'sync': ('sync', harmonic(p) / RATE),
+             'K-sync (K=P/2)': (f'ksync,k={k}', (harmonic(p) - harmonic(p - k)) / RATE),
              'K-batch-sync (K=P)': (f'kbatch_sync,k={p}', p / (p * RATE)),
              'async': ('async', 1.0 / (p * RATE))}
     row = {}
