@@ -219,8 +219,8 @@ class PartitionTest(parameterized.TestCase):
     groups = replicas.partition(configs, [os.path.join(root, str(i)) for i in range(len(configs))])
     self.assertEqual(groups, [[0, 1, 2, 6, 8], [3], [4], [5], [7]])
 
-  def test_the_step_schedule_keeps_num_steps_a_constant(self):
-    step = dict(**{'optimizer.schedule': 'step'})
+  def test_the_step_lr_schedule_keeps_num_steps_a_constant(self):
+    step = dict(**{'optimizer.lr_schedule': 'step'})
     configs = [self._config(**step), self._config(num_steps=20, **step), self._config(seed=3, **step)]
     groups = replicas.partition(configs, ['/a', '/b', '/c'])
     self.assertEqual(groups, [[0, 2], [1]])

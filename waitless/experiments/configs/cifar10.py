@@ -80,6 +80,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.momentum = 0.9
   config.optimizer.nesterov = True
   config.optimizer.weight_decay = 5e-4
-  config.optimizer.schedule = 'cosine'
+  config.optimizer.lr_schedule = 'cosine'
   config.optimizer.warmup_steps = 5 * steps_per_epoch
   return common.apply_arg(config, arg)

@@ -54,10 +54,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.b2 = 0.999                # adamw only: second-moment decay (Transformer: 0.98)
   c.optimizer.eps = 1e-8                # adamw only (Transformer: 1e-9)
   c.optimizer.weight_decay = 0.0
-  c.optimizer.schedule = 'constant'     # constant | cosine | step | rsqrt (inverse square root)
+  c.optimizer.lr_schedule = 'constant'  # learning-rate schedule: constant | cosine | step | rsqrt (inverse square root)
   c.optimizer.warmup_steps = 0          # linear warmup from 0
-  c.optimizer.decay_factor = 0.1        # step schedule: multiply at each boundary
-  c.optimizer.decay_boundaries = (0.5, 0.75)  # step schedule: fractions of num_steps
+  c.optimizer.decay_factor = 0.1        # step learning-rate schedule: multiply at each boundary
+  c.optimizer.decay_boundaries = (0.5, 0.75)  # step learning-rate schedule: fractions of num_steps
 
   c.runtime = 'spmd'           # spmd: one lock-step shard_map program; ray: the parameter-server family on Ray actors
   c.ray = ray_config.default_config()  # runtime=ray: what each actor reserves (experiments/harness/ray_runtime/)

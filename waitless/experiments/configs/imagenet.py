@@ -68,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.momentum = 0.9
   config.optimizer.nesterov = False
   config.optimizer.weight_decay = 1e-4
-  config.optimizer.schedule = 'cosine'
+  config.optimizer.lr_schedule = 'cosine'
   config.optimizer.warmup_steps = 5 * steps_per_epoch
 
   config.stragglers.kind = 'random_delay'

@@ -78,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.b2 = 0.98
   config.optimizer.eps = 1e-9
   config.optimizer.weight_decay = 0.0
-  config.optimizer.schedule = 'rsqrt'
+  config.optimizer.lr_schedule = 'rsqrt'
   config.optimizer.warmup_steps = 4_000
 
   config.bleu = ml_collections.ConfigDict()  # eval_bleu at every evaluation (experiments/harness/translation.py)

@@ -87,8 +87,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   opt = config.optimizer
   errors.require(opt.name in optimizers.OPTIMIZERS, 'optimizer.name', opt.name,
                  f'one of {", ".join(optimizers.OPTIMIZERS)}')
-  errors.require(opt.schedule in optimizers.SCHEDULES, 'optimizer.schedule', opt.schedule,
-                 f'one of {", ".join(optimizers.SCHEDULES)}')
+  errors.require(opt.lr_schedule in optimizers.LR_SCHEDULES, 'optimizer.lr_schedule', opt.lr_schedule,
+                 f'one of {", ".join(optimizers.LR_SCHEDULES)}')
   errors.require_number(opt.learning_rate, 'optimizer.learning_rate', 'must be > 0', lambda v: v > 0)
   errors.require_number(opt.momentum, 'optimizer.momentum', 'must be in [0, 1)', lambda v: 0 <= v < 1)
   errors.require_number(opt.weight_decay, 'optimizer.weight_decay', 'must be >= 0', lambda v: v >= 0)
@@ -97,7 +97,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors.require(isinstance(boundaries, (tuple, list)) and all(errors.is_number(b) and 0 < b < 1 for b in boundaries)
                  and list(boundaries) == sorted(boundaries), 'optimizer.decay_boundaries', boundaries,
                  'must be increasing fractions of num_steps in (0, 1)')
-  errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 1 if opt.schedule == 'rsqrt' else 0)
+  errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 1 if opt.lr_schedule == 'rsqrt' else 0)
   for field in ('b1', 'b2'):
     errors.require_number(opt[field], f'optimizer.{field}', 'must be in [0, 1)', lambda v: 0 <= v < 1)
   errors.require_number(opt.eps, 'optimizer.eps', 'must be > 0', lambda v: v > 0)
