@@ -32,7 +32,8 @@ HYPERPARAMETERS = ('learning_rate', 'momentum', 'weight_decay', 'b1', 'b2', 'eps
 
 def depends_on_num_steps(opt: ml_collections.ConfigDict) -> bool:
   """Whether `num_steps` must be a constant of the program: the `step` learning-rate schedule truncates fractions
-  of it to integer boundaries, which a float32 device computation would not reproduce exactly; `cosine` takes it traced."""
+  of it to integer boundaries, which a float32 device computation would not reproduce exactly; `cosine` takes it
+  traced."""
   return opt.lr_schedule == 'step'
 
 
