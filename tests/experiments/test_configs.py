@@ -9,7 +9,7 @@ from waitless import config_errors as errors
 from waitless.cluster import factory
 from waitless.cluster import registry
 from waitless.experiments.harness import validation
-from waitless.experiments.configs import common
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import synthetic
 
@@ -17,9 +17,9 @@ from waitless.experiments.configs import synthetic
 class ConfigArgTest(parameterized.TestCase):
 
   def test_split_keeps_bracketed_commas(self):
-    self.assertEqual(common.split_arg('sync,stragglers.slow_workers=(0,3),workers=8'),
+    self.assertEqual(arguments.split_arg('sync,stragglers.slow_workers=(0,3),workers=8'),
                      ['sync', 'stragglers.slow_workers=(0,3)', 'workers=8'])
-    self.assertEqual(common.split_arg(None), [])
+    self.assertEqual(arguments.split_arg(None), [])
 
   def test_bare_keys_resolve_to_algorithm_then_top_level(self):
     config = digits.get_config('local_sgd,local_steps=7,workers=16,optimizer.learning_rate=1')
@@ -50,7 +50,7 @@ class ConfigArgTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(f'{w}_{p}', w, p) for w in ('digits', 'synthetic', 'mnist1d', 'cifar10',
                                                                   'cifar100', 'imagenet', 'wmt', 'digits_stale')
-                                      for p in common.STRAGGLER_PRESETS])
+                                      for p in arguments.STRAGGLER_PRESETS])
   def test_every_workload_offers_the_straggler_presets(self, workload, preset):
     # Issue 39: digits.py:sync,stragglers=heterogeneous failed with "must be of type ConfigDict" (mnist1d only).
     module = importlib.import_module(f'waitless.experiments.configs.{workload}')

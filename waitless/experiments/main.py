@@ -118,9 +118,9 @@ def _train(config, workdir, stop_requests, loss_hook=None):
   workdirs = [os.path.join(workdir, f'seed{c.seed}') for c in configs]
   outcomes = {}
   for group in setup.plan_groups(configs, workdirs, shared_flags.MAX_REPLICAS.value):
-    results = train.train_group([configs[i] for i in group], [workdirs[i] for i in group], stop_requests,
-                                loss_hook)
-    outcomes.update({workdirs[i]: result for i, result in zip(group, results)})
+    results = train.train_group([configs[i] for i in group.indices], [workdirs[i] for i in group.indices],
+                                stop_requests, loss_hook, group.built)
+    outcomes.update({workdirs[i]: result for i, result in zip(group.indices, results)})
   return {w: outcomes[w] for w in workdirs}
 
 
@@ -216,9 +216,8 @@ def _join_processes(config) -> int:
 def main(argv):
   del argv
   config = shared_flags.CONFIG.value
-  from waitless.experiments.configs import common
-  common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
-  common.mark_explicit(config, config_flags.get_override_values(flags.FLAGS['config']))
+  from waitless.experiments.configs import arguments
+  arguments.apply_flag_rules(config, config_flags.get_override_values(flags.FLAGS['config']))
   if _VALIDATE_ONLY.value:
     _validate_only(config)
     return

@@ -245,7 +245,12 @@ class PartitionTest(parameterized.TestCase):
       with absltest.mock.patch.object(replicas, 'available_memory_bytes', return_value=1):
         setup.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=4)
     with absltest.mock.patch.object(replicas, 'available_memory_bytes', return_value=1):
-      self.assertEqual(setup.plan_groups(configs, [f'/w{i}' for i in range(4)]), [[0], [1], [2], [3]])
+      planned = setup.plan_groups(configs, [f'/w{i}' for i in range(4)])
+    self.assertEqual([group.indices for group in planned], [[0], [1], [2], [3]])
+    # The run built to size the program is handed on, not built again: the first seed's.
+    self.assertEqual([[run is not None for run in group.built] for group in planned], [[True], [False], [False],
+                                                                                         [False]])
+    self.assertIs(planned[0].built[0].config, configs[0])
     with self.assertRaisesRegex(errors.ConfigError, r'^--max_replicas=0 is not allowed'):
       setup.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=0)
 

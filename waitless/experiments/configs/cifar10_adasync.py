@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import cifar10
-from waitless.experiments.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -49,4 +49,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.warmup_steps = 0
   config.stragglers.kind = 'exponential'  # X ~ Exp(rate): mean 10 ms per mini-batch of 32
   config.stragglers.rate = 100.0
-  return common.apply_arg(config, arg or 'adasync')
+  return arguments.apply_arg(config, arg or 'adasync')
