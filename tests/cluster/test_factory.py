@@ -40,7 +40,7 @@ class ValidateTest(parameterized.TestCase):
       ('slow_kind_without_slow', {'kind': 'slow_workers'}, 'stragglers.slow_fraction', 'needs'),
       ('delayed_too_many', {'delayed_workers': 9}, 'stragglers.delayed_workers', r'0\.\.8'),
       ('delay_negative', {'delay_s': -1.0}, 'stragglers.delay_s', '>= 0'),
-      # 1e308 overflowed the clock's sums and read as workers that never finish (issue 39).
+      # Beyond MAX_SECONDS the clock's sums overflow and read as workers that never finish.
       ('delay_overflows', {'delayed_workers': 2, 'delay_s': 1e308}, 'stragglers.delay_s', r'<= 1e\+06'),
       ('base_overflows', {'base_s': 1e300}, 'stragglers.base_s', r'<= 1e\+06'),
       ('overhead_overflows', {'overhead_s': 1e300}, 'stragglers.overhead_s', r'<= 1e\+06'),
@@ -174,7 +174,7 @@ class MakeTest(absltest.TestCase):
 class ImportDirectionTest(absltest.TestCase):
 
   def test_the_clock_imports_no_rule_module(self):
-    # Rules import the clock; the clock reads what they return from `cluster.schedules` (issue 29 item 5).
+    # Rules import the clock; the clock reads what they return from `cluster.schedules`.
     code = ('import sys, waitless.cluster.clock; '
             'print(sorted(m for m in sys.modules if m.startswith("waitless.cluster.rules")))')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,

@@ -52,7 +52,7 @@ class ConfigArgTest(parameterized.TestCase):
                                                                   'cifar100', 'imagenet', 'wmt', 'digits_stale')
                                       for p in arguments.STRAGGLER_PRESETS])
   def test_every_workload_offers_the_straggler_presets(self, workload, preset):
-    # Issue 39: digits.py:sync,stragglers=heterogeneous failed with "must be of type ConfigDict" (mnist1d only).
+    # Every workload's config argument takes every preset (not only mnist1d.py's).
     module = importlib.import_module(f'waitless.experiments.configs.{workload}')
     config = module.get_config(f'sync,stragglers={preset}')
     validation.validate(config)
@@ -69,8 +69,8 @@ class ConfigArgTest(parameterized.TestCase):
       module.get_config('sync,stragglers=bogus')
 
   def test_a_seed_beyond_the_programs_range_is_one_line(self):
-    # Issue 39: 10**20, or 2**63 - 1 with --seeds=2, was an OverflowError traceback; 2**31 silently became a
-    # negative seed in the replicas' program.
+    # A seed is an int32 in the replicas' program: beyond it (10**20, 2**63 - 1, 2**31), or a last seed of --seeds
+    # beyond it, is one ConfigError naming the field, neither an OverflowError nor a seed that wraps around.
     config = digits.get_config('sync')
     for seed in (10**20, 2**63 - 1, 2**31, -1):
       config.seed = seed
