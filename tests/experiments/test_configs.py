@@ -4,6 +4,7 @@ import importlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from waitless import config_errors as errors
 from waitless.cluster import factory
@@ -14,12 +15,48 @@ from waitless.experiments.configs import digits
 from waitless.experiments.configs import synthetic
 
 
+class IntAndNumberTest(parameterized.TestCase):
+
+  @parameterized.parameters(3, np.int32(3), np.int64(-2), np.uint8(7))
+  def test_integers(self, value):
+    self.assertTrue(errors.is_int(value))
+    self.assertTrue(errors.is_number(value))
+
+  @parameterized.parameters(0.5, np.float32(0.5), np.float64(-2.0))
+  def test_numbers_that_are_not_integers(self, value):
+    self.assertFalse(errors.is_int(value))
+    self.assertTrue(errors.is_number(value))
+
+  @parameterized.parameters((True,), (np.bool_(False),), ('3',), (None,), ((1,),), (float('nan'),),
+                            (np.float32('inf'),))
+  def test_neither(self, value):
+    self.assertFalse(errors.is_int(value))
+    self.assertFalse(errors.is_number(value))
+
+
 class ConfigArgTest(parameterized.TestCase):
 
   def test_split_keeps_bracketed_commas(self):
     self.assertEqual(arguments.split_arg('sync,stragglers.slow_workers=(0,3),workers=8'),
                      ['sync', 'stragglers.slow_workers=(0,3)', 'workers=8'])
     self.assertEqual(arguments.split_arg(None), [])
+
+  def test_one_rule_names_the_field_of_a_key(self):
+    config = digits.get_config('local_sgd')
+    self.assertEqual(arguments.resolve_key(config, 'local_steps'), 'algorithm.local_steps')
+    self.assertEqual(arguments.resolve_key(config, 'workers'), 'workers')
+    self.assertEqual(arguments.resolve_key(config, 'optimizer.momentum'), 'optimizer.momentum')
+    self.assertEqual(arguments.pairs('ksync,k=6,stragglers.slow_workers=(0,3)'),
+                     ['k=6', 'stragglers.slow_workers=(0,3)'])
+
+  def test_flags_replace_the_duration_and_win_over_a_profile(self):
+    config = digits.get_config('sync,num_epochs=2')
+    config.num_steps = 7  # what config_flags sets for --config.num_steps=7
+    arguments.apply_flag_rules(config, ['num_steps', 'network.kind', 'optimizer.momentum'])
+    self.assertEqual((config.num_steps, config.num_epochs), (7, None))
+    self.assertEqual(config.cluster.explicit, ('network.kind',))
+    config = digits.get_config('sync,stragglers.base_s=0.02')
+    self.assertEqual(config.cluster.explicit, ('stragglers.base_s',))  # the argument's pairs are explicit too
 
   def test_bare_keys_resolve_to_algorithm_then_top_level(self):
     config = digits.get_config('local_sgd,local_steps=7,workers=16,optimizer.learning_rate=1')
