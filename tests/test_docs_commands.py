@@ -22,10 +22,9 @@ from absl.testing import parameterized
 from ml_collections import config_flags
 
 from waitless import config_errors
-from waitless.experiments.comparison import plan as compare_plan
 from waitless.experiments import config_paths
 from waitless.experiments.harness import validation
-from waitless.experiments.configs import common
+from waitless.experiments.configs import arguments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True))
@@ -88,6 +87,7 @@ def _load(path: str, arg: str | None, overrides=()):
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, flag_values=values, lock_config=True, sys_argv=argv)
   values(argv)
+  arguments.apply_flag_rules(values.config, config_flags.get_override_values(values['config']))
   return values.config
 
 
@@ -116,8 +116,8 @@ class DocsCommandsTest(parameterized.TestCase):
     config = _load(path, arg, overrides)
     validation.validate(config)
     if algorithms:
-      pairs = [p for p in common.split_arg(arg) if '=' in p]
-      for entry in compare_plan.parse_entries(algorithms):
+      pairs = arguments.pairs(arg)
+      for entry in arguments.parse_entries(algorithms):
         with self.subTest(entry=entry):
           validation.validate(_load(path, ','.join([entry, *pairs]), overrides))
 

@@ -33,12 +33,12 @@ def require(condition: bool, field: str, value, allowed: str) -> None:
 
 
 def is_int(value) -> bool:
-  """Whether `value` is an integer (a bool is not)."""
-  return isinstance(value, int) and not isinstance(value, bool)
+  """Whether `value` is an integer: a Python int or a numpy integer (`numbers.Integral`); a bool is not."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value) -> bool:
-  """Whether `value` is a finite real number (a bool is not)."""
+  """Whether `value` is a finite real number: a Python or numpy integer or float (`numbers.Real`); a bool is not."""
   return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 

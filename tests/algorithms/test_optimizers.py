@@ -18,11 +18,11 @@ def _optimizer_config(**fields):
   return config
 
 
-class ScheduleTest(parameterized.TestCase):
+class LearningRateScheduleTest(parameterized.TestCase):
 
-  def test_rsqrt_is_the_transformer_schedule_scaled_to_its_peak(self):
+  def test_rsqrt_is_the_transformer_lr_schedule_scaled_to_its_peak(self):
     warmup, peak = 400, 2e-3
-    lr = optimizers.learning_rate_schedule(_optimizer_config(schedule='rsqrt', learning_rate=peak,
+    lr = optimizers.learning_rate_schedule(_optimizer_config(lr_schedule='rsqrt', learning_rate=peak,
                                                              warmup_steps=warmup).optimizer, 10_000)
     steps = np.array([1, 100, 399, 400, 401, 1600, 9_999])
     vaswani = 512 ** -0.5 * np.minimum(steps ** -0.5, steps * warmup ** -1.5)  # eq. 3, d_model = 512
@@ -32,12 +32,12 @@ class ScheduleTest(parameterized.TestCase):
 
   def test_warmup_then_cosine_and_step(self):
     cosine = optimizers.learning_rate_schedule(
-        _optimizer_config(schedule='cosine', learning_rate=1.0, warmup_steps=10).optimizer, 110)
+        _optimizer_config(lr_schedule='cosine', learning_rate=1.0, warmup_steps=10).optimizer, 110)
     self.assertAlmostEqual(float(cosine(5)), 0.5, places=6)
     self.assertAlmostEqual(float(cosine(60)), 0.5, places=6)  # half way through the decay
     self.assertAlmostEqual(float(cosine(110)), 0.0, places=6)
     step = optimizers.learning_rate_schedule(
-        _optimizer_config(schedule='step', learning_rate=1.0, decay_boundaries=(0.5,)).optimizer, 100)
+        _optimizer_config(lr_schedule='step', learning_rate=1.0, decay_boundaries=(0.5,)).optimizer, 100)
     np.testing.assert_allclose([float(step(s)) for s in (49, 50, 51)], [1.0, 0.1, 0.1], rtol=1e-6)
 
 
@@ -66,8 +66,8 @@ class ValidationTest(parameterized.TestCase):
       ('b2_one', dict(b2=1.0), 'optimizer.b2=1.0'),
       ('b1_negative', dict(b1=-0.1), 'optimizer.b1=-0.1'),
       ('eps_zero', dict(eps=0.0), 'optimizer.eps=0.0'),
-      ('rsqrt_without_warmup', dict(schedule='rsqrt', warmup_steps=0), 'optimizer.warmup_steps=0'),
-      ('unknown_schedule', dict(schedule='linear'), 'rsqrt'))
+      ('rsqrt_without_warmup', dict(lr_schedule='rsqrt', warmup_steps=0), 'optimizer.warmup_steps=0'),
+      ('unknown_lr_schedule', dict(lr_schedule='linear'), 'rsqrt'))
   def test_bad_fields_are_named(self, fields, message):
     with self.assertRaisesRegex(errors.ConfigError, message):
       validation.validate(_optimizer_config(**fields))

@@ -20,7 +20,7 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.algorithms import parameter_server
-from waitless.experiments.configs import common
+from waitless.experiments.configs import arguments
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import train
@@ -238,7 +238,7 @@ class ValidationTest(parameterized.TestCase):
   def test_defaults_are_valid(self):
     for name in ('ksync', 'kbatch_sync', 'kasync', 'kbatch_async', 'async', 'ringmaster', 'adasync'):
       validation.validate(harness.synthetic_config(name))
-      validation.validate(common.apply_arg(harness.synthetic_config(), f'{name}'))
+      validation.validate(arguments.apply_arg(harness.synthetic_config(), f'{name}'))
 
   def test_command_line_error_is_one_line(self):
     out = subprocess.run(

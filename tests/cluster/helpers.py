@@ -8,21 +8,24 @@ import ml_collections
 import numpy as np
 
 from waitless.cluster import factory
+from waitless.experiments.configs import common
 
 
 def config(workers: int = 8, seed: int = 0, network: dict | None = None, **stragglers) -> ml_collections.ConfigDict:
-  """`workers`, `seed`, default `stragglers` / `network` sections with the given overrides."""
+  """`workers`, `seed`, the default `stragglers` / `network` / `cluster` sections (`configs/common.py`) with the
+  given overrides."""
   c = ml_collections.ConfigDict()
   c.workers = workers
   c.seed = seed
   c.algorithm = ml_collections.ConfigDict({'name': 'test'})
-  c.stragglers = factory.default_stragglers_config()
+  c.stragglers = common.stragglers_config()
   with c.stragglers.ignore_type():  # e.g. a tuple of failing workers where the default is one id
     for key, value in stragglers.items():
       c.stragglers[key] = value
-  c.network = factory.default_network_config()
+  c.network = common.network_config()
   for key, value in (network or {}).items():
     c.network[key] = value
+  c.cluster = common.cluster_config()
   return c
 
 

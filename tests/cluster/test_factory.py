@@ -40,7 +40,7 @@ class ValidateTest(parameterized.TestCase):
       ('slow_kind_without_slow', {'kind': 'slow_workers'}, 'stragglers.slow_fraction', 'needs'),
       ('delayed_too_many', {'delayed_workers': 9}, 'stragglers.delayed_workers', r'0\.\.8'),
       ('delay_negative', {'delay_s': -1.0}, 'stragglers.delay_s', '>= 0'),
-      # 1e308 overflowed the clock's sums and read as workers that never finish (issue 39).
+      # Beyond MAX_SECONDS the clock's sums overflow and read as workers that never finish.
       ('delay_overflows', {'delayed_workers': 2, 'delay_s': 1e308}, 'stragglers.delay_s', r'<= 1e\+06'),
       ('base_overflows', {'base_s': 1e300}, 'stragglers.base_s', r'<= 1e\+06'),
       ('overhead_overflows', {'overhead_s': 1e300}, 'stragglers.overhead_s', r'<= 1e\+06'),
@@ -115,13 +115,14 @@ class ValidateTest(parameterized.TestCase):
       clock = factory.make_clock(config, sync.Barrier(), 1e6)
       self.assertTrue(np.all(clock.next_block(3).duration > 0), kind)
 
-  def test_old_configs_without_the_new_fields_still_work(self):
-    config = helpers.config()
-    config.stragglers = ml_collections.ConfigDict({'kind': 'constant', 'base_s': 0.02})
-    config.network = ml_collections.ConfigDict({'kind': 'ideal'})
-    factory.validate(config)
-    clock = factory.make_clock(config, sync.Barrier(), 1e6)
-    np.testing.assert_allclose(clock.next_block(2).duration, 0.02)
+  def test_validate_returns_the_cost_model_the_clock_charges(self):
+    config = helpers.config(base_s=0.02, network={'kind': 'alpha_beta'})
+    cost = factory.validate(config)
+    self.assertEqual((cost.stragglers.base_s, cost.host_s, cost.profile), (0.02, 0.0, ''))
+    self.assertIsInstance(cost.network, network.AlphaBeta)
+    clock = factory.make_clock(config, sync.Barrier(), 1e6, cost)
+    self.assertIs(clock.network, cost.network)
+    np.testing.assert_allclose(clock.next_block(2).duration, 0.02 + cost.network.allreduce(1e6, 8))
 
 
 class MakeTest(absltest.TestCase):
@@ -158,7 +159,7 @@ class MakeTest(absltest.TestCase):
     config = helpers.config(workers=4, slow_workers=(1,), slow_factor=3.0, worker_factors=())
     factory.validate(config)
     np.testing.assert_array_equal(factory.slow_factors(config.stragglers, 4), [1.0, 3.0, 1.0, 1.0])
-    self.assertEqual(factory.default_stragglers_config().worker_factors, ())
+    self.assertEqual(helpers.config().stragglers.worker_factors, ())
 
   def test_composition(self):
     clock = helpers.clock(sync.Barrier(), kind='exponential', slow_workers=(0,), delayed_workers=1,
@@ -173,7 +174,7 @@ class MakeTest(absltest.TestCase):
 class ImportDirectionTest(absltest.TestCase):
 
   def test_the_clock_imports_no_rule_module(self):
-    # Rules import the clock; the clock reads what they return from `cluster.schedules` (issue 29 item 5).
+    # Rules import the clock; the clock reads what they return from `cluster.schedules`.
     code = ('import sys, waitless.cluster.clock; '
             'print(sorted(m for m in sys.modules if m.startswith("waitless.cluster.rules")))')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,

@@ -23,8 +23,10 @@ from waitless.cluster.rules import nonblocking
 from waitless.cluster.rules import streaming_diloco
 from waitless.cluster.rules import sync
 from waitless.cluster.rules import wagma
+from waitless.cluster import clock as clock_lib
 from waitless.cluster import compute
 from waitless.cluster import factory
+from waitless.cluster import network
 from tests.cluster import helpers
 
 X = 0.01   # constant per-sample part of one micro-batch (s)
@@ -174,14 +176,17 @@ class ZeroOverheadTest(parameterized.TestCase):
       ('lap_sgd', lambda: lap_sgd.NodeThreads(4, every(8), 2)),
       ('kasync', lambda: kasync.KAsync(3, 2)),
   )
-  def test_replays_bit_for_bit_what_a_config_without_the_field_gave(self, make_rule):
+  def test_replays_bit_for_bit_the_clock_of_the_bare_distribution(self, make_rule):
     kwargs = dict(kind='pareto', shape=2.5, scale=0.004, slow_workers=(2,), delayed_workers=1, delay_s=0.01)
-    old = helpers.config(P, 3, **kwargs)
-    del old.stragglers['overhead_s']  # a config written before the field existed
-    new = helpers.config(P, 3, overhead_s=0.0, **kwargs)
-    self.assertNotIsInstance(factory.make_compute(new.stragglers, P).base, compute.CallOverhead)
-    a = factory.make_clock(old, make_rule(), 1e6).next_block(150)
-    b = factory.make_clock(new, make_rule(), 1e6).next_block(150)
+    config = helpers.config(P, 3, overhead_s=0.0, **kwargs)
+    self.assertNotIsInstance(factory.make_compute(config.stragglers, P).base, compute.CallOverhead)
+    bare = compute.SlowWorkers(base=compute.Pareto(shape=2.5, scale=0.004),
+                               factors=factory.slow_factors(config.stragglers, P))
+    delay, failure = factory.make_faults(config.stragglers, P, 3)
+    direct = clock_lib.Clock(workers=P, rule=make_rule(), compute=bare, network=network.Ideal(), model_bytes=1e6,
+                             seed=3, delay=delay, failure=failure)
+    a = direct.next_block(150)
+    b = factory.make_clock(config, make_rule(), 1e6).next_block(150)
     helpers.assert_blocks_equal(self, a, b)
 
 

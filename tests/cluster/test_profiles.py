@@ -18,7 +18,7 @@ from waitless.cluster import network
 from waitless.cluster import profiles
 from waitless.cluster import registry
 from waitless.cluster.rules import sync
-from waitless.experiments.configs import common
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import mnist1d
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -95,9 +95,9 @@ class ProfilesTest(parameterized.TestCase):
     self.assertEqual(cost.network, profiles.load('dgx_h100').network)
 
   def test_explicit_fields_win(self):
-    # The config argument's pairs are explicit (common.apply_arg records them), as the programs record flags.
+    # The config argument's pairs are explicit (arguments.apply_arg records them), as the programs record flags.
     config = self.config(self.write(PROFILE), 'sync,stragglers.overhead_s=0.001')
-    common.mark_explicit(config, ['cluster.host_s', 'network.kind', 'optimizer.learning_rate'])
+    arguments.mark_explicit(config, ['cluster.host_s', 'network.kind', 'optimizer.learning_rate'])
     config.cluster.host_s = 0.25
     config.network.kind = 'alpha_beta'
     self.assertEqual(config.cluster.explicit, ('stragglers.overhead_s', 'cluster.host_s', 'network.kind'))

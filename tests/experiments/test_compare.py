@@ -21,13 +21,14 @@ from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
 from waitless.experiments.comparison import plan as compare_plan
 from waitless.experiments.comparison import runs as compare_runs
+from waitless.experiments.harness import duration
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import tasks as tasks_lib
 from waitless.experiments.comparison import report as report_lib
 from waitless.experiments.comparison import statistics
 from waitless.experiments.comparison import sim_budget
 from waitless.experiments.configs import cifar10
-from waitless.experiments.configs import common as config_common
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,10 +73,10 @@ class ParseTest(parameterized.TestCase):
       ('brackets', 'sync,wagma,stragglers.slow_workers=(0,1)', ['sync', 'wagma,stragglers.slow_workers=(0,1)']),
       ('same_algorithm_twice', 'ksync,k=2,ksync,k=6', ['ksync,k=2', 'ksync,k=6']))
   def test_entries(self, text, expected):
-    self.assertEqual(compare_plan.parse_entries(text), expected)
+    self.assertEqual(arguments.parse_entries(text), expected)
 
   def test_all_is_every_registered_algorithm(self):
-    self.assertEqual(compare_plan.parse_entries('all'), list(registry.names()))
+    self.assertEqual(arguments.parse_entries('all'), list(registry.names()))
 
   @parameterized.named_parameters(
       ('unknown', 'sync,bogus', 'algorithm.name=.bogus. is not allowed: known algorithms'),
@@ -85,25 +86,25 @@ class ParseTest(parameterized.TestCase):
       ('empty', ' ', 'name at least one algorithm'))
   def test_bad_entries_name_the_flag(self, text, message):
     with self.assertRaisesRegex(errors.ConfigError, message):
-      compare_plan.parse_entries(text)
+      arguments.parse_entries(text)
 
   def test_sweeps_are_a_grid(self):
-    self.assertEqual(compare_plan.parse_sweeps([]), [()])
-    self.assertEqual(compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1', 'k=(1,2),3']), [
+    self.assertEqual(arguments.parse_sweeps([]), [()])
+    self.assertEqual(arguments.parse_sweeps(['optimizer.learning_rate=0.02,0.1', 'k=(1,2),3']), [
         (('optimizer.learning_rate', '0.02'), ('k', '(1,2)')), (('optimizer.learning_rate', '0.02'), ('k', '3')),
         (('optimizer.learning_rate', '0.1'), ('k', '(1,2)')), (('optimizer.learning_rate', '0.1'), ('k', '3'))])
     for bad in ('optimizer.learning_rate', '=0.1', 'x='):
       with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
-        compare_plan.parse_sweeps([bad])
+        arguments.parse_sweeps([bad])
 
   def test_keys_joined_by_a_colon_move_together(self):
     lr, mom = 'optimizer.learning_rate', 'optimizer.momentum'
-    self.assertEqual(compare_plan.parse_sweeps([f'{lr}:{mom}=0.2:0.9,0.1:0.0', 'k=1,2']), [
+    self.assertEqual(arguments.parse_sweeps([f'{lr}:{mom}=0.2:0.9,0.1:0.0', 'k=1,2']), [
         ((lr, '0.2'), (mom, '0.9'), ('k', '1')), ((lr, '0.2'), (mom, '0.9'), ('k', '2')),
         ((lr, '0.1'), (mom, '0.0'), ('k', '1')), ((lr, '0.1'), (mom, '0.0'), ('k', '2'))])
     for bad in (f'{lr}:{mom}=0.2', f'{lr}:{mom}=0.2:0.9:1', f'{lr}:=0.2:0.9'):
       with self.assertRaisesRegex(errors.ConfigError, '--sweep'):
-        compare_plan.parse_sweeps([bad])
+        arguments.parse_sweeps([bad])
 
   @parameterized.named_parameters(
       ('seed', 'seed=0,1', 'seed is none: give the number of seeds with --seeds'),
@@ -114,7 +115,7 @@ class ParseTest(parameterized.TestCase):
     # Issue 39: --sweep=seed=0,1 picked "the best seed" (and trained seed 1 twice); a cluster field "the best
     # cluster" per entry.
     with self.assertRaisesRegex(errors.ConfigError, rf'^--sweep=.* is not allowed: .*{message}'):
-      compare_plan.parse_sweeps([spec])
+      arguments.parse_sweeps([spec])
 
   def test_slugs_are_directory_names(self):
     self.assertEqual(compare_plan.slug('ksync,k=6'), 'ksync_k=6')
@@ -128,8 +129,8 @@ class PlanTest(absltest.TestCase):
     self.assertEqual((runs[0].config.num_steps, runs[0].config.num_epochs), (7, None))
     main_config = cifar10.get_config('sync')  # what experiments.main does with the same flag
     main_config.num_steps = 7
-    config_common.override_duration(main_config, {'num_steps': 7})
-    config_common.validate_duration(main_config)
+    arguments.apply_flag_rules(main_config, {'num_steps': 7})
+    duration.validate_duration(main_config)
     self.assertIsNone(main_config.num_epochs)
 
   def test_seeds_beyond_the_programs_range_are_refused_naming_seeds(self):
@@ -140,7 +141,7 @@ class PlanTest(absltest.TestCase):
     root = '/cmp'
     runs, skipped = compare_plan.plan(
         digits.get_config, ['sync', 'ksync,k=6,optimizer.learning_rate=0.3'],
-        compare_plan.parse_sweeps(['optimizer.momentum=0.0,0.5']), 2, root, common_pairs=['num_steps=20'],
+        arguments.parse_sweeps(['optimizer.momentum=0.0,0.5']), 2, root, common_pairs=['num_steps=20'],
         overrides={'optimizer.learning_rate': 0.2, 'optimizer.momentum': 0.9, 'algorithm.k': 2, 'seed': 5})
     self.assertEqual(skipped, {})
     self.assertLen(runs, 8)
@@ -171,7 +172,7 @@ class PlanTest(absltest.TestCase):
     self.assertEqual((runs[0].config.num_steps, runs[0].config.num_epochs), (50, None))  # 10 ms per iteration
 
   def test_the_plan_sizes_each_model_and_data_set_once_not_once_per_run(self):
-    sweeps = compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1'])
+    sweeps = arguments.parse_sweeps(['optimizer.learning_rate=0.02,0.1'])
     with mock.patch.object(tasks_lib, 'model_bytes', wraps=tasks_lib.model_bytes) as model_bytes:
       runs, _ = compare_plan.plan(digits.get_config, ['sync', 'local_sgd', 'sync,model.hidden_sizes=[8]'], sweeps,
                                   3, '/cmp', sim_time=0.05, evals=2)
@@ -194,7 +195,7 @@ class PlanTest(absltest.TestCase):
 
   def test_same_seed_same_trace_and_data_order_for_every_algorithm(self):
     entries = ['sync', 'ksync,k=6', 'local_sgd', 'async', 'wagma']
-    sweeps = compare_plan.parse_sweeps(['optimizer.learning_rate=0.02,0.1'])
+    sweeps = arguments.parse_sweeps(['optimizer.learning_rate=0.02,0.1'])
     runs, _ = compare_plan.plan(digits.get_config, entries, sweeps, 2, '/cmp', common_pairs=HETEROGENEOUS)
     p = runs[0].config.workers
     workers = np.repeat(np.arange(p), 50)
@@ -335,7 +336,7 @@ class ReportTest(absltest.TestCase):
 
   def _runs(self, root):
     runs, _ = compare_plan.plan(digits.get_config, ['sync', 'ksync,k=6'],
-                           compare_plan.parse_sweeps(['optimizer.learning_rate=0.05,0.1']), 2, root)
+                           arguments.parse_sweeps(['optimizer.learning_rate=0.05,0.1']), 2, root)
     curves = {  # (entry, lr) -> eval points (step, sim_time, accuracy, loss); ksync is faster at 0.1
         ('sync', '0.05'): [(10, 1.0, 0.5, 1.0), (20, 2.0, 0.8, 0.5), (30, 3.0, 0.95, 0.2)],
         ('sync', '0.1'): [(10, 1.0, 0.5, 1.0), (20, 2.0, 0.7, 0.6), (30, 3.0, 0.85, 0.3)],

@@ -48,7 +48,7 @@ def _workload_modules():
   names = sorted(os.path.basename(f)[:-3] for f in glob.glob(
       os.path.join(os.path.dirname(digits.__file__), '*.py')))
   return [importlib.import_module(f'waitless.experiments.configs.{n}') for n in names
-          if n not in ('__init__', 'common')]
+          if n not in ('__init__', 'common', 'arguments')]
 
 
 def _leaves(config: ml_collections.ConfigDict, prefix: str = ''):

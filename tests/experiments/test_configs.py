@@ -4,22 +4,59 @@ import importlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from waitless import config_errors as errors
 from waitless.cluster import factory
 from waitless.cluster import registry
 from waitless.experiments.harness import validation
-from waitless.experiments.configs import common
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import synthetic
+
+
+class IntAndNumberTest(parameterized.TestCase):
+
+  @parameterized.parameters(3, np.int32(3), np.int64(-2), np.uint8(7))
+  def test_integers(self, value):
+    self.assertTrue(errors.is_int(value))
+    self.assertTrue(errors.is_number(value))
+
+  @parameterized.parameters(0.5, np.float32(0.5), np.float64(-2.0))
+  def test_numbers_that_are_not_integers(self, value):
+    self.assertFalse(errors.is_int(value))
+    self.assertTrue(errors.is_number(value))
+
+  @parameterized.parameters((True,), (np.bool_(False),), ('3',), (None,), ((1,),), (float('nan'),),
+                            (np.float32('inf'),))
+  def test_neither(self, value):
+    self.assertFalse(errors.is_int(value))
+    self.assertFalse(errors.is_number(value))
 
 
 class ConfigArgTest(parameterized.TestCase):
 
   def test_split_keeps_bracketed_commas(self):
-    self.assertEqual(common.split_arg('sync,stragglers.slow_workers=(0,3),workers=8'),
+    self.assertEqual(arguments.split_arg('sync,stragglers.slow_workers=(0,3),workers=8'),
                      ['sync', 'stragglers.slow_workers=(0,3)', 'workers=8'])
-    self.assertEqual(common.split_arg(None), [])
+    self.assertEqual(arguments.split_arg(None), [])
+
+  def test_one_rule_names_the_field_of_a_key(self):
+    config = digits.get_config('local_sgd')
+    self.assertEqual(arguments.resolve_key(config, 'local_steps'), 'algorithm.local_steps')
+    self.assertEqual(arguments.resolve_key(config, 'workers'), 'workers')
+    self.assertEqual(arguments.resolve_key(config, 'optimizer.momentum'), 'optimizer.momentum')
+    self.assertEqual(arguments.pairs('ksync,k=6,stragglers.slow_workers=(0,3)'),
+                     ['k=6', 'stragglers.slow_workers=(0,3)'])
+
+  def test_flags_replace_the_duration_and_win_over_a_profile(self):
+    config = digits.get_config('sync,num_epochs=2')
+    config.num_steps = 7  # what config_flags sets for --config.num_steps=7
+    arguments.apply_flag_rules(config, ['num_steps', 'network.kind', 'optimizer.momentum'])
+    self.assertEqual((config.num_steps, config.num_epochs), (7, None))
+    self.assertEqual(config.cluster.explicit, ('network.kind',))
+    config = digits.get_config('sync,stragglers.base_s=0.02')
+    self.assertEqual(config.cluster.explicit, ('stragglers.base_s',))  # the argument's pairs are explicit too
 
   def test_bare_keys_resolve_to_algorithm_then_top_level(self):
     config = digits.get_config('local_sgd,local_steps=7,workers=16,optimizer.learning_rate=1')
@@ -50,9 +87,9 @@ class ConfigArgTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(f'{w}_{p}', w, p) for w in ('digits', 'synthetic', 'mnist1d', 'cifar10',
                                                                   'cifar100', 'imagenet', 'wmt', 'digits_stale')
-                                      for p in common.STRAGGLER_PRESETS])
+                                      for p in arguments.STRAGGLER_PRESETS])
   def test_every_workload_offers_the_straggler_presets(self, workload, preset):
-    # Issue 39: digits.py:sync,stragglers=heterogeneous failed with "must be of type ConfigDict" (mnist1d only).
+    # Every workload's config argument takes every preset (not only mnist1d.py's).
     module = importlib.import_module(f'waitless.experiments.configs.{workload}')
     config = module.get_config(f'sync,stragglers={preset}')
     validation.validate(config)
@@ -69,8 +106,8 @@ class ConfigArgTest(parameterized.TestCase):
       module.get_config('sync,stragglers=bogus')
 
   def test_a_seed_beyond_the_programs_range_is_one_line(self):
-    # Issue 39: 10**20, or 2**63 - 1 with --seeds=2, was an OverflowError traceback; 2**31 silently became a
-    # negative seed in the replicas' program.
+    # A seed is an int32 in the replicas' program: beyond it (10**20, 2**63 - 1, 2**31), or a last seed of --seeds
+    # beyond it, is one ConfigError naming the field, neither an OverflowError nor a seed that wraps around.
     config = digits.get_config('sync')
     for seed in (10**20, 2**63 - 1, 2**31, -1):
       config.seed = seed

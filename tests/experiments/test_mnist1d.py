@@ -12,7 +12,7 @@ from waitless.cluster import factory
 from waitless.cluster import registry
 from waitless.experiments.harness import train
 from waitless.experiments.harness import validation
-from waitless.experiments.configs import common as config_common
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import mnist1d
 
 
@@ -28,7 +28,7 @@ class Mnist1dConfigTest(parameterized.TestCase):
 
   @parameterized.parameters(*registry.names())
   def test_every_registered_algorithm_is_accepted(self, name):
-    for preset in config_common.STRAGGLER_PRESETS:
+    for preset in arguments.STRAGGLER_PRESETS:
       config = mnist1d.get_config(f'{name},stragglers={preset}')
       validation.validate(config)
       self.assertEqual(config.algorithm.name, name)

@@ -38,7 +38,7 @@ def _config(workload: str, algorithm: str, tokenizer_dir: str, extra: str = ''):
   config.eval_every = config.checkpoint_every = 2
   config.log_every = config.steps_per_call = 1
   config.eval_batch_size = 16
-  config.optimizer.warmup_steps = 1 if config.optimizer.schedule == 'rsqrt' else 0
+  config.optimizer.warmup_steps = 1 if config.optimizer.lr_schedule == 'rsqrt' else 0
   if 'tokenizer_dir' in config.dataset:
     config.dataset.tokenizer_dir = tokenizer_dir
   return config

@@ -37,6 +37,12 @@ from waitless.cluster import network as network_lib
 VERSION = 1
 DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'profiles')
 FIELD = 'cluster.profile'
+# The config fields a profile gives values to (`factory.effective`); one the user set explicitly (recorded in
+# `cluster.explicit`) wins over the profile. An explicit distribution field (COMPUTE_FIELDS) keeps the configured
+# distribution's scale.
+COMPUTE_FIELDS = ('stragglers.base_s', 'stragglers.rate', 'stragglers.shift_s', 'stragglers.scale')
+PROFILE_FIELDS = COMPUTE_FIELDS + ('stragglers.overhead_s', 'network.kind', 'network.latency_s',
+                                   'network.bandwidth_gbps', 'cluster.host_s')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +154,6 @@ def load(name_or_path: str) -> Profile:
 def model_key(config) -> str:
   """'dataset/model' of a config: the key of its compute figures."""
   dataset, model = config.get('dataset'), config.get('model')
-  errors.require(dataset is not None and model is not None, FIELD, config.get('cluster', {}).get('profile'),
+  errors.require(dataset is not None and model is not None, FIELD, config.cluster.profile,
                  'a profile gives compute per model: the config needs dataset.name and model.name')
   return f'{dataset.name}/{model.name}'

@@ -4,23 +4,23 @@ r"""Compares algorithms on one workload, straggler trace and seeds: who reaches 
       --algorithms='sync,local_sgd,ksync,k=6' --seeds=2 --sweep=optimizer.learning_rate=0.02,0.05,0.1 \
       --config.stragglers.slow_fraction=0.25 --config.stragglers.slow_factor=3
 
-`--algorithms`: entries `ALGORITHM[,key=value...]`, the config argument of `experiments.main`. A name starts
-a new entry and a `key=value` belongs to the entry before it, so `sync,local_sgd,ksync,k=6` is three entries;
-`;` also separates entries (`'sync;ksync,k=6'`); `all` is every registered algorithm
-(`cluster.registry.names()`, each with its defaults; one whose config is invalid for the workload is
-skipped with a note). `--sweep KEY=V1,V2,...` (repeatable: the grid of all of them) runs every entry at every
-value (`KEY1:KEY2=A1:B1,A2:B2` moves keys together); each entry is then reported at its best value (the lowest
-median time to target accuracy, seeds that miss it included, then the lowest median final eval loss), every
-run is kept and listed. `--seeds=N` runs seeds `config.seed + 0 .. N-1`; with a sweep, `--tuning_seeds=K`
-chooses each entry's value on the first K of them and reports every figure on the others (default 0: chosen on
-the reported seeds themselves, which the table calls optimistic). `--sim_time=T` gives every run the same
-budget of simulated seconds instead of the same `num_steps` (an asynchronous iteration is one gradient, a
-synchronous one P of them): each run's `num_steps` is what its own seeded clock needs to reach T (computed
-before anything compiles; `--max_steps` caps it) and it is evaluated `--evals` times; `--sim_baseline_steps=N` gives
-that budget as the simulated time the baseline entry needs for N iterations, so that one command fits every
-cluster profile. `--config.FIELD=VALUE`
-overrides, and the `key=value` pairs of a config argument (`--config=FILE:ARG`; its algorithm name is ignored),
-apply to every run; an entry's own pairs, then the sweep's, win over them.
+`--algorithms`: entries `ALGORITHM[,key=value...]`, the config argument of `experiments.main` (the language of
+`experiments/configs/arguments.py`, which parses every list below). A name starts a new entry and a `key=value`
+belongs to the entry before it, so `sync,local_sgd,ksync,k=6` is three entries; `;` also separates entries
+(`'sync;ksync,k=6'`); `all` is every registered algorithm (`cluster.registry.names()`, each with its defaults; one
+whose config is invalid for the workload is skipped with a note). `--sweep KEY=V1,V2,...` (repeatable: the grid of
+all of them) runs every entry at every value (`KEY1:KEY2=A1:B1,A2:B2` moves keys together); each entry is then
+reported at its best value (the lowest median time to target accuracy, seeds that miss it included, then the lowest
+median final eval loss), every run is kept and listed. `--seeds=N` runs seeds `config.seed + 0 .. N-1`; with a
+sweep, `--tuning_seeds=K` chooses each entry's value on the first K of them and reports every figure on the others
+(default 0: chosen on the reported seeds themselves, which the table calls optimistic). `--sim_time=T` gives every
+run the same budget of simulated seconds instead of the same `num_steps` (an asynchronous iteration is one
+gradient, a synchronous one P of them): each run's `num_steps` is what its own seeded clock needs to reach T
+(computed before anything compiles; `--max_steps` caps it) and it is evaluated `--evals` times;
+`--sim_baseline_steps=N` gives that budget as the simulated time the baseline entry needs for N iterations, so that
+one command fits every cluster profile. `--config.FIELD=VALUE` overrides, and the `key=value` pairs of a config
+argument (`--config=FILE:ARG`; its algorithm name is ignored), apply to every run; an entry's own pairs, then the
+sweep's, win over them.
 
 Each run has its own workdir, `WORKDIR/<entry>[/<sweep value>]/seed<N>`, and every file of a run (metrics.jsonl,
 summary.json, checkpoints) is the one `experiments.main` writes. Runs that differ only in their seed, budget and
@@ -102,7 +102,7 @@ log = logging.getLogger('waitless')
 
 def _compare(argv_config: str, root: str) -> dict[str, Any]:
   from waitless import config_errors as errors
-  from waitless.experiments.configs import common
+  from waitless.experiments.configs import arguments
   statistics.check_options(shared_flags.SEEDS.value, _TUNING_SEEDS.value, _CONFIDENCE.value)  # before anything runs
   errors.require(not _TUNING_SEEDS.value or bool(_SWEEP.value), '--tuning_seeds', _TUNING_SEEDS.value,
                  'the tuning seeds choose each entry\'s --sweep point; without a sweep there is nothing to choose '
@@ -113,9 +113,9 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   shared_flags.force_host_devices(devices)  # before anything starts a JAX backend
   path, _, arg = argv_config.partition(':')
   module = compare_plan.load_config_module(path)
-  common_pairs = [p for p in common.split_arg(arg) if '=' in p]
+  common_pairs = arguments.pairs(arg)
   text = _ALGORITHMS.value
-  entries = compare_plan.parse_entries(text)
+  entries = arguments.parse_entries(text)
   # The default baseline may be absent (a comparison without sync); one given by name must be an entry.
   errors.require(_BASELINE.value in entries or not flags.FLAGS['baseline'].present, '--baseline', _BASELINE.value,
                  f'must be one of the entries: {", ".join(entries)}')
@@ -125,7 +125,7 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
   if _SIM_BASELINE_STEPS.value is not None:
     sim_time = _budget_of_baseline_steps(module.get_config, entries, common_pairs, overrides)
   runs, skipped = compare_plan.plan(
-      module.get_config, entries, compare_plan.parse_sweeps(_SWEEP.value), shared_flags.SEEDS.value, root, common_pairs,
+      module.get_config, entries, arguments.parse_sweeps(_SWEEP.value), shared_flags.SEEDS.value, root, common_pairs,
       overrides, skip_invalid=everything, sim_time=sim_time, max_steps=_MAX_STEPS.value, evals=_EVALS.value)
   compare_plan.check_sweep_axes(_SWEEP.value, runs)
   for entry, why in skipped.items():
@@ -185,18 +185,18 @@ def _budget_of_baseline_steps(get_config, entries: list[str], common_pairs: list
   """--sim_baseline_steps in simulated seconds: the time the baseline entry's clock (the first entry's when the
   baseline is not one; its first seed, on its cluster profile if any) needs for that many iterations."""
   from waitless import config_errors as errors
-  from waitless.cluster import factory
   from waitless.experiments.comparison import sim_budget
+  from waitless.experiments.configs import arguments
   from waitless.experiments.harness import validation
   steps = _SIM_BASELINE_STEPS.value
   errors.require(_SIM_TIME.value is None, '--sim_baseline_steps', steps,
                  f'and --sim_time={_SIM_TIME.value} both give the budget: set one of them')
   errors.require_int(steps, '--sim_baseline_steps', 1)
   entry = _budget_entry(entries)
-  config = compare_plan.entry_config(get_config, entry, (), common_pairs, overrides)
-  validation.validate(config)
-  sim_time = sim_budget.sim_time_of_steps(config, steps)
-  profile = factory.effective(config).profile
+  config = arguments.entry_config(get_config, entry, (), common_pairs, overrides)
+  cost = validation.validate(config)
+  sim_time = sim_budget.sim_time_of_steps(config, steps, cost=cost)
+  profile = cost.profile
   print(f'[compare] --sim_baseline_steps={steps}: {entry} needs {sim_time:.4g} simulated seconds for {steps} '
         f'iterations{" on " + profile if profile else ""}: the budget of every run', file=sys.stderr)
   return sim_time

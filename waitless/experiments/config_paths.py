@@ -2,7 +2,7 @@
 
 The configs live in `waitless/experiments/configs/`. A checkout's root holds that path as it is; an installed
 package does not, so a FILE that does not exist is looked up inside the installed package, both as
-`waitless/experiments/configs/NAME.py` and, as the programs have always been called, `experiments/configs/NAME.py`.
+`waitless/experiments/configs/NAME.py` and as `experiments/configs/NAME.py` (the name the docs' commands use).
 """
 
 from __future__ import annotations

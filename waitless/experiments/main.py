@@ -76,9 +76,8 @@ _RAY_ADDRESS = flags.DEFINE_string(
 def main(argv):
   del argv
   config = shared_flags.CONFIG.value
-  from waitless.experiments.configs import common
-  common.override_duration(config, config_flags.get_override_values(flags.FLAGS['config']))
-  common.mark_explicit(config, config_flags.get_override_values(flags.FLAGS['config']))
+  from waitless.experiments.configs import arguments
+  arguments.apply_flag_rules(config, config_flags.get_override_values(flags.FLAGS['config']))
   options = program.Options(
       workdir=shared_flags.WORKDIR.value, seeds=shared_flags.SEEDS.value, max_replicas=shared_flags.MAX_REPLICAS.value,
       compilation_cache_dir=shared_flags.COMPILATION_CACHE.value, mock_data=_MOCK_DATA.value,

@@ -51,27 +51,28 @@ def model_bytes(config: ml_collections.ConfigDict) -> float:
 
 def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None,
              nbytes: Optional[float] = None, block: int = 1000) -> dict[str, Any]:
-  """Validates `config`, drives its algorithm's time rule for `iterations`, returns the statistics.
+  """Validates `config` (its cluster and algorithm fields), drives its algorithm's time rule for `iterations`,
+  returns the statistics. The cluster profile, if any, is read once (`cluster.factory.validate`'s cost model).
 
   Raises:
     errors.ConfigError: a bad config field (before anything runs).
   """
   spec = registry.get(config.algorithm.name)
-  cluster_factory.validate(config)
-  errors.require(config.stragglers.get('kind') != cluster_factory.MEASURED, 'stragglers.kind',
+  cost = cluster_factory.validate(config)
+  errors.require(config.stragglers.kind != cluster_factory.MEASURED, 'stragglers.kind',
                  cluster_factory.MEASURED, 'a measured run has no simulated clock to simulate; give a compute model '
                  '(e.g. constant with worker_factors)')
   spec.validate(config)
   if iterations is None and config.get('num_epochs') is not None:  # a duration in epochs: the split's size
     from waitless.data import registry as data_registry
-    from waitless.experiments.configs import common
-    config = common.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
+    from waitless.experiments.harness import duration
+    config = duration.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
   errors.require_int(iterations, 'iterations', 1)
   errors.require_int(block, 'block', 1)
   nbytes = model_bytes(config) if nbytes is None else float(nbytes)
   errors.require_number(nbytes, 'model_bytes', 'must be a number >= 0', lambda v: v >= 0)
-  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
+  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes, cost)
 
   p = config.workers
   idle = np.zeros(p)
@@ -109,7 +110,7 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
       'measurements': {k: v / done if reductions[k] == 'mean' else v for k, v in measured.items()},
       'stragglers': config.stragglers.kind,
       'network': 'profile' if isinstance(clock.network, network_lib.Collectives) else config.network.kind,
-      'profile': config.get('cluster', {}).get('profile', ''),
+      'profile': config.cluster.profile,
       'host_s': clock.host_s,
       'simulator_us_per_iteration': 1e6 * host_seconds / done,
   }
@@ -121,8 +122,8 @@ def main(argv):
   if _CONFIG.value is None:
     raise app.UsageError('--config is required, e.g. --config=experiments/configs/digits.py:sync')
   from ml_collections import config_flags
-  from waitless.experiments.configs import common
-  common.mark_explicit(_CONFIG.value, config_flags.get_override_values(flags.FLAGS['config']))
+  from waitless.experiments.configs import arguments
+  arguments.apply_flag_rules(_CONFIG.value, config_flags.get_override_values(flags.FLAGS['config']))
   try:
     result = simulate(_CONFIG.value, _ITERATIONS.value, _MODEL_BYTES.value, _BLOCK.value)
   except (errors.ConfigError, clock_lib.StalledError) as e:

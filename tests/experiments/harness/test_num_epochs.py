@@ -10,9 +10,9 @@ import tensorflow_datasets as tfds
 
 from waitless import config_errors as errors
 from waitless.experiments.configs import cifar10
-from waitless.experiments.configs import common
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import imagenet
+from waitless.experiments.harness import duration
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import train
 from waitless.experiments.harness import validation
@@ -29,7 +29,7 @@ class StepsForEpochsTest(parameterized.TestCase):
       (2, 4096, 8, 32, 32),              # whole iterations: no extra one
       (0.001, 100, 8, 32, 1))            # at least one iteration
   def test_formula(self, epochs, train_size, workers, batch_size, steps):
-    self.assertEqual(common.steps_for_epochs(epochs, train_size, workers, batch_size), steps)
+    self.assertEqual(duration.steps_for_epochs(epochs, train_size, workers, batch_size), steps)
     # At least `epochs` passes, and one iteration fewer would be less (global batch = workers x batch_size).
     self.assertGreaterEqual(steps * workers * batch_size, epochs * train_size)
     if steps > 1:

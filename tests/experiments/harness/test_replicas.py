@@ -219,8 +219,8 @@ class PartitionTest(parameterized.TestCase):
     groups = replicas.partition(configs, [os.path.join(root, str(i)) for i in range(len(configs))])
     self.assertEqual(groups, [[0, 1, 2, 6, 8], [3], [4], [5], [7]])
 
-  def test_the_step_schedule_keeps_num_steps_a_constant(self):
-    step = dict(**{'optimizer.schedule': 'step'})
+  def test_the_step_lr_schedule_keeps_num_steps_a_constant(self):
+    step = dict(**{'optimizer.lr_schedule': 'step'})
     configs = [self._config(**step), self._config(num_steps=20, **step), self._config(seed=3, **step)]
     groups = replicas.partition(configs, ['/a', '/b', '/c'])
     self.assertEqual(groups, [[0, 2], [1]])
@@ -245,7 +245,12 @@ class PartitionTest(parameterized.TestCase):
       with absltest.mock.patch.object(replicas, 'available_memory_bytes', return_value=1):
         setup.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=4)
     with absltest.mock.patch.object(replicas, 'available_memory_bytes', return_value=1):
-      self.assertEqual(setup.plan_groups(configs, [f'/w{i}' for i in range(4)]), [[0], [1], [2], [3]])
+      planned = setup.plan_groups(configs, [f'/w{i}' for i in range(4)])
+    self.assertEqual([group.indices for group in planned], [[0], [1], [2], [3]])
+    # The run built to size the program is handed on, not built again: the first seed's.
+    self.assertEqual([[run is not None for run in group.built] for group in planned], [[True], [False], [False],
+                                                                                         [False]])
+    self.assertIs(planned[0].built[0].config, configs[0])
     with self.assertRaisesRegex(errors.ConfigError, r'^--max_replicas=0 is not allowed'):
       setup.plan_groups(configs, [f'/w{i}' for i in range(4)], max_replicas=0)
 

@@ -98,13 +98,13 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
              len(runs) - len(pending), len(runs), FAILED_FILE)
   if not pending:
     return
-  groups = [[pending[i] for i in group] for group in
-            setup.plan_groups([r.config for r in pending], [r.workdir for r in pending], max_replicas)]
+  planned = setup.plan_groups([r.config for r in pending], [r.workdir for r in pending], max_replicas)
+  groups = [[pending[i] for i in group.indices] for group in planned]
   log.info('%d runs to train in %d programs', len(pending), len(groups))
   progress = _Progress(groups)
   log.addFilter(progress)
   try:
-    for i, group in enumerate(groups):
+    for i, (group, built) in enumerate(zip(groups, (p.built for p in planned))):
       progress.index = i
       steps = max(r.config.num_steps for r in group)
       log.info('-> %s, %d steps  (comparison ETA %s)', workdirs_text([r.workdir for r in group]), steps,
@@ -112,7 +112,7 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
       start = time.time()
       stop_requests = (stop_requests_factory or preemption.StopRequests)()
       outcomes = train.train_group([r.config.copy_and_resolve_references() for r in group],
-                                   [r.workdir for r in group], stop_requests)
+                                   [r.workdir for r in group], stop_requests, built=built)
       for run, outcome in zip(group, outcomes):
         if isinstance(outcome, (recorder_lib.TrainingDiverged, recorder_lib.ClusterStalled)):
           failed = 'diverged' if isinstance(outcome, recorder_lib.TrainingDiverged) else 'stalled'

@@ -20,23 +20,26 @@ from waitless.experiments.harness import tasks
 MAX_STEPS = 10 ** 7  # the iterations a budget may buy without --max_steps
 
 
-def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
-                       model_bytes: Optional[float] = None) -> int:
+def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None, model_bytes: Optional[float] = None,
+                       cost: Optional[cluster_factory.Effective] = None) -> int:
   """The iterations after which the run's simulated clock first reaches `sim_time` (at most `max_steps`).
 
+  `config` passed `validation.validate`, and `cost` is what it returned (None: read again from the config's
+  profile, `cluster.factory.effective`); `model_bytes` None: counted from the config's model.
   Drives the run's own seeded clock (`cluster.factory.make_clock`), nothing compiles: exact where the schedules
   do not depend on the training (every compute model; not AdaSync, whose K follows the loss: there the clock
   runs at K0 and the real run may end later). Without `max_steps`, a budget that the clock's pace so far puts
   beyond twice MAX_STEPS returns MAX_STEPS at once (refused by the caller) instead of running the clock that far.
   """
   nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
-  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
+  cost = cluster_factory.effective(config) if cost is None else cost
+  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes, cost)
   limit, step = max_steps or MAX_STEPS, 0
   while step < limit:
     try:
       block = clock.next_block(min(1000, limit - step))
     except clock_lib.StalledError:  # somewhere in this block: replay it one iteration at a time
-      clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
+      clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes, cost)
       if step:
         clock.next_block(step)
       for step in range(step + 1, limit + 1):  # noqa: B020  the search goes on from where it stopped
@@ -54,12 +57,13 @@ def steps_for_sim_time(config, sim_time: float, max_steps: Optional[int] = None,
   return limit
 
 
-def sim_time_of_steps(config, steps: int, model_bytes: Optional[float] = None) -> float:
+def sim_time_of_steps(config, steps: int, model_bytes: Optional[float] = None,
+                      cost: Optional[cluster_factory.Effective] = None) -> float:
   """The simulated time at which the run's seeded clock ends iteration `steps` (the inverse of
-  `steps_for_sim_time`): `experiments.compare --sim_baseline_steps` turns the baseline's iterations into the
-  budget of seconds every run gets."""
+  `steps_for_sim_time`, whose arguments these are): `experiments.compare --sim_baseline_steps` turns the
+  baseline's iterations into the budget of seconds every run gets."""
   nbytes = tasks.model_bytes(config) if model_bytes is None else model_bytes
-  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes)
+  clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes, cost)
   done, sim_time = 0, 0.0
   while done < steps:
     block = clock.next_block(min(1000, steps - done))
@@ -74,15 +78,15 @@ def even_blocks(config, steps: int, evals: int, max_steps: Optional[int] = None,
   crosses an evaluation or checkpoint, and each block length compiles its own program).
 
   steps_per_call is the config's (a multiple of the algorithm's round, if it has one, and at most the
-  evaluation period), eval_every the period steps // evals rounded up to a multiple of it (a period was first
-  chosen, and blocks that divide it: a prime period such as 83 left blocks of one iteration, a jitted call and a
-  transfer per iteration), num_steps a multiple of it: `steps` rounded up (down when that would pass
+  evaluation period); eval_every the period steps // evals rounded up to a multiple of it, so that blocks divide
+  the period (a period chosen first, then blocks dividing it, can leave blocks of one iteration: one jitted call
+  and one transfer per iteration); num_steps a multiple of it: `steps` rounded up (down when that would pass
   `max_steps`); checkpoint_every the multiple of it at or past the most steps a run may have (`max_steps`, else
-  `MAX_STEPS`), the same for every seed: by step, a run checkpoints at its end only. Its checkpoints in between
-  come from the config's wall-clock period (`checkpoint_every_s`), so that a kill loses at most that much of a
-  long run and a short one (a quickstart program of half a minute) does not spend a fifth of its time saving;
-  SIGTERM and Ctrl-C still checkpoint where they stop. `cadence_steps` (default `steps`) sets the cadence instead: the
-  seeds of one comparison entry take their first seed's, so that they share one program
+  `MAX_STEPS`), the same for every seed: by step, a run checkpoints at its end only, and in between at the
+  config's wall-clock period (`checkpoint_every_s`), so that a kill loses at most that much of a long run and a
+  short one does not spend its time saving; SIGTERM and Ctrl-C still checkpoint where they stop.
+  `cadence_steps` (default `steps`) sets the cadence instead: the seeds of one comparison entry take their first
+  seed's, so that they share one program
   (`experiments/harness/replicas.py`) and differ only in their own `num_steps`.
   """
   r = registry.get(config.algorithm.name).round_length(config) or 1

@@ -11,7 +11,7 @@ or leave it None for $TFDS_DATA_DIR / ~/tensorflow_datasets). Every registered a
 Defaults: 8 workers x 32 images (global 256), `num_epochs` = 200 (39,063 iterations), SGD, Nesterov 0.9,
 weight decay 5e-4, learning rate 0.1 (global batch 256, Goyal et al. scaling) with 5 warm-up epochs then cosine;
 pad-4 random crop + flip; every micro-batch takes 10 ms of simulated time (no stragglers, ideal network).
-The run converts epochs to iterations, ceil(E * 50,000 / (workers * batch_size)) (experiments/configs/common.py);
+The run converts epochs to iterations, ceil(E * 50,000 / (workers * batch_size)) (experiments/harness/duration.py);
 `optimizer.warmup_steps`, `eval_every` and `checkpoint_every` are iterations: set them again when changing
 workers or batch_size. `num_steps=N` in the config argument runs N iterations instead.
 
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import common
 
 TRAIN_SIZE = 50_000
@@ -67,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.devices = 8
   config.batch_size = 32
   common.use_epochs(config, 200)
-  steps_per_epoch = common.steps_for_epochs(1, TRAIN_SIZE, config.workers, config.batch_size)
+  steps_per_epoch = -(-TRAIN_SIZE // (config.workers * config.batch_size))  # iterations per epoch, rounded up
   config.eval_every = steps_per_epoch
   config.log_every = 50
   config.checkpoint_every = 10 * steps_per_epoch
@@ -80,6 +81,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.momentum = 0.9
   config.optimizer.nesterov = True
   config.optimizer.weight_decay = 5e-4
-  config.optimizer.schedule = 'cosine'
+  config.optimizer.lr_schedule = 'cosine'
   config.optimizer.warmup_steps = 5 * steps_per_epoch
-  return common.apply_arg(config, arg)
+  return arguments.apply_arg(config, arg)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import cifar10
-from waitless.experiments.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -37,4 +37,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.name = 'wrn16_8'        # wrn16_8 | wrn28_10 | resnet18 | resnet56 | wrn_test (testing)
   config.model.dropout_rate = 0.0      # between the two convolutions of each block
   config.target_accuracy = 0.75        # WRN-16-8 reaches ~77-78% on CIFAR-100
-  return common.apply_arg(config, arg)
+  return arguments.apply_arg(config, arg)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import cifar10
-from waitless.experiments.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -45,8 +45,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.learning_rate = 0.12
   config.optimizer.momentum = 0.0
   config.optimizer.nesterov = False
-  config.optimizer.schedule = 'constant'
+  config.optimizer.lr_schedule = 'constant'
   config.optimizer.warmup_steps = 0
   config.stragglers.kind = 'exponential'  # X ~ Exp(rate): mean 10 ms per mini-batch of 32
   config.stragglers.rate = 100.0
-  return common.apply_arg(config, arg or 'adasync')
+  return arguments.apply_arg(config, arg or 'adasync')

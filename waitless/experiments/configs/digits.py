@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import common
 
 
@@ -35,4 +36,4 @@ def workload_config() -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  return common.apply_arg(workload_config(), arg)
+  return arguments.apply_arg(workload_config(), arg)

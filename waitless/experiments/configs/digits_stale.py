@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from waitless.experiments.configs import common
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import digits
 
 
@@ -50,4 +50,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.stragglers.kind = 'exponential'  # X ~ Exp(mu): mean 1 / mu seconds per mini-batch
   config.stragglers.rate = 1.0            # mu
-  return common.apply_arg(config, arg)
+  return arguments.apply_arg(config, arg)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import common
 
 TRAIN_SIZE = 1_281_167
@@ -55,7 +56,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.devices = 64
   config.batch_size = 128
   common.use_epochs(config, 90)
-  steps_per_epoch = common.steps_for_epochs(1, TRAIN_SIZE, config.workers, config.batch_size)
+  steps_per_epoch = -(-TRAIN_SIZE // (config.workers * config.batch_size))  # iterations per epoch, rounded up
   config.eval_every = steps_per_epoch
   config.log_every = 20
   config.checkpoint_every = 5 * steps_per_epoch
@@ -68,11 +69,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.momentum = 0.9
   config.optimizer.nesterov = False
   config.optimizer.weight_decay = 1e-4
-  config.optimizer.schedule = 'cosine'
+  config.optimizer.lr_schedule = 'cosine'
   config.optimizer.warmup_steps = 5 * steps_per_epoch
 
   config.stragglers.kind = 'random_delay'
   config.stragglers.base_s = 0.3          # choice: a ResNet-50 step of 128 images on one V100-class GPU
   config.stragglers.delayed_workers = 2
   config.stragglers.delay_s = 0.32
-  return common.apply_arg(config, arg)
+  return arguments.apply_arg(config, arg)

@@ -17,8 +17,7 @@ residual connection).
 
 Defaults: SGD, momentum 0.9, constant learning rate 0.2, batch 32 per worker (global 256), 300 iterations
 (19 epochs), evaluation every 10 iterations, target accuracy 0.8; every micro-batch takes 10 ms of simulated
-time on every worker (no stragglers, ideal network). A 300-step sync run takes about 10 s of CPU on two
-cores once the data are cached.
+time on every worker (no stragglers, ideal network).
 
 Variant `stragglers=heterogeneous` (a config-argument entry, e.g. `mnist1d.py:sync,stragglers=heterogeneous`):
 a heterogeneous cluster with persistent slow workers and random delays, the setting the comparisons use:
@@ -52,6 +51,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import common
 
 def workload_config() -> ml_collections.ConfigDict:
@@ -84,4 +84,4 @@ def workload_config() -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  return common.apply_arg(workload_config(), arg)
+  return arguments.apply_arg(workload_config(), arg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import common
 
 
@@ -35,4 +36,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.target_accuracy = 1.0   # regression: accuracy is reported as 0, so no time_to_target (use the loss)
   config.optimizer.momentum = 0.0
   config.optimizer.learning_rate = 0.05
-  return common.apply_arg(config, arg)
+  return arguments.apply_arg(config, arg)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from waitless.experiments.configs import arguments
 from waitless.experiments.configs import common
 
 
@@ -78,7 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.b2 = 0.98
   config.optimizer.eps = 1e-9
   config.optimizer.weight_decay = 0.0
-  config.optimizer.schedule = 'rsqrt'
+  config.optimizer.lr_schedule = 'rsqrt'
   config.optimizer.warmup_steps = 4_000
 
   config.bleu = ml_collections.ConfigDict()  # eval_bleu at every evaluation (experiments/harness/translation.py)
@@ -89,4 +90,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.bleu.max_decode_len = 0          # 0: dataset.eval_max_len
 
   config.stragglers.base_s = 0.2          # choice: a Transformer-base step of 8 packed rows on one accelerator
-  return common.apply_arg(config, arg)
+  return arguments.apply_arg(config, arg)

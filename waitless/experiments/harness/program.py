@@ -128,8 +128,9 @@ def _train(config, options: Options, stop_requests, loss_hook):
         outcomes[w] = e
     return outcomes
   for group in setup.plan_groups(configs, workdirs, options.max_replicas):
-    results = train.train_group([configs[i] for i in group], [workdirs[i] for i in group], stop_requests, loss_hook)
-    outcomes.update({workdirs[i]: result for i, result in zip(group, results)})
+    results = train.train_group([configs[i] for i in group.indices], [workdirs[i] for i in group.indices],
+                                stop_requests, loss_hook, group.built)
+    outcomes.update({workdirs[i]: result for i, result in zip(group.indices, results)})
   return {w: outcomes[w] for w in workdirs}
 
 

@@ -19,8 +19,8 @@ from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.cluster import rules as rules_lib
 from waitless.data import registry as data_registry
-from waitless.experiments.configs import common as config_common
 from waitless.experiments.harness import compilation_cache
+from waitless.experiments.harness import duration
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import replicas as replicas_lib
 from waitless.experiments.harness import step as step_lib
@@ -41,6 +41,7 @@ def param_count_and_bytes(params) -> tuple[int, int]:
 class Run:
   """Everything built from a config before training starts (no compilation yet)."""
   config: ml_collections.ConfigDict
+  cost: cluster_factory.Effective  # what the clock charges (`validation.validate`'s, the profile read once)
   spec: Any
   layout: workers_lib.WorkerLayout
   dataset: Any
@@ -80,24 +81,25 @@ def make_tx(config: ml_collections.ConfigDict, spec, axis_name) -> Any:
 
 
 def build(config: ml_collections.ConfigDict) -> Run:
-  """Validates the config and builds the pieces of a run.
+  """Validates the config (`validation.validate`, here and only here on a run's path) and builds a run's pieces.
 
   A config with `num_epochs` is resolved here, once: `run.config` is a copy with
-  num_steps = ceil(num_epochs x train_size / (workers x batch_size)) (`common.steps_for_epochs`; the global
-  batch is workers x per-worker batch) and num_epochs None. Otherwise `run.config` is `config` itself.
+  num_steps = ceil(num_epochs x train_size / (workers x batch_size)) (`duration.steps_for_epochs`; the global
+  batch is workers x per-worker batch) and num_epochs None, on which the checks that read `num_steps` run
+  (`validation.validate_counts`). Otherwise `run.config` is `config` itself.
   """
-  validation.validate(config)
+  cost = validation.validate(config)
   layout = workers_lib.WorkerLayout.create(config.workers, config.devices)
   dataset = data_registry.make_dataset(config)
   if config.get('num_epochs') is not None:
     epochs = config.num_epochs
-    config = config_common.resolve_num_steps(config, dataset.train_size)
-    validation.validate(config)  # checks that depend on the number of steps
+    config = duration.resolve_num_steps(config, dataset.train_size)
+    validation.validate_counts(config)
     log.info('num_epochs=%g: %d steps (%d training examples, global batch %d x %d)', epochs, config.num_steps,
              dataset.train_size, config.workers, config.batch_size)
   spec = registry.get(config.algorithm.name)
   model = model_registry.make_model(config.model, dataset.num_classes)
-  return Run(config=config, spec=spec, layout=layout, dataset=dataset, task=tasks.get(dataset.task),
+  return Run(config=config, cost=cost, spec=spec, layout=layout, dataset=dataset, task=tasks.get(dataset.task),
              model=model, tx=make_tx(config, spec, layout.axis_name), rule=registry.time_rule(config))
 
 
@@ -127,9 +129,13 @@ class Group:
     return len(self.runs) > 1
 
 
-def build_group(configs: Sequence[ml_collections.ConfigDict]) -> Group:
-  """Validates and builds the runs of `configs`, which must be able to share one program (`replicas.partition`)."""
-  runs = [build(config) for config in configs]
+def build_group(configs: Sequence[ml_collections.ConfigDict], built: Optional[Sequence[Optional[Run]]] = None) -> Group:
+  """Validates and builds the runs of `configs`, which must be able to share one program (`replicas.partition`).
+
+  `built`: per config, its run built already (`plan_groups`' `PlannedGroup.built`), or None to build it here.
+  """
+  built = built or [None] * len(configs)
+  runs = [build(config) if run is None else run for config, run in zip(configs, built, strict=True)]
   if len(runs) == 1:
     return Group(runs, {})
   keys = {replicas_lib.program_key(run.config) for run in runs}
@@ -142,12 +148,20 @@ def build_group(configs: Sequence[ml_collections.ConfigDict]) -> Group:
 def as_group(run_or_group) -> Group:
   return run_or_group if isinstance(run_or_group, Group) else Group([run_or_group], {})
 
+
 def clock_for(run: Run, model_bytes: float):
-  """The run's clock: a fresh seeded simulated clock driving its time rule (`cluster.factory.make_clock`), or for a
-  measured run its `measured_time.MeasuredClock`."""
+  """The run's clock: a fresh seeded simulated clock driving its time rule and charging its cost model
+  (`cluster.factory.make_clock`), or for a measured run its `measured_time.MeasuredClock`."""
   if run.measured:
     return measured_time.MeasuredClock(run.config, run.rule, model_bytes, run.layout.devices)
-  return cluster_factory.make_clock(run.config, run.rule, model_bytes)
+  return cluster_factory.make_clock(run.config, run.rule, model_bytes, run.cost)
+
+
+def set_stragglers(run: Run, stragglers: ml_collections.ConfigDict) -> None:
+  """Replaces the run's compute-time model (`config.stragglers`: a calibrated run's, measured on this machine) and
+  the cost model its clock charges with it. A calibrated run names no cluster profile: nothing is read."""
+  run.config.stragglers = stragglers
+  run.cost = cluster_factory.effective(run.config)
 
 
 def init_state(run_or_group) -> step_lib.TrainState:
@@ -234,13 +248,26 @@ def check_memory(group: Group, state_bytes: Optional[int] = None) -> None:
                  f'than the {(available or 0) / 1e9:.3g} GB available: make it smaller')
 
 
+@dataclasses.dataclass
+class PlannedGroup:
+  """One program's runs as `plan_groups` splits them.
+
+  Attributes:
+    indices: the runs, as indices into the configs `plan_groups` was given.
+    built: per index, the run `plan_groups` built (and validated) to size the program, or None; hand it to
+      `build_group` (through `train.train_group`) so that no run is built twice.
+  """
+  indices: list[int]
+  built: list[Optional[Run]]
+
+
 def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
-                max_replicas: Optional[int] = None) -> list[list[int]]:
-  """The runs split into the groups that `train.train_group` trains as one program each (indices into `configs`).
+                max_replicas: Optional[int] = None) -> list[PlannedGroup]:
+  """The runs split into the groups that `train.train_group` trains as one program each.
 
   `replicas.partition`, with at most `max_replicas` runs per program, or, unset, as many as fit in memory
   (`replicas.replicas_that_fit`, said in one line when a set of runs is split for it). Checked before
-  anything compiles.
+  anything compiles: the first run of each program that several runs could share is built to size it.
 
   Raises:
     config_errors.ConfigError: `max_replicas` is not a positive integer, or more replicas than fit.
@@ -252,11 +279,12 @@ def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     key = replicas_lib.program_key(config)
     counts[key] = counts.get(key, 0) + 1
   limits: dict[str, Optional[int]] = {}
-  for config in configs:
+  built: dict[int, Run] = {}
+  for i, config in enumerate(configs):
     key = replicas_lib.program_key(config)
     if key is None or key in limits or (counts[key] == 1 and max_replicas is None):
       continue
-    run = build(config)
+    run = built[i] = build(config)
     state_bytes, input_bytes = replica_memory_bytes(run)
     available = replicas_lib.available_memory_bytes(run.layout.mesh.devices.flat[0])
     fit = replicas_lib.replicas_that_fit(state_bytes, input_bytes, available)
@@ -272,7 +300,8 @@ def plan_groups(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
       if fit is not None and counts[key] > fit:
         log.info('%d runs of %s share a program, but only %d fit in memory (%.1f GB available): %d programs',
                  counts[key], name, fit, available / 1e9, -(-counts[key] // fit))
-  return replicas_lib.partition(configs, workdirs, lambda config: limits.get(replicas_lib.program_key(config)))
+  groups = replicas_lib.partition(configs, workdirs, lambda config: limits.get(replicas_lib.program_key(config)))
+  return [PlannedGroup(group, [built.get(i) for i in group]) for group in groups]
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,7 +56,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
-                stop_requests: preemption.StopRequests | None = None, loss_hook=None) -> list[Any]:
+                stop_requests: preemption.StopRequests | None = None, loss_hook=None,
+                built: Sequence[setup.Run | None] | None = None) -> list[Any]:
   """Trains the runs of `configs` in `workdirs` as the replicas of one program, resuming from their checkpoints.
 
   The configs must be able to share a program (`replicas.partition`): the same workload, algorithm and cadence,
@@ -67,6 +68,7 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   workdir holds its summary.json finished: it is returned as it is, not trained again.
 
   `loss_hook`: TEST-ONLY, applied to every micro-batch's loss (`slowdown.loss_hook`).
+  `built`: per config, its run built already (`setup.PlannedGroup.built`) or None (`setup.build_group`).
 
   Returns:
     Per run, its summary dict, or the `recorder.TrainingDiverged` / `recorder.ClusterStalled` it stopped with.
@@ -85,11 +87,11 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
         workdir_lib.check_workdir(workdir, config)  # the same run, not one of another config
     pending = [i for i, s in enumerate(finished) if s is None]
     outcomes = train_group([configs[i] for i in pending], [workdirs[i] for i in pending], stop_requests,
-                           loss_hook) if pending else []
+                           loss_hook, [built[i] for i in pending] if built else None) if pending else []
     for i, outcome in zip(pending, outcomes):
       finished[i] = outcome
     return finished
-  group = setup.build_group(configs)
+  group = setup.build_group(configs, built)
   if loss_hook is not None:
     for run in group.runs:
       run.task = slowdown.slowed_task(run.task, loss_hook)
@@ -120,7 +122,7 @@ def _train_locked(group, configs, workdirs, state_bytes, stop_requests) -> list[
                              model_bytes // (run.config.workers * group.size))
   block_step = block_step_lib.BlockStep(group)
   if run.config.stragglers.calibrate:  # a calibrated run never shares its program (replicas.program_key)
-    run.config.stragglers = measure.calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0])
+    setup.set_stragglers(run, measure.calibrated_stragglers(run, block_step, state, model_bytes, workdirs[0]))
   replicas = [loop_lib.Replica.start(r, setup.clock_for(r, model_bytes), workdir)
               for r, workdir in zip(group.runs, workdirs)]
   try:

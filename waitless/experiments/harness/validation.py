@@ -1,4 +1,8 @@
-"""Checks every config field before anything is compiled or loaded; one clear ConfigError per mistake."""
+"""Checks every config field before anything is compiled or loaded; one clear ConfigError per mistake.
+
+`validate(config)` is the check of a run's config (`setup.build` runs it, once per run) and returns the cost
+model its clock charges (`cluster.factory.Effective`), so that the cluster profile is read once.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,9 @@ from waitless.algorithms import optimizers
 from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
 from waitless.data import registry as data_registry
+from waitless.experiments.harness import duration
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness.ray_runtime import ray_config
-from waitless.experiments.configs import common
 from waitless.models import registry as model_registry
 
 _POSITIVE_INT = ('an integer >= 1', lambda v: errors.is_int(v) and v >= 1)
@@ -65,13 +69,19 @@ def _check_section(section: ml_collections.ConfigDict, prefix: str, rules) -> No
       errors.require(ok(value), f'{prefix}.{key}', value, f'must be {allowed}')
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises errors.ConfigError naming the first bad field, its value and what is allowed."""
+def validate(config: ml_collections.ConfigDict) -> cluster_factory.Effective:
+  """Checks every field of `config`.
+
+  Returns:
+    The cost model the run's clock charges (`cluster.factory.validate`'s: `make_clock` takes it).
+
+  Raises:
+    errors.ConfigError: naming the first bad field, its value and what is allowed.
+  """
   spec = registry.get(config.algorithm.name)
-  for field in ('workers', 'devices', 'batch_size', 'microbatches', 'eval_every', 'log_every',
-                'checkpoint_every', 'steps_per_call', 'eval_batch_size'):
+  for field in ('workers', 'devices', 'batch_size', 'microbatches', 'eval_batch_size'):
     errors.require_int(config[field], field, 1)
-  common.validate_duration(config)  # exactly one of num_steps / num_epochs
+  _check_counts(config)
   errors.require_int(config.seed, 'seed', 0, SEED_MAX, 'the compiled programs take the seed as an int32')
   errors.require_number(config.target_accuracy, 'target_accuracy', 'must be a number in (0, 1]',
                         lambda v: 0 < v <= 1)
@@ -87,8 +97,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   opt = config.optimizer
   errors.require(opt.name in optimizers.OPTIMIZERS, 'optimizer.name', opt.name,
                  f'one of {", ".join(optimizers.OPTIMIZERS)}')
-  errors.require(opt.schedule in optimizers.SCHEDULES, 'optimizer.schedule', opt.schedule,
-                 f'one of {", ".join(optimizers.SCHEDULES)}')
+  errors.require(opt.lr_schedule in optimizers.LR_SCHEDULES, 'optimizer.lr_schedule', opt.lr_schedule,
+                 f'one of {", ".join(optimizers.LR_SCHEDULES)}')
   errors.require_number(opt.learning_rate, 'optimizer.learning_rate', 'must be > 0', lambda v: v > 0)
   errors.require_number(opt.momentum, 'optimizer.momentum', 'must be in [0, 1)', lambda v: 0 <= v < 1)
   errors.require_number(opt.weight_decay, 'optimizer.weight_decay', 'must be >= 0', lambda v: v >= 0)
@@ -97,7 +107,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors.require(isinstance(boundaries, (tuple, list)) and all(errors.is_number(b) and 0 < b < 1 for b in boundaries)
                  and list(boundaries) == sorted(boundaries), 'optimizer.decay_boundaries', boundaries,
                  'must be increasing fractions of num_steps in (0, 1)')
-  errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 1 if opt.schedule == 'rsqrt' else 0)
+  errors.require_int(opt.warmup_steps, 'optimizer.warmup_steps', 1 if opt.lr_schedule == 'rsqrt' else 0)
   for field in ('b1', 'b2'):
     errors.require_number(opt[field], f'optimizer.{field}', 'must be in [0, 1)', lambda v: 0 <= v < 1)
   errors.require_number(opt.eps, 'optimizer.eps', 'must be > 0', lambda v: v > 0)
@@ -116,4 +126,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
   ray_config.validate(config)  # a runtime that cannot run the algorithm is the news, not its other fields
   measured_time.validate(config)  # first: a refused algorithm is the news, not its other fields
   spec.validate(config)
-  cluster_factory.validate(config)
+  return cluster_factory.validate(config)
+
+
+_COUNTS = ('eval_every', 'log_every', 'checkpoint_every', 'steps_per_call')  # iterations, as num_steps
+
+
+def _check_counts(config: ml_collections.ConfigDict) -> None:
+  for field in _COUNTS:
+    errors.require_int(config[field], field, 1)
+  duration.validate_duration(config)  # exactly one of num_steps / num_epochs
+
+
+def validate_counts(config: ml_collections.ConfigDict) -> None:
+  """The checks that read the iteration counts (`num_steps`, `num_epochs` and `_COUNTS`), for a config whose
+  counts were just set from one that passed `validate` (`num_epochs` resolved by `duration.resolve_num_steps`, a
+  budget of simulated time): the counts themselves and the algorithm's own checks; no other field reads them."""
+  _check_counts(config)
+  registry.get(config.algorithm.name).validate(config)

@@ -1,4 +1,6 @@
-"""The Ray runtime's part of the config: which algorithms it runs, its resources, and their checks.
+"""The Ray runtime's part of the config: which algorithms it runs, and the checks of `runtime` and `ray.*`.
+
+The fields (`runtime`, `ray.worker_cpus`, ...) are data in `experiments/configs/common.py:base_config`.
 
 `runtime=ray` runs the parameter-server family (`FAMILY`) on Ray actors (`experiments/harness/ray_runtime/`);
 `sync` runs there as K-sync with K = P, the same update (tests/algorithms/test_parameter_server.py checks that
@@ -8,7 +10,6 @@ they are equal). Everything else runs lock-step in one `shard_map` program (`run
 from __future__ import annotations
 
 import ml_collections
-from ml_collections import config_dict
 
 from waitless import config_errors as errors
 
@@ -21,33 +22,22 @@ class RayUnavailable(ValueError):
   """The Ray cluster named by --ray_address does not answer (a user error: one line, exit 2)."""
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """`config.ray`: what each actor asks of the cluster."""
-  c = ml_collections.ConfigDict()
-  c.worker_cpus = config_dict.placeholder(float)  # CPUs each learner reserves; unset: the cluster's CPUs shared (<= 1)
-  c.worker_gpus = 0.0     # GPUs each learner actor reserves (1: one GPU per learner, Ray sets CUDA_VISIBLE_DEVICES)
-  c.server_cpus = 0.0     # CPUs the server actor reserves (0: it runs beside the learners)
-  c.max_restarts = 3      # times Ray restarts a learner actor that died before the run gives it up
-  return c
-
-
 def is_ray(config: ml_collections.ConfigDict) -> bool:
-  return config.get('runtime', 'spmd') == 'ray'
+  return config.runtime == 'ray'
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises errors.ConfigError for a runtime the algorithm cannot use, or bad `ray.*` fields (checked whatever
   the runtime: a config file's mistake is news before someone adds runtime=ray)."""
-  runtime = config.get('runtime', 'spmd')
+  runtime = config.runtime
   errors.require(runtime in RUNTIMES, 'runtime', runtime, f'one of {", ".join(RUNTIMES)}')
-  r = config.get('ray')
-  if r is not None:
-    if r.worker_cpus is not None:
-      errors.require_number(r.worker_cpus, 'ray.worker_cpus', 'must be a number > 0, or unset (the cluster\'s CPUs '
-                            'shared among the learners)', lambda v: v > 0)
-    for field in ('worker_gpus', 'server_cpus'):
-      errors.require_number(r[field], f'ray.{field}', 'must be a number >= 0', lambda v: v >= 0)
-    errors.require_int(r.max_restarts, 'ray.max_restarts', 0)
+  r = config.ray
+  if r.worker_cpus is not None:
+    errors.require_number(r.worker_cpus, 'ray.worker_cpus', 'must be a number > 0, or unset (the cluster\'s CPUs '
+                          'shared among the learners)', lambda v: v > 0)
+  for field in ('worker_gpus', 'server_cpus'):
+    errors.require_number(r[field], f'ray.{field}', 'must be a number >= 0', lambda v: v >= 0)
+  errors.require_int(r.max_restarts, 'ray.max_restarts', 0)
   if runtime != 'ray':
     return
   name = config.algorithm.name
