@@ -292,7 +292,7 @@ class WagmaTest(parameterized.TestCase):
   @parameterized.named_parameters(*[(f'{name}_{rule}', network, rule) for rule in wagma.RULES
                                     for name, network in (('ideal', {}), ('alpha_beta', NET))])
   def test_no_stragglers_never_stale(self, network, rule_name):
-    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=5, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=5, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, network=network)
     block = clock.next_block(50)
     self.assertTrue(block.schedule.fresh.all())
@@ -310,7 +310,7 @@ class WagmaTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(rule, rule) for rule in wagma.RULES])
   def test_delayed_workers_are_stale_and_nobody_waits_for_them(self, rule_name):
-    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=8, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=8, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
     block = clock.next_block(64)
     stale = ~block.schedule.fresh
