@@ -23,7 +23,7 @@ from waitless.cluster import compute as compute_lib
 from waitless.cluster import faults
 from waitless.cluster import network as network_lib
 from waitless.cluster import profiles
-from waitless.cluster import rules
+from waitless.cluster.rules import base as rules_base
 
 DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lognormal', 'trace')
 # `slow_workers` and `random_delay` are `constant` with that modifier required; the modifiers
@@ -404,14 +404,14 @@ def effective(config: ml_collections.ConfigDict) -> Effective:
   return Effective(stragglers, network, host_s if 'cluster.host_s' in explicit else profile.host_s, profile.name)
 
 
-def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_bytes: float) -> clock_lib.Clock:
+def make_clock(config: ml_collections.ConfigDict, rule: rules_base.TimeRule, model_bytes: float) -> clock_lib.Clock:
   """The seeded clock for `config`, driving `rule` (`cluster.registry.time_rule(config)`).
 
   A worker that fails for good is simulated as it happens: a rule that can go on without it does; one that
   waits for it raises `clock.StalledError` at the first iteration that needs it, naming the worker, when it
   failed and when the run got stuck (the training loop stops there with one line, never hangs).
   """
-  rules.base.check_rule(rule)
+  rules_base.check_rule(rule)
   p = config.workers
   cost = effective(config)
   delay, failure = make_faults(cost.stragglers, p, config.seed)

@@ -129,12 +129,12 @@ def harness_collectives(config_arg: str, flags_: list[str], processes: int, step
   run one after another (a round: a change of load between rounds moves its three runs alike); a collective's
   time is its run's time per iteration minus local SGD's, and local SGD's is what an iteration costs there
   without any collective (`calibrate` takes the host's time from it)."""
-  from waitless.cluster.rules import synchronous
+  from waitless.cluster.rules import ring
   seconds = {name: harness_seconds_per_iteration(config_arg, flags_, name, 1, steps, os.path.join(workdir, slug),
                                                  processes)
              for name, slug in (('sync', 'sync'), (f'local_sgd,local_steps={steps}', 'local'), ('dpsgd', 'dpsgd'))}
   local = seconds[f'local_sgd,local_steps={steps}']
-  return HarnessTimes(seconds['sync'] - local, (seconds['dpsgd'] - local) / synchronous.ring_neighbours(processes),
+  return HarnessTimes(seconds['sync'] - local, (seconds['dpsgd'] - local) / ring.ring_neighbours(processes),
                       local)
 
 

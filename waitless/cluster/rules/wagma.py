@@ -14,12 +14,13 @@ from typing import Optional, TYPE_CHECKING
 import numpy as np
 
 from waitless import config_errors as errors
+from waitless.algorithms import spec
 from waitless.algorithms import wagma
 from waitless.algorithms.wagma import WagmaSchedule
 from waitless.cluster import network as network_lib
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.cluster.rules import activation as activation_lib
-from waitless.cluster.rules import synchronous as rules_synchronous
+from waitless.cluster.rules import base
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -52,7 +53,7 @@ def _pair_views(buffer: np.ndarray, bit: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class WaitAvoidingGroups(rules.TimeRule):
+class WaitAvoidingGroups(base.TimeRule):
   """WAGMA-SGD (`wagma`): group averaging that never waits for late members; global average every tau.
 
   Worker i runs iteration t from start_i = end_i(t-1): its local step finishes at c_i = start_i + X_i. Its
@@ -86,7 +87,7 @@ class WaitAvoidingGroups(rules.TimeRule):
   group_size: int      # S
   sync_every: int      # tau
   microbatches: int = 1
-  activation_latency_s: float = activation_lib.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
+  activation_latency_s: float = spec.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
   fixed_groups: bool = False   # always the groups of iteration 0
   wait_avoiding: bool = True   # False: every group waits for its slowest member
   rule: str = 'authors'        # 'authors': W(t) is posted at the start, under the gradient; 'step_then_average'
@@ -112,7 +113,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     """The posted model is W(t), ready when the iteration starts: the exchange runs under the gradient."""
     return self.rule == 'authors'
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     p, s = clock.workers, self.group_size
     wagma.exact_log2(p, 'workers')
     if s > p:
@@ -160,7 +161,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     if not live.any():  # nobody is left: the clock stops the run
       clock.times[:] = np.inf
     staleness = np.where(fresh | ~live, 0, np.where(behind, 2, 1)).astype(np.float64)
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=WagmaSchedule(microbatches_done=np.where(live, self.microbatches, 0).astype(np.int32),
                                fresh=fresh, behind=behind, live=live, members=members.astype(np.int32),
                                pattern=np.int32(pattern),
@@ -170,7 +171,7 @@ class WaitAvoidingGroups(rules.TimeRule):
                       'stale': float((~fresh & live).sum()),
                       'behind': float(behind.sum())})
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate`: the compute times drawn ahead, one iteration at a time on preallocated rows, and
     everything that does not feed the next iteration (fresh, behind, idle, the schedule) after the loop.
 
@@ -185,7 +186,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     big_g = wagma.exact_log2(p, 'workers')
     if s > p:
       raise ValueError(f'group_size={s} must be <= workers={p}')
-    jobs = rules_synchronous.job_seconds(clock, n, self.microbatches)
+    jobs = clock.job_seconds(n, self.microbatches)
     if jobs is None:
       return None
     steps = iteration + np.arange(n)
@@ -280,7 +281,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     stale, behind_count = (~fresh).sum(axis=1).astype(np.float64), behind.sum(axis=1).astype(np.float64)
     communicated = np.where(global_average, network_lib.ring_bytes(clock.model_bytes, p),
                             (p // s) * network_lib.ring_bytes(clock.model_bytes, s))
-    return rules.Steps(
+    return schedules.Steps(
         schedule=WagmaSchedule(microbatches_done=np.full((n, p), self.microbatches, np.int32), fresh=fresh,
                                behind=behind, live=np.ones((n, p), bool),
                                members=np.full((n, p), s, np.int32), pattern=patterns.astype(np.int32),
