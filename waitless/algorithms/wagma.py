@@ -59,7 +59,8 @@ GROUP_PATTERNS = ('rotate', 'aligned')
 # ---- groups ----
 
 def exact_log2(n: int, name: str) -> int:
-  if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1 or n & (n - 1):
+  """log2 n for a power of two n >= 1; else ValueError naming `name`."""
+  if not errors.is_int(n) or n < 1 or n & (n - 1):
     raise ValueError(f'{name}={n!r} must be a power of two')
   return int(n).bit_length() - 1
 
@@ -259,7 +260,7 @@ def group_size_of(config) -> int:
 
 
 def _power_of_two(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and not value & (value - 1)
+  return errors.is_int(value) and value >= 1 and not value & (value - 1)
 
 
 def validate(config):
