@@ -31,6 +31,7 @@ from absl import flags
 import jax
 import numpy as np
 
+from waitless.cluster import schedules
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import mnist1d
 from waitless.experiments.harness.ray_runtime import driver
@@ -64,7 +65,7 @@ def gradient_of(server: server_lib.Server):
 def time_jit(core: server_lib.ServerCore, updates: int) -> float:
   """Seconds per call of the jitted update alone on fixed inputs (one learner pushed)."""
   schedule = server_lib.ps.schedule(WORKERS, 1, 1, np.eye(WORKERS, dtype=np.int32)[0])
-  per_worker, uniform = server_lib.rules_base.split(schedule)
+  per_worker, uniform = schedules.split(schedule)
   uniform = {k: np.asarray(v) for k, v in uniform.items()}
   grads = jax.tree.map(np.zeros_like, core._zeros)
   losses = np.zeros(WORKERS, np.float32)

@@ -27,7 +27,7 @@ import optax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from waitless.algorithms import parameter_server as ps  # noqa: E402
-from waitless.cluster.rules import base  # noqa: E402
+from waitless.cluster import schedules  # noqa: E402
 
 K, LR = 4, 0.1
 mesh = Mesh(np.array(jax.devices()), ('workers',))
@@ -75,7 +75,7 @@ for _ in range(3):
 for t in range(6):
   pushed = np.zeros(n, np.int32)
   pushed[(np.arange(K) + t) % n] = 1  # the host's choice: e.g. the first K to finish, by measured time
-  fields, uniform = base.split(ps.schedule(n, K, 1, pushed, refresh_view=pushed.astype(bool)))
+  fields, uniform = schedules.split(ps.schedule(n, K, 1, pushed, refresh_view=pushed.astype(bool)))
   x, y = batch()
   views = np.asarray(w)
   server = server - LR * gradients(views, x, y)[pushed == 1].mean(axis=0)

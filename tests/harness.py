@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.experiments.configs import synthetic
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import loop as loop_lib
@@ -81,7 +81,7 @@ def run_iterations(config, iterations: int, block: int = 1, rounds: bool = True)
     done = prepared.blocks[0].schedule.microbatches_done
     for k in range(n):
       out.positions.append(before + done[:k].sum(0))
-      out.schedules.append(rules.base.take(prepared.blocks[0].schedule, k))
+      out.schedules.append(schedules.take(prepared.blocks[0].schedule, k))
     out.losses[step:step + n] = host['loss']
     out.params.append(jax.device_get(state.params))
     step += n

@@ -17,7 +17,7 @@ import optax
 
 from waitless.cluster import registry
 from waitless.algorithms import spec
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.experiments.configs import synthetic
 from tests.algorithms import test_library
 
@@ -42,7 +42,7 @@ class DonationTest(parameterized.TestCase):
     axis = test_library.AXIS if workers > 1 else None
     tx = registry.get(name).build(config, optax.sgd(0.05, momentum=0.9), axis)
     schedule = test_library.neutral_schedule(config, workers=workers)
-    per_worker, uniform = rules.base.split(schedule)
+    per_worker, uniform = schedules.split(schedule)
     scales = jnp.linspace(-1.0, 1.0, workers, dtype=jnp.float32)
 
     def worker(params, state, scale, fields, t):

@@ -15,7 +15,7 @@ import optax
 
 from waitless.cluster import registry
 from waitless.cluster import factory
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.experiments.configs import synthetic
 
 WORKERS = 4
@@ -30,7 +30,7 @@ def neutral_schedule(config, workers: int):
     if field in config.algorithm:
       config.algorithm[field] = min(config.algorithm[field], workers)
   clock = factory.make_clock(config, registry.time_rule(config), model_bytes=64.0)
-  return rules.base.take(clock.next_block(1).schedule, 0)
+  return schedules.take(clock.next_block(1).schedule, 0)
 
 
 def quadratic_params(dtype):
@@ -73,7 +73,7 @@ class LibraryTest(parameterized.TestCase):
   def test_one_worker(self, name, dtype):
     config, tx = self._build(name, axis_name=None)
     schedule = neutral_schedule(config, workers=1)
-    per_worker, uniform = rules.base.split(schedule)
+    per_worker, uniform = schedules.split(schedule)
     schedule = type(schedule)(**{k: v[0] for k, v in per_worker.items()}, **uniform)
     params = quadratic_params(dtype)
     state = init_state = tx.init(params)
@@ -92,7 +92,7 @@ class LibraryTest(parameterized.TestCase):
   def test_vmapped_workers(self, name, dtype):
     config, tx = self._build(name, axis_name=AXIS)
     schedule = neutral_schedule(config, workers=WORKERS)
-    per_worker, uniform = rules.base.split(schedule)
+    per_worker, uniform = schedules.split(schedule)
     params = jax.tree.map(lambda x: jnp.broadcast_to(x, (WORKERS,) + x.shape), quadratic_params(dtype))
     state = init_state = jax.vmap(tx.init)(params)
     scales = jnp.linspace(-1.0, 1.0, WORKERS, dtype=jnp.float32)

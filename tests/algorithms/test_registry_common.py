@@ -10,7 +10,7 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.cluster import registry
-from waitless.cluster import rules
+from waitless.cluster.rules import base as rules_base
 from waitless.experiments.harness import checkpointing
 from waitless.experiments.harness import validation
 from tests import harness
@@ -59,7 +59,7 @@ class RegistryCommonTest(parameterized.TestCase):
     config = _config(name)
     validation.validate(config)  # its defaults form a valid config
     self.assertEqual(set(config.algorithm.keys()) - {'name'}, set(spec.defaults))
-    self.assertIsInstance(registry.time_rule(config), rules.TimeRule)
+    self.assertIsInstance(registry.time_rule(config), rules_base.TimeRule)
 
   def test_unknown_name_lists_the_known_ones(self):
     with self.assertRaisesRegex(errors.ConfigError, 'algorithm.name.*' + '.*'.join(registry.names())):

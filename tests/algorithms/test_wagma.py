@@ -69,29 +69,29 @@ class GroupTest(parameterized.TestCase):
               known[members] = known[members].any(axis=0)
           self.assertTrue(known.all(), f'P={p} S={s} from t={start}')
 
-  def test_authors_patterns_are_rotation_where_log2_s_divides_log2_p_and_fixed_elsewhere(self):
+  def test_aligned_patterns_are_rotation_where_log2_s_divides_log2_p_and_fixed_elsewhere(self):
     """`ffallreduce_nh` (Shigangli/WAGMA-SGD, fflib3/src/colls/ffallreduce.c at 3cb5305): mask 1 << (step g),
     shifted once per round, step = t mod floor(G / g): rotation where g divides G, fixed groups where not."""
     for big_g in range(11):
       p = 1 << big_g
       for g in range(big_g + 1):
         s = 1 << g
-        n = wagma.num_patterns(p, s, 'authors')
+        n = wagma.num_patterns(p, s, 'aligned')
         for t in range(12):
-          masks = wagma.group_masks(t, p, s, 'authors')
+          masks = wagma.group_masks(t, p, s, 'aligned')
           want = [] if big_g == 0 else [1 << (((t % n) * g) + r) for r in range(g)]  # the C loop, per rank
           self.assertEqual(masks, want, f'P={p} S={s} t={t}')
           if g and big_g % g == 0:
             self.assertEqual(masks, wagma.group_masks(t, p, s))
           self.assertLess(max(masks, default=0), 1 << (n * g))  # the top G mod g bits never mix
-    self.assertEqual(wagma.num_patterns(8, 4, 'authors'), 1)
+    self.assertEqual(wagma.num_patterns(8, 4, 'aligned'), 1)
     self.assertEqual([_groups(t, 8, 4) for t in range(3)], [[[0, 1, 2, 3], [4, 5, 6, 7]],
                                                              [[0, 1, 4, 5], [2, 3, 6, 7]],
                                                              [[0, 2, 4, 6], [1, 3, 5, 7]]])
     for t in range(3):  # P = 8, S = 4: the authors' groups stay {0..3}, {4..7}
-      self.assertEqual(wagma.group_ids(t, 8, 4, 'authors').tolist(), [0, 0, 0, 0, 4, 4, 4, 4])
-    self.assertEqual(wagma.num_patterns(16, 8, 'authors'), 1)
-    self.assertEqual(wagma.num_patterns(64, 8, 'authors'), wagma.num_patterns(64, 8), 2)  # the authors' runs
+      self.assertEqual(wagma.group_ids(t, 8, 4, 'aligned').tolist(), [0, 0, 0, 0, 4, 4, 4, 4])
+    self.assertEqual(wagma.num_patterns(16, 8, 'aligned'), 1)
+    self.assertEqual(wagma.num_patterns(64, 8, 'aligned'), wagma.num_patterns(64, 8), 2)  # the authors' runs
 
   def test_num_patterns_and_default_group_size(self):
     self.assertEqual(wagma.num_patterns(8, 4), 3)
@@ -116,7 +116,7 @@ def brute_force_rule(clock, rule, iterations):
     c = clock.work(np.arange(p), clock.times, rule.microbatches)
     live = np.isfinite(c)
     x = np.where(live, start, np.inf) if rule.rule == 'authors' else c
-    if (t + 1) % rule.period == 0 or s == p:
+    if (t + 1) % rule.sync_every == 0 or s == p:
       fresh, behind = np.ones(p, bool), np.zeros(p, bool)
       end = np.array([max(c[i], x.max() + clock.network.allreduce(clock.model_bytes, p)) for i in range(p)])
     else:
@@ -160,7 +160,7 @@ class TimeRuleTest(parameterized.TestCase):
           ('micro_batches', dict(kind='exponential', rate=100.0), {}, dict(microbatches=3)),
       )])
   def test_matches_brute_force(self, stragglers, network, options):
-    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=5, **options)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=5, **options)
     got = helpers.clock(rule, workers=16, network=network, **stragglers)
     block = got.next_block(30)
     want = brute_force_rule(helpers.clock(rule, workers=16, network=network, **stragglers), rule, 30)
@@ -181,7 +181,7 @@ class TimeRuleTest(parameterized.TestCase):
   def test_a_lost_worker_is_left_out_until_the_global_average(self, wait_avoiding, rule_name):
     """Worker 5 of 16 fails for good during iteration 2: its groups go on with their 3 live members (they
     neither wait for nor count it) until the global average of iteration 11, where the run stops with one line."""
-    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=12, wait_avoiding=wait_avoiding, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=12, wait_avoiding=wait_avoiding, rule=rule_name)
     stragglers = dict(kind='lognormal', sigma=0.2, fail_worker=5, fail_at_s=0.025)
     network = dict(kind='alpha_beta', latency_s=1e-4)
     got = helpers.clock(rule, workers=16, network=network, **stragglers)
@@ -194,7 +194,7 @@ class TimeRuleTest(parameterized.TestCase):
     for t, (fresh, behind, _) in enumerate(want):
       np.testing.assert_array_equal(block.schedule.fresh[t], fresh, err_msg=f'iteration {t}')
       np.testing.assert_array_equal(block.schedule.behind[t], behind, err_msg=f'iteration {t}')
-      ids = block.schedule.group[t]
+      ids = wagma.group_ids(int(block.schedule.pattern[t]), 16, 4)
       np.testing.assert_array_equal(block.schedule.members[t], [(live[t] & (ids == g)).sum() for g in ids])
     np.testing.assert_allclose(block.sim_time, np.maximum.accumulate([end[np.isfinite(end)].max()
                                                                        for *_, end in want]), rtol=1e-12)
@@ -211,7 +211,7 @@ class TimeRuleTest(parameterized.TestCase):
       (f'{name}_{rule}', network, latency, rule) for rule in wagma.RULES for name, network, latency in (
           ('ideal_a0', {}, 0.0), ('ideal', {}, 1e-5), ('alpha_beta', dict(kind='alpha_beta', latency_s=1e-4), 1e-5))])
   def test_constant_compute_is_always_fresh(self, network, latency, rule_name):
-    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=5, activation_latency_s=latency, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=5, activation_latency_s=latency, rule=rule_name)
     block = helpers.clock(rule, workers=16, base_s=X, network=network).next_block(40)
     self.assertTrue(block.schedule.fresh.all())
     self.assertFalse(block.schedule.behind.any())
@@ -221,7 +221,7 @@ class TimeRuleTest(parameterized.TestCase):
     """P = 16, S = 4, ideal network, default a: the fresh share falls from 1 to about 1/16 with any noise."""
     shares = {}
     for sigma in (0.0, 0.02, 0.2):
-      rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=10)
+      rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=10)
       block = helpers.clock(rule, workers=16, kind='lognormal', sigma=sigma, base_s=X).next_block(200)
       shares[sigma] = block.measurements['fresh_share'][~block.schedule.global_average].mean()
     self.assertEqual(shares[0.0], 1.0)
@@ -230,7 +230,7 @@ class TimeRuleTest(parameterized.TestCase):
 
   def test_larger_activation_latency_keeps_more_workers_fresh(self):
     def share(a):
-      rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=10, activation_latency_s=a)
+      rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=10, activation_latency_s=a)
       block = helpers.clock(rule, workers=16, kind='lognormal', sigma=0.02, base_s=X).next_block(200)
       return block.measurements['fresh_share'].mean()
     self.assertLess(share(0.0), share(1e-4))
@@ -241,7 +241,7 @@ class TimeRuleTest(parameterized.TestCase):
     costs max(X, allreduce(S)) (group) or max(X, allreduce(P)) (global), where step_then_average pays the sum."""
     ends, network = {}, dict(kind='alpha_beta', latency_s=latency)
     for rule in wagma.RULES:
-      clock = helpers.clock(wagma_rule.WaitAvoidingGroups(group_size=4, period=5, rule=rule), workers=16, base_s=X,
+      clock = helpers.clock(wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=5, rule=rule), workers=16, base_s=X,
                             network=network)
       block = clock.next_block(20)
       group, every = (clock.network.allreduce(clock.model_bytes, k) for k in (4, 16))
@@ -367,8 +367,8 @@ class ReferenceTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('s2_rotating_momentum', 4, 2, 4, 0.9, {}),
-      ('s4_fixed_authors_groups', 8, 4, 5, 0.9, {'algorithm.group_patterns': 'authors'}),
-      ('s4_vmapped_tau11', 2, 4, 11, 0.0, {'algorithm.group_patterns': 'authors'}),
+      ('s4_aligned_groups', 8, 4, 5, 0.9, {'algorithm.group_patterns': 'aligned'}),
+      ('s4_vmapped_tau11', 2, 4, 11, 0.0, {'algorithm.group_patterns': 'aligned'}),
   )
   def test_default_matches_a_literal_port_of_the_authors_code(self, devices, group_size, tau, momentum,
                                                               overrides):
@@ -393,7 +393,8 @@ class ReferenceTest(parameterized.TestCase):
       if not globals_[t]:  # the schedule's groups are the authors' (`ffallreduce_nh` masks)
         ids = np.arange(p) & ~sum(1 << ((t % port.steps) * int(np.log2(group_size)) + r)
                                   for r in range(int(np.log2(group_size))))
-        np.testing.assert_array_equal(traj.schedules[t].group, ids)
+        np.testing.assert_array_equal(
+            wagma.group_ids(int(traj.schedules[t].pattern), p, group_size, 'aligned'), ids)
       models = port.iteration(t, grads, traj.schedules[t].fresh)
       if (t + 1) % 4 == 0:
         for i in range(p):
@@ -461,7 +462,7 @@ class ReferenceTest(parameterized.TestCase):
         averaged = [list(mean) for _ in range(p)]
       else:
         ids = wagma.group_ids(0 if fixed else t, p, group_size)
-        np.testing.assert_array_equal(traj.schedules[t].group, ids)
+        np.testing.assert_array_equal(wagma.group_ids(int(traj.schedules[t].pattern), p, group_size), ids)
         contribution = [posted[i] if fresh[i] else buffers[i] for i in range(p)]
         averaged = []
         for i in range(p):
@@ -602,7 +603,7 @@ class ConfigTest(parameterized.TestCase):
       ('unknown_rule', dict(arg='wagma,rule=overlap'),
        "algorithm.rule='overlap' is not allowed: must be one of authors, step_then_average"),
       ('unknown_group_patterns', dict(arg='wagma,group_patterns=fixed'),
-       "algorithm.group_patterns='fixed' is not allowed: must be one of rotate, authors"),
+       "algorithm.group_patterns='fixed' is not allowed: must be one of rotate, aligned"),
   )
   def test_one_line_error_naming_the_field(self, overrides, message):
     overrides = dict(overrides)
@@ -616,7 +617,7 @@ class ConfigTest(parameterized.TestCase):
     config = harness.synthetic_config('wagma', workers=16, devices=8)
     validation.validate(config)
     rule = wagma_rule.time_rule(config)
-    self.assertEqual((rule.group_size, rule.period, rule.rule, rule.group_patterns), (4, 10, 'authors', 'rotate'))
+    self.assertEqual((rule.group_size, rule.sync_every, rule.rule, rule.group_patterns), (4, 10, 'authors', 'rotate'))
     self.assertGreater(rule.activation_latency_s, 0)
 
 

@@ -63,7 +63,7 @@ RULES = {
     'wagma_step_then_average': lambda: wagma.WaitAvoidingGroups(4, 10, rule='step_then_average'),
     'wagma_step_then_average_not_wait_avoiding': lambda: wagma.WaitAvoidingGroups(
         2, 4, wait_avoiding=False, rule='step_then_average'),
-    'wagma_authors_patterns_s8': lambda: wagma.WaitAvoidingGroups(8, 6, group_patterns='authors'),
+    'wagma_aligned_patterns_s8': lambda: wagma.WaitAvoidingGroups(8, 6, group_patterns='aligned'),
     'dasgd': lambda: dasgd.DelayedAverage(4, 1),
     'dasgd_blocking_d0_m2': lambda: dasgd.DelayedAverage(3, 0, microbatches=2),
     'dasgd_d_is_tau': lambda: dasgd.DelayedAverage(5, 5),

@@ -182,7 +182,7 @@ class ImportDirectionTest(absltest.TestCase):
     self.assertEqual(out.stdout.strip(), '[]')
 
   def test_make_clock_checks_the_rule(self):
-    with self.assertRaisesRegex(TypeError, 'is not a cluster.rules.TimeRule'):
+    with self.assertRaisesRegex(TypeError, 'is not a cluster.rules.base.TimeRule'):
       factory.make_clock(helpers.config(workers=2), object(), 1e3)
 
 

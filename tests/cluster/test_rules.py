@@ -21,7 +21,7 @@ from waitless.cluster.rules import sync
 from waitless.algorithms import wagma
 from waitless.cluster.rules import wagma as wagma_rule
 from waitless.cluster import clock as clock_lib
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from tests.cluster import helpers
 
 X = 0.01   # constant seconds per micro-batch
@@ -76,7 +76,7 @@ class NoStragglerTest(parameterized.TestCase):
     self.assertTrue(np.all(np.diff(block.sim_time) >= 0))
     self.assertEqual(block.schedule.microbatches_done.shape, (64, P))
     self.assertEqual(block.schedule.microbatches_done.dtype, np.int32)
-    uniform = rules.base.uniform_fields(type(block.schedule))
+    uniform = schedules.uniform_fields(type(block.schedule))
     for key, value in block.schedule._asdict().items():
       self.assertEqual(value.shape, (64,) if key in uniform else (64, P), key)
     if not isinstance(clock.rule, (ksync.KSync, kbatch_sync.KBatchSync, kasync.KAsync, kbatch_async.KBatchAsync,
@@ -235,7 +235,7 @@ class DelayedAverageTest(parameterized.TestCase):
     np.testing.assert_array_equal(np.flatnonzero(block.schedule.snapshot), snapshots)
     np.testing.assert_array_equal(np.flatnonzero(block.schedule.apply_average), applies)
     np.testing.assert_array_equal(block.schedule.average_age[applies], ages)
-    self.assertEqual(rules.base.uniform_fields(type(block.schedule)), ('snapshot', 'apply_average', 'average_age'))
+    self.assertEqual(schedules.uniform_fields(type(block.schedule)), ('snapshot', 'apply_average', 'average_age'))
 
   def _allreduce_clock(self, rule, allreduce_steps):
     """A clock whose all-reduce of the model takes `allreduce_steps` x X (bandwidth only)."""
@@ -292,7 +292,7 @@ class WagmaTest(parameterized.TestCase):
   @parameterized.named_parameters(*[(f'{name}_{rule}', network, rule) for rule in wagma.RULES
                                     for name, network in (('ideal', {}), ('alpha_beta', NET))])
   def test_no_stragglers_never_stale(self, network, rule_name):
-    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=5, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=5, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, network=network)
     block = clock.next_block(50)
     self.assertTrue(block.schedule.fresh.all())
@@ -310,7 +310,7 @@ class WagmaTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(rule, rule) for rule in wagma.RULES])
   def test_delayed_workers_are_stale_and_nobody_waits_for_them(self, rule_name):
-    rule = wagma_rule.WaitAvoidingGroups(group_size=4, period=8, rule=rule_name)
+    rule = wagma_rule.WaitAvoidingGroups(group_size=4, sync_every=8, rule=rule_name)
     clock = helpers.clock(rule, workers=16, base_s=X, delayed_workers=2, delay_s=0.032)
     block = clock.next_block(64)
     stale = ~block.schedule.fresh

@@ -88,9 +88,8 @@ def worker_sum_and_count(tree: Any, count: Any, axis_name: AxisName, host_total:
   """(sum over workers of `tree`, sum over workers of `count`), for a weighted mean.
 
   `host_total`: the count's sum when the caller's schedule already carries it (the time rule decided who
-  finished what, so it summed it on the host); then only `tree` is all-reduced. A scalar count in the same
-  all-reduce as the gradients made a step 1.2x a synchronous one on 8 CPU devices. Without it the count is
-  all-reduced with the tree, in one collective.
+  finished what, so it summed it on the host); then only `tree` is all-reduced, with no scalar added to the
+  gradients' collective. Without it the count is all-reduced with the tree, in one collective.
   """
   if host_total is None:
     return worker_sum((tree, count), axis_name)

@@ -82,8 +82,7 @@ def dasgd(inner: optax.GradientTransformation, local_steps: int = 4, delay: int 
   """
   if correction not in delayed_averaging.CORRECTIONS:
     raise ValueError(f'correction must be one of {delayed_averaging.CORRECTIONS}, got {correction!r}')
-  if not (isinstance(local_steps, int) and local_steps >= 1 and isinstance(delay, int)
-          and 0 <= delay <= local_steps):
+  if not (errors.is_int(local_steps) and local_steps >= 1 and errors.is_int(delay) and 0 <= delay <= local_steps):
     raise ValueError(f'need local_steps >= 1 and 0 <= delay <= local_steps, got {local_steps}, {delay}')
   inner = optax.with_extra_args_support(inner)
   options = dict(axis_name=axis_name, correction=correction, mix=mix)
@@ -116,13 +115,13 @@ def dasgd(inner: optax.GradientTransformation, local_steps: int = 4, delay: int 
 def validate(config):
   a = config.algorithm
   errors.require_int(a.local_steps, 'algorithm.local_steps', 1)
-  errors.require(isinstance(a.delay, int) and not isinstance(a.delay, bool) and 0 <= a.delay <= a.local_steps,
+  errors.require(errors.is_int(a.delay) and 0 <= a.delay <= a.local_steps,
                  'algorithm.delay', a.delay,
                  f'must be an integer in 0..algorithm.local_steps (= {a.local_steps})')
   errors.require(a.correction in delayed_averaging.CORRECTIONS, 'algorithm.correction', a.correction,
                  f'must be one of {", ".join(delayed_averaging.CORRECTIONS)}')
-  errors.require(isinstance(a.mix, (int, float)) and not isinstance(a.mix, bool) and 0.0 <= a.mix <= 1.0,
-                 'algorithm.mix', a.mix, 'must be a number in [0, 1]')
+  errors.require(errors.is_number(a.mix) and 0.0 <= a.mix <= 1.0, 'algorithm.mix', a.mix,
+                 'must be a number in [0, 1]')
 
 
 def round_length(config):

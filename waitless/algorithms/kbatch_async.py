@@ -24,7 +24,7 @@ from waitless.algorithms import parameter_server as ps
 
 def validate_max_delay(config) -> None:
   r = config.algorithm.max_delay
-  ok = isinstance(r, int) and not isinstance(r, bool) and r >= 0
+  ok = errors.is_int(r) and r >= 0
   meaning = ('0: R = workers' if config.algorithm.name == 'ringmaster' else '0: no threshold')
   errors.require(ok, 'algorithm.max_delay', r, f'must be an integer >= 0 (Ringmaster\'s R: a gradient whose delay '
                  f'is >= R server versions is discarded; {meaning})')

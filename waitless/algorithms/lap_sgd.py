@@ -217,13 +217,13 @@ def validate(config):
   errors.require_int(a.local_steps, 'algorithm.local_steps', 1)
   errors.require_int(a.pre_post_steps, 'algorithm.pre_post_steps', 0)
   d = a.delay
-  errors.require(d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= a.local_steps),
+  errors.require(d is None or (errors.is_int(d) and 0 <= d <= a.local_steps),
                  'algorithm.delay', d, f'must be an integer in 0..local_steps={a.local_steps} (one average in '
                  'flight), or None: max(1, ceil(allreduce / update)) from the network model')
   if _lpp(config):
     errors.require_int(a.prepass_steps, 'algorithm.prepass_steps', 0)
     c = a.partial_cost
-    errors.require(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 < c <= 1,
+    errors.require(errors.is_number(c) and 0 < c <= 1,
                    'algorithm.partial_cost', c, 'must be in (0, 1] (share of a full step\'s compute)')
 
 

@@ -250,7 +250,7 @@ def build(config: ml_collections.ConfigDict, inner, axis_name, fresh_views: bool
 
 
 def require_k(value, field: str, workers: int) -> None:
-  ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= workers
+  ok = errors.is_int(value) and 1 <= value <= workers
   errors.require(ok, field, value, f'must be an integer in 1..{workers} (workers)')
 
 

@@ -86,8 +86,7 @@ def local_step(name: str, inner: optax.GradientTransformation, grads: Any, inner
 
 
 def is_static_number(value: Any) -> bool:
-  """A number known when the program is built (not a traced replica hyper-parameter): a range check on it can
-  run in Python."""
+  """Whether `value` is a Python or numpy number known when the program is built, not a traced value."""
   return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
 
 

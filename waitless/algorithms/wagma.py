@@ -21,10 +21,11 @@ A worker lost for good (`live` false in the schedule) is frozen: its W, send buf
 it contributes nothing, and its group counts its live members n_g (S without failures) in place of S.
 
 Groups: group_t(i) = {i XOR (any XOR of the masks m_r)} (`group_masks`): 'rotate' (default) moves the masks by
-g bits every iteration, modulo G; 'authors' keeps their floor(G / g) fixed patterns (fflib3's
-`ffallreduce_nh`). The two agree whenever g divides G. The group sum is one of n static recursive-doubling
-programs (`collectives.xor_group_sum`), picked by the schedule's uniform `pattern` with `lax.switch` (one more
-branch holds the global all-reduce): only the iteration's own collectives run, also when workers are vmapped.
+g bits every iteration, modulo G; 'aligned' takes them from the floor(G / g) whole g-bit blocks, one block per
+iteration (fflib3's `ffallreduce_nh`, the patterns the authors' code uses). The two agree whenever g divides G.
+The group sum is one of n static recursive-doubling programs (`collectives.xor_group_sum`), picked by the
+schedule's uniform `pattern` with `lax.switch` (one more branch holds the global all-reduce): only the
+iteration's own collectives run, also when workers are vmapped.
 The time rule (who is fresh, when a group completes) is `cluster/rules/wagma.py`. Off the simulator (no
 schedule: every member is fresh) the group exchange is log2 S pairwise `ppermute`s: a slow process delays its
 partners of that iteration only, but it does delay them (a lock-step program cannot skip a late partner).
@@ -51,14 +52,15 @@ from waitless.algorithms import spec
 # 'authors': W_i <- (group sum of W(t) + W_i(t)) / (S + 1) + U_i(g_i(W_i(t))) (Shigangli/WAGMA-SGD, the default);
 # 'step_then_average': W'_i = W_i + U_i(g_i), then the group average of W' (divisor S fresh, S + 1 stale).
 RULES = ('authors', 'step_then_average')
-# How the groups change: 'rotate' (masks move by g bits every iteration, modulo G) or 'authors' (their fixed
-# floor(G / g) patterns). The two agree whenever log2 S divides log2 P.
-GROUP_PATTERNS = ('rotate', 'authors')
+# How the groups change: 'rotate' (masks move by g bits every iteration, modulo G) or 'aligned' (masks from the
+# floor(G / g) whole g-bit blocks, the authors' `ffallreduce_nh`). The two agree whenever log2 S divides log2 P.
+GROUP_PATTERNS = ('rotate', 'aligned')
 
 # ---- groups ----
 
 def exact_log2(n: int, name: str) -> int:
-  if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1 or n & (n - 1):
+  """log2 n for a power of two n >= 1; else ValueError naming `name`."""
+  if not errors.is_int(n) or n < 1 or n & (n - 1):
     raise ValueError(f'{name}={n!r} must be a power of two')
   return int(n).bit_length() - 1
 
@@ -72,8 +74,8 @@ def group_masks(iteration: int, workers: int, group_size: int, patterns: str = '
   """The XOR masks of `iteration` (G = log2 P, g = log2 S): the group of i is i XOR any combination of them.
 
   patterns='rotate':  m_r = 1 << ((t g + r) mod G), r = 0..g-1 (every bit mixes within ceil(G / g) iterations).
-  patterns='authors': m_r = 1 << (j g + r), j = t mod floor(G / g) (`ffallreduce_nh`, `mask <<= step*groupr`):
-  the same masks whenever g divides G; otherwise the top G mod g bits are never in a mask.
+  patterns='aligned': m_r = 1 << (j g + r), j = t mod floor(G / g) (`ffallreduce_nh`, `mask <<= step*groupr`,
+  the authors' patterns): the same masks whenever g divides G; otherwise the top G mod g bits are never in a mask.
   """
   big_g, g = exact_log2(workers, 'workers'), exact_log2(group_size, 'group_size')
   if group_size > workers:
@@ -82,19 +84,19 @@ def group_masks(iteration: int, workers: int, group_size: int, patterns: str = '
     raise ValueError(f'patterns={patterns!r} must be one of {GROUP_PATTERNS}')
   if big_g == 0:
     return []
-  if patterns == 'authors':
+  if patterns == 'aligned':
     j = iteration % num_patterns(workers, group_size, patterns)
     return [1 << (j * g + r) for r in range(g)]
   return [1 << ((iteration * g + r) % big_g) for r in range(g)]
 
 
 def num_patterns(workers: int, group_size: int, patterns: str = 'rotate') -> int:
-  """Iteration t uses the masks of iteration t mod n: n = G / gcd(G, g) ('rotate'), floor(G / g) ('authors');
+  """Iteration t uses the masks of iteration t mod n: n = G / gcd(G, g) ('rotate'), floor(G / g) ('aligned');
   1 for P = 1 or S = 1."""
   big_g, g = exact_log2(workers, 'workers'), exact_log2(group_size, 'group_size')
   if big_g == 0 or g == 0:
     return 1
-  return big_g // g if patterns == 'authors' else big_g // math.gcd(big_g, g)
+  return big_g // g if patterns == 'aligned' else big_g // math.gcd(big_g, g)
 
 
 def group_ids(iteration: int, workers: int, group_size: int, patterns: str = 'rotate') -> np.ndarray:
@@ -184,7 +186,7 @@ def wagma(inner: optax.GradientTransformation, group_size: Optional[int] = None,
     fixed_groups: always the groups of iteration 0 (ablation).
     rule: 'authors' (average W(t) with divisor S + 1, then the step of the gradient at W(t)) or
       'step_then_average' (step, then average W' with divisor S fresh, S + 1 stale). See the module docstring.
-    group_patterns: how the groups change, 'rotate' or 'authors' (`group_masks`).
+    group_patterns: how the groups change, 'rotate' or 'aligned' (the authors' patterns; `group_masks`).
     axis_name: the worker axes (P must be a power of two); None for one worker (averaging is the identity).
 
   Returns:
@@ -240,7 +242,6 @@ class WagmaSchedule(NamedTuple):
   microbatches_done: np.ndarray  # int32 (P,), m (0 for a worker that failed for good)
   fresh: np.ndarray              # bool (P,), worker i's posted model (authors: W_i, step_then_average: W'_i)
   #                                is in its group's sum, else its send buffer (True for all on global averages)
-  group: np.ndarray              # int32 (P,), smallest worker id in worker i's group (informative)
   behind: np.ndarray             # bool (P,), worker i was more than one iteration behind (treated as one)
   live: np.ndarray               # bool (P,), False: worker i failed for good (frozen, contributes nothing)
   members: np.ndarray            # int32 (P,), live members of worker i's group: the group average's divisor
@@ -259,7 +260,7 @@ def group_size_of(config) -> int:
 
 
 def _power_of_two(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and not value & (value - 1)
+  return errors.is_int(value) and value >= 1 and not value & (value - 1)
 
 
 def validate(config):
@@ -288,7 +289,7 @@ SPEC = spec.AlgorithmSpec(
         'fixed_groups': False,  # ablation: always the groups of iteration 0
         'wait_avoiding': True,  # ablation (False): every group waits for its slowest member, all fresh
         'rule': 'authors',      # 'authors' (average W(t) / (S + 1), then the step) | 'step_then_average'
-        'group_patterns': 'rotate',  # 'rotate' (every bit mixes) | 'authors' (their fixed floor(G / g) patterns)
+        'group_patterns': 'rotate',  # 'rotate' (every bit mixes) | 'aligned' (whole g-bit blocks, the authors')
     },
     # group_size 0 is resolved from the P of axis_name (= workers in the harness; 1 for axis_name=None).
     build=lambda config, inner, axis_name: wagma(

@@ -17,7 +17,8 @@ What a rule may use (see `cluster/rules/`):
                           per-call overheads (`per_call` micro-batches share one call), transient delays
                           and failures applied; clock.work_each(...) + clock.consume(...)
                           when a rule needs every micro-batch's finish time (non-blocking SGD);
-                          clock.draw_jobs(n, ...) draws a whole block's times at once (vectorised rules);
+                          clock.draw_jobs(n, ...) draws a whole block's times at once (vectorised rules),
+                          clock.job_seconds(n, ...) their per-job sums;
                           clock.rng, clock.snapshot() / restore(...) for rules that draw ahead and rewind,
                           clock.count_started(...) to count what they drew ahead and started
   clock.units, clock.jobs int64 (P,): micro-batches and jobs each worker started (read only: the trace
@@ -219,6 +220,17 @@ class Clock:
       self.units += n * count
       self.jobs += n
     return seconds
+
+  def job_seconds(self, n: int, count: int, per_call: int = 1) -> Optional[np.ndarray]:
+    """float64 (n, P): seconds of every worker's job of `count` micro-batches in each of the next n iterations.
+
+    The sum over each job of `draw_jobs(n, count, per_call=per_call)` (in `np.cumsum` order, the order of
+    `work`), counted as consumed; None where the jobs cannot be drawn ahead (failures).
+    """
+    seconds = self.draw_jobs(n, count, per_call=per_call)
+    if seconds is None:
+      return None
+    return np.ascontiguousarray(seconds[:, :, 0] if count == 1 else np.cumsum(seconds, axis=2)[:, :, -1])
 
   def consume(self, workers: np.ndarray, units) -> None:
     """Counts one job for each of `workers` (distinct) that started `units` micro-batches (int or (L,))."""

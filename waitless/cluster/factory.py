@@ -24,7 +24,7 @@ from waitless.cluster import compute as compute_lib
 from waitless.cluster import faults
 from waitless.cluster import network as network_lib
 from waitless.cluster import profiles
-from waitless.cluster import rules
+from waitless.cluster.rules import base as rules_base
 
 DISTRIBUTIONS = ('constant', 'exponential', 'shifted_exponential', 'pareto', 'lognormal', 'trace')
 # `slow_workers` and `random_delay` are `constant` with that modifier required; the modifiers
@@ -312,7 +312,7 @@ def effective(config: ml_collections.ConfigDict) -> Effective:
   return Effective(stragglers, network, host_s if 'cluster.host_s' in explicit else profile.host_s, profile.name)
 
 
-def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_bytes: float,
+def make_clock(config: ml_collections.ConfigDict, rule: rules_base.TimeRule, model_bytes: float,
                cost: Optional[Effective] = None) -> clock_lib.Clock:
   """The seeded clock for `config`, driving `rule` (`cluster.registry.time_rule(config)`), charging `cost`.
 
@@ -322,7 +322,7 @@ def make_clock(config: ml_collections.ConfigDict, rule: rules.TimeRule, model_by
   waits for it raises `clock.StalledError` at the first iteration that needs it, naming the worker, when it
   failed and when the run got stuck (the training loop stops there with one line, never hangs).
   """
-  rules.base.check_rule(rule)
+  rules_base.check_rule(rule)
   p = config.workers
   cost = effective(config) if cost is None else cost
   delay, failure = make_faults(cost.stragglers, p, config.seed)

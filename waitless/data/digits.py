@@ -3,8 +3,8 @@
 1,797 images of 64 pixels, 10 classes. Fixed stratified split (20% test, split seed 0, independent of the run
 seed), pixels scaled to [0, 1] then standardised with the training split's per-pixel mean and std.
 
-The data file is read where scikit-learn installed it, without importing scikit-learn (about 1 s of imports,
-scipy's among them, for a 150 kB file), and the split is `sklearn.model_selection.train_test_split(x, y,
+The data file is read where scikit-learn installed it, without importing scikit-learn (whose import pulls in
+scipy, for a 150 kB file), and the split is `sklearn.model_selection.train_test_split(x, y,
 test_size=test_fraction, random_state=0, stratify=y)` computed here the way scikit-learn computes it (the same
 indices, checked against scikit-learn itself in tests/data/test_embedded.py).
 """

@@ -65,8 +65,8 @@ class InMemoryStreams:
     if first == last:  # the usual read: one epoch
       needed, rows = [first], 0
     else:  # a read of several blocks at once spans several epochs: one gather from their tables stacked
-      # A worker reads a run of its stream: the epochs from its first to its last (found without sorting the
-      # read, which took half of a span's read).
+      # A worker reads a run of its stream: the epochs from its first to its last (found per worker, without
+      # sorting the read).
       per_worker = epochs.reshape(-1, epochs.shape[-1])
       needed = sorted(set().union(*(range(low, high + 1) for low, high in
                                     zip(per_worker.min(axis=0).tolist(), per_worker.max(axis=0).tolist()))))
@@ -76,7 +76,7 @@ class InMemoryStreams:
     tables = self._epoch_tables_of(needed)
     if len(tables) == 1:
       out = tables[0][workers, offsets]
-    else:  # tables[rows, workers, offsets], as one gather by flat index (half the time of three index arrays)
+    else:  # tables[rows, workers, offsets], as one gather by one flat index in place of three index arrays
       out = np.stack(tables).ravel().take((rows * self.workers + workers) * self.shard_size + offsets)
     for epoch in set(self._epoch_tables) - set(needed):  # positions only grow: keep what this read used
       del self._epoch_tables[epoch]

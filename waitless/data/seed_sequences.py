@@ -2,13 +2,11 @@
 
 `generators(entropy)` gives, for every row of a (K, 4) uint32 array of entropy words, the generator that
 `np.random.default_rng(row)` gives: the same stream, to the bit (tests/data/test_seed_sequences.py checks it
-against numpy). numpy seeds a generator by hashing its words in a `SeedSequence` (about 4.4 us a seed, in C
-but one seed per call), then `PCG64` takes 4 words of that sequence's state. Here the hashing runs as array
-operations over all K seeds at once, and each `PCG64` takes its precomputed state (`_State`), through the
-interface numpy declares for seed sequences (`ISeedSequence`). Worker w's epoch e of an in-memory data set is
-such a stream (`in_memory.InMemoryStreams`): a block of 10 iterations of the digits MLP starts an epoch on
-every worker, and seeding them was the largest share of the training loop's host work (2.6 us a generator
-with its permutation here, against 8.8 us).
+against numpy). numpy seeds a generator by hashing its words in a `SeedSequence`, one seed per call, then
+`PCG64` takes 4 words of that sequence's state. Here the hashing runs as array operations over all K seeds at
+once, and each `PCG64` takes its precomputed state (`_State`), through the interface numpy declares for seed
+sequences (`ISeedSequence`). Worker w's epoch e of an in-memory data set is such a stream
+(`in_memory.InMemoryStreams`), so a block that starts an epoch on every worker seeds them all in one call.
 
 The algorithm is numpy's (numpy/random/bit_generator.pyx, `SeedSequence.mix_entropy` and `generate_state`)
 for a pool of 4 words, entropy of exactly 4 words and no spawn key: 32-bit multiply-xorshift hashes whose

@@ -17,10 +17,6 @@ import functools
 import numpy as np
 
 from waitless import config_errors as errors
-from waitless.algorithms import spec
-
-# Default activation latency a (a choice, declared with the algorithms' config defaults).
-DEFAULT_ACTIVATION_LATENCY_S = spec.DEFAULT_ACTIVATION_LATENCY_S
 
 
 def check_latency(value) -> None:

@@ -13,7 +13,8 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.algorithms.parameter_server import ServerSchedule
-from waitless.cluster import rules
+from waitless.cluster import schedules
+from waitless.cluster.rules import base as rules_base
 from waitless.cluster.rules import kasync
 from waitless.cluster.rules import kbatch_async
 from waitless.cluster.rules import kbatch_sync
@@ -40,7 +41,7 @@ BASE_RULES = {'ksync': ksync.KSync, 'kbatch_sync': kbatch_sync.KBatchSync, 'kasy
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaSync(rules.TimeRule):
+class AdaSync(rules_base.TimeRule):
   """AdaSync time rule: K of `base` adapted every `period_s` seconds of simulated time from the loss.
 
   K is evaluated at the first iteration that starts at or after each multiple of t0, with F(W_0) the first
@@ -104,14 +105,14 @@ class AdaSync(rules.TimeRule):
     return adapted_k(self.k0, state['initial_loss'], state['latest_loss'], clock.workers - clock.lost_workers,
                      state['k'])
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     state = self._state(clock)
     self._adjust(clock, state, clock.sim_time)
     return self.base.iterate(clock, iteration)
 
   vectorized = True
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> schedules.Steps:
     """n calls of `iterate` through the base rule's `iterate_block`.
 
     Losses arrive between blocks, so within a block K changes at most once: at the first adjustment, to

@@ -1,5 +1,5 @@
 """The time-rule contract: what every rule declares and checks (what one iteration returns, `Iteration` /
-`Steps`, lives in `cluster/schedules.py`, re-exported here).
+`Steps`, lives in `cluster/schedules.py`).
 
 A time rule turns the compute and network models into one iteration of an algorithm: it advances the clock's
 per-worker times and returns the per-worker SCHEDULE the math consumes. The schedule is the one contract
@@ -25,16 +25,7 @@ from __future__ import annotations
 import abc
 from typing import ClassVar, Mapping, TYPE_CHECKING
 
-
-# The records and schedule helpers live in `cluster/schedules.py` (the clock reads them without importing
-# the rules); re-exported here, where rules have always found them.
-from waitless.cluster.schedules import Iteration
-from waitless.cluster.schedules import Steps
-from waitless.cluster.schedules import full  # noqa: F401
-from waitless.cluster.schedules import split  # noqa: F401
-from waitless.cluster.schedules import stack  # noqa: F401
-from waitless.cluster.schedules import take  # noqa: F401
-from waitless.cluster.schedules import uniform_fields
+from waitless.cluster import schedules
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -63,10 +54,10 @@ class TimeRule(abc.ABC):
   uses_feedback: ClassVar[bool] = False
 
   @abc.abstractmethod
-  def iterate(self, clock: 'Clock', iteration: int) -> Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     """Advances `clock.times` by one iteration and returns what happened."""
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Steps:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> schedules.Steps:
     """n calls of `iterate` (same random draws, same results); only where `vectorized`; None: not this block
     (the clock then calls `iterate` n times)."""
     raise NotImplementedError(f'{type(self).__name__} has no vectorised iterate_block')
@@ -84,11 +75,11 @@ class TimeRule(abc.ABC):
 def check_rule(rule: TimeRule) -> None:
   """Raises TypeError if `rule` breaks the contract in a way that is checkable before running it."""
   if not isinstance(rule, TimeRule):
-    raise TypeError(f'{type(rule).__name__} is not a cluster.rules.TimeRule')
+    raise TypeError(f'{type(rule).__name__} is not a cluster.rules.base.TimeRule')
   kind = rule.schedule_type
   if 'microbatches_done' not in kind._fields:
     raise TypeError(f'{kind.__name__} has no microbatches_done field')
-  if 'microbatches_done' in uniform_fields(kind):
+  if 'microbatches_done' in schedules.uniform_fields(kind):
     raise TypeError(f'{kind.__name__}.microbatches_done must be per-worker')
   bad = {k: v for k, v in rule.reports.items() if v not in REDUCTIONS}
   if bad:

@@ -13,8 +13,8 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.algorithms.delayed_averaging import DelayedAverageSchedule
+from waitless.cluster import schedules
 from waitless.cluster.rules import base
-from waitless.cluster.rules import synchronous
 from waitless.cluster.rules.delayed_averaging_time import delayed_average_block
 from waitless.cluster.rules.delayed_averaging_time import delayed_average_step
 
@@ -50,26 +50,26 @@ class DelayedAverage(base.TimeRule):
     if self.delay > self.period:
       raise ValueError(f'delay={self.delay} must be <= period={self.period}')
 
-  def iterate(self, clock: "Clock", iteration: int) -> base.Iteration:
+  def iterate(self, clock: "Clock", iteration: int) -> schedules.Iteration:
     p = clock.workers
     finished = clock.work(np.arange(p), clock.times, self.microbatches)
     idle, uniform, communicated = delayed_average_step(
         clock, iteration, finished, (iteration + 1) % self.period == 0, self.delay)
-    schedule = DelayedAverageSchedule(microbatches_done=base.full(p, self.microbatches, np.int32), **uniform)
-    return base.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
+    schedule = DelayedAverageSchedule(microbatches_done=schedules.full(p, self.microbatches, np.int32), **uniform)
+    return schedules.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
 
-  def iterate_block(self, clock: "Clock", iteration: int, n: int) -> Optional[base.Steps]:
+  def iterate_block(self, clock: "Clock", iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate`: the block's compute times drawn at once, each worker's times a running sum
     between the averaging events (`delayed_average_block`). Failures: None (one `iterate` at a time)."""
-    times = synchronous.job_seconds(clock, n, self.microbatches)
+    times = clock.job_seconds(n, self.microbatches)
     if times is None:
       return None
     snapshot = np.arange(iteration + 1, iteration + n + 1) % self.period == 0
     idle, uniform, communicated = delayed_average_block(clock, iteration, times, snapshot, self.delay)
     schedule = DelayedAverageSchedule(
         microbatches_done=np.full(times.shape, self.microbatches, np.int32), **uniform)
-    return base.Steps(schedule=schedule, idle=idle, bytes_communicated=communicated, mean_staleness=np.zeros(n),
-                      end_time=times.max(axis=1), times=times)
+    return schedules.Steps(schedule=schedule, idle=idle, bytes_communicated=communicated,
+                           mean_staleness=np.zeros(n), end_time=times.max(axis=1), times=times)
 
 
 def time_rule(config):

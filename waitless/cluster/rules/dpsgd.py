@@ -12,15 +12,16 @@ from typing import Optional, TYPE_CHECKING
 import numpy as np
 
 from waitless.algorithms import dpsgd
-from waitless.cluster import rules
-from waitless.cluster.rules import synchronous
+from waitless.cluster import schedules
+from waitless.cluster.rules import ring
+from waitless.cluster.rules.waits_for_everyone import WaitsForEveryone
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
 
 
 @dataclasses.dataclass(frozen=True)
-class RingGossip(synchronous.WaitsForEveryone):
+class RingGossip(WaitsForEveryone):
   """D-PSGD on a ring (`dpsgd`): a worker waits only for its ring neighbours, never for everyone.
 
   Worker i starts iteration t at start_i (its previous end) and finishes its gradient at
@@ -48,15 +49,15 @@ class RingGossip(synchronous.WaitsForEveryone):
     if self.order not in dpsgd.ORDERS:
       raise ValueError(f'order={self.order!r} must be one of {dpsgd.ORDERS}')
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     del iteration
     p = clock.workers
     start = clock.times.copy()
     finished = self.everyone_computes(clock, start)
-    exchanges = synchronous.ring_neighbours(p)
+    exchanges = ring.ring_neighbours(p)
     p2p = clock.network.p2p(clock.model_bytes)
     if self.order == 'gossip_then_step':
-      ready = synchronous.neighbourhood_max(finished)
+      ready = ring.neighbourhood_max(finished)
       idle = ready - finished
       clock.times[:] = ready + exchanges * p2p
     else:
@@ -66,20 +67,20 @@ class RingGossip(synchronous.WaitsForEveryone):
       end = np.maximum(finished, arrival)
       idle = end - finished
       clock.times[:] = end
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=self.everyone_done(p), idle=idle,
         bytes_communicated=float(p * exchanges) * clock.model_bytes, staleness=np.zeros(p))
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate`: the compute times drawn ahead, then one iteration at a time on preallocated
     rows with the ring's wrap-around kept in two padding columns (a few small numpy operations each, the same
     float operations as `iterate`); idle after the loop. Failures: None (one `iterate` at a time)."""
     del iteration
-    jobs = synchronous.job_seconds(clock, n, self.microbatches)
+    jobs = clock.job_seconds(n, self.microbatches)
     if jobs is None:
       return None
     p = clock.workers
-    exchanges = synchronous.ring_neighbours(p)
+    exchanges = ring.ring_neighbours(p)
     p2p = clock.network.p2p(clock.model_bytes)
     # Row k + 1 of `padded` holds the ring [x_{P-1}, x_0, ..., x_{P-1}, x_0] of this iteration's finish times
     # (gossip_then_step) or of the times after iteration k (overlap; row 0: the times before the block).

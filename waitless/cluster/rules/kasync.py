@@ -12,7 +12,7 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 
 from waitless.algorithms import parameter_server
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.cluster.rules import parameter_server as ps
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class KAsync(ps.KRule):
     clock.times[:] = update
     return chosen, stale, arrival, update
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     del iteration
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
     state = ps.init_learners(clock, m)
@@ -65,12 +65,12 @@ class KAsync(ps.KRule):
     staleness[chosen] = stale
     idle = np.zeros(p)
     idle[chosen] = update - arrival
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=parameter_server.schedule(p, k, m, contributed, staleness=staleness, refresh_view=contributed),
         idle=idle, bytes_communicated=2.0 * k * clock.model_bytes, staleness=staleness.astype(np.float64),
         mean_staleness=float(stale.mean()), measurements={'k': k, 'max_staleness': float(stale.max())})
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> schedules.Steps:
     """n calls of `iterate`: the same events on plain floats with a heap (ties: lowest worker id, as the
     stable argsort) and the compute times drawn ahead (`ps.Draws`); trace, delays, failures: `iterate`."""
     del iteration
@@ -112,7 +112,7 @@ class KAsync(ps.KRule):
     np.put_along_axis(staleness, who, stale.astype(np.int32), axis=1)
     idle = np.zeros((n, p))
     np.put_along_axis(idle, who, end[:, None] - np.asarray(arrival).reshape(n, k), axis=1)
-    return rules.Steps(
+    return schedules.Steps(
         schedule=parameter_server.schedule(p, np.full(n, k), m, contributed, staleness=staleness,
                                            refresh_view=contributed),
         idle=idle, bytes_communicated=np.full(n, 2.0 * k * clock.model_bytes), mean_staleness=stale.sum(axis=1) / k,

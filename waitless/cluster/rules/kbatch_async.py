@@ -14,7 +14,7 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.algorithms import parameter_server
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.cluster.rules import parameter_server as ps
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class KBatchAsync(ps.KRule):
   def tolerated_failures(self, workers: int) -> int:
     return workers - 1
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     del iteration
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
     state = ps.init_learners(clock, m)
@@ -100,14 +100,14 @@ class KBatchAsync(ps.KRule):
     measurements = {'k': k, 'max_staleness': float(first_staleness.max())}
     if self.max_delay is not None:
       measurements['discarded'] = float(discarded.sum())
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=parameter_server.schedule(p, k, m, counts, staleness=first_staleness, refresh_view=refresh,
                              fetch_current=fetch_current, discarded=discarded),
         idle=np.zeros(p), bytes_communicated=2.0 * (k + int(discarded.sum())) * clock.model_bytes,
         staleness=first_staleness.astype(np.float64), mean_staleness=total_staleness / k,
         measurements=measurements)
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> schedules.Steps:
     """n calls of `iterate`: the same events on plain floats with a heap (ties: lowest worker id, as
     np.argmin) and the compute times drawn ahead (`ps.Draws`); trace, delays, failures: `iterate`."""
     del iteration
@@ -174,7 +174,7 @@ class KBatchAsync(ps.KRule):
     if self.max_delay is not None:
       measurements['discarded'] = n_discarded.astype(np.float64)
     total = np.bincount(ts[pushed], weights=stale[pushed], minlength=n)
-    return rules.Steps(
+    return schedules.Steps(
         schedule=parameter_server.schedule(p, np.full(n, k), m, counts, staleness=staleness, refresh_view=final == 1,
                              fetch_current=(final == 0) | (final == 2), discarded=discarded),
         idle=np.zeros((n, p)), bytes_communicated=2.0 * (k + n_discarded) * clock.model_bytes,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from waitless.algorithms import parameter_server
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.cluster.rules import parameter_server as ps
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class KBatchSync(ps.KRule):
   def tolerated_failures(self, workers: int) -> int:
     return workers - 1  # any single learner can deliver all K mini-batches
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     del iteration
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
     up = clock.network.p2p(clock.model_bytes)
@@ -51,14 +51,14 @@ class KBatchSync(ps.KRule):
       last = finish[i]
       finish[i] = clock.work(np.array([i]), last, m)[0]
     clock.times[:] = last + 2 * up
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=parameter_server.schedule(p, k, m, counts), idle=np.zeros(p),
         bytes_communicated=float(k + p) * clock.model_bytes, staleness=np.zeros(p),
         measurements={'k': k, 'max_staleness': 0.0})
 
   vectorized = True
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> schedules.Steps:
     """n calls of `iterate`, the K events of every update replayed for the whole block at once with numpy.
 
     Update t draws P first jobs, then one job per event, whoever runs it: with an i.i.d. model the draws are
@@ -117,7 +117,7 @@ class KBatchSync(ps.KRule):
     ps.count_jobs(clock, n + counts.sum(axis=0), m)
     end = last + up2
     clock.times[:] = end[-1]
-    return rules.Steps(
+    return schedules.Steps(
         schedule=parameter_server.schedule(p, np.full(n, k), m, counts), idle=np.zeros((n, p)),
         bytes_communicated=np.full(n, float(k + p) * clock.model_bytes), mean_staleness=np.zeros(n),
         end_time=end, measurements={'k': np.full(n, float(k)), 'max_staleness': np.zeros(n)})

@@ -17,9 +17,8 @@ import numpy as np
 
 from waitless.algorithms import ksync as ksync_math
 from waitless.algorithms import parameter_server
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.cluster.rules import parameter_server as ps
-from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -49,7 +48,7 @@ class KSync(ps.KRule):
     if self.cancel not in CANCEL:
       raise ValueError(f'cancel={self.cancel!r} must be one of {", ".join(CANCEL)}')
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     if self.cancel == 'on_arrival':
       return self._iterate_on_arrival(clock)
     del iteration
@@ -61,12 +60,12 @@ class KSync(ps.KRule):
     contributed[chosen] = True
     update = arrival[chosen[-1]]
     clock.times[:] = update + up
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=parameter_server.schedule(p, k, m, contributed), idle=np.where(contributed, update - arrival, 0.0),
         bytes_communicated=float(k + p) * clock.model_bytes, staleness=np.zeros(p),
         measurements={'k': k, 'max_staleness': 0.0})
 
-  def _iterate_on_arrival(self, clock: 'Clock') -> rules.Iteration:
+  def _iterate_on_arrival(self, clock: 'Clock') -> schedules.Iteration:
     """One update when late jobs are discarded on arrival: learners keep their own finish times and views.
 
     Arrivals in order (ties: lowest worker id): a job computed on an older model is discarded and its learner
@@ -95,14 +94,14 @@ class KSync(ps.KRule):
     view[chosen] = version + 1
     state['version'] = version + 1
     clock.times[:] = update + up
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=parameter_server.schedule(p, k, m, contributed), idle=np.where(contributed, update - arrivals, 0.0),
         bytes_communicated=float(2 * k + discarded) * clock.model_bytes, staleness=np.zeros(p),
         measurements={'k': k, 'max_staleness': 0.0})
 
   vectorized = True
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> rules.Steps:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> schedules.Steps:
     """n calls of `iterate` with numpy over the block (any compute model, delays; failures: `iterate`).
 
     Every learner starts update t at S_t, so the draws are known ahead. Rounding is monotone, so the K-th
@@ -113,7 +112,7 @@ class KSync(ps.KRule):
       return ps.loop_block(self, clock, n)
     del iteration
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
-    job = synchronous.job_seconds(clock, n, m)  # the same draws as `iterate`, counted as consumed
+    job = clock.job_seconds(n, m)  # the same draws as `iterate`, counted as consumed
     if job is None:  # failures
       return ps.loop_block(self, clock, n)
     up = clock.network.p2p(clock.model_bytes)
@@ -131,7 +130,7 @@ class KSync(ps.KRule):
     below, tied = arrival < update[:, None], arrival == update[:, None]
     contributed = below | (tied & (np.cumsum(tied, axis=1) <= k - below.sum(axis=1, keepdims=True)))
     clock.times[:] = update[-1] + up
-    return rules.Steps(
+    return schedules.Steps(
         schedule=parameter_server.schedule(p, np.full(n, k), m, contributed),
         idle=np.where(contributed, update[:, None] - arrival, 0.0),
         bytes_communicated=np.full(n, float(k + p) * clock.model_bytes), mean_staleness=np.zeros(n),

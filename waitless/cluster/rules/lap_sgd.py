@@ -12,16 +12,16 @@ from waitless import config_errors as errors
 from waitless.algorithms import lap_sgd
 from waitless.algorithms import local_sgd
 from waitless.algorithms.lap_sgd import NodeThreadsSchedule
-from waitless.cluster import rules
+from waitless.cluster import schedules
+from waitless.cluster.rules import base
 from waitless.cluster.rules import delayed_averaging_time as delayed_rules
-from waitless.cluster.rules import synchronous
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeThreads(rules.TimeRule):
+class NodeThreads(base.TimeRule):
   """LAP-SGD / LPP-SGD (`lap_sgd`, `lpp_sgd`): Q threads per node, non-blocking averaging every H updates.
 
   One worker = one node; one iteration = one node-level update on every node. Q threads share the node's
@@ -75,7 +75,7 @@ class NodeThreads(rules.TimeRule):
       clock.rule_state['delay_steps'] = max(1, int(math.ceil(ratio - 1e-9)))
     return int(clock.rule_state['delay_steps'])
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     p, q = clock.workers, self.threads
     delay = self.delay(clock)
     state = clock.rule_state
@@ -88,12 +88,12 @@ class NodeThreads(rules.TimeRule):
     idle, uniform, communicated = delayed_rules.delayed_average_step(
         clock, iteration, finished, bool(self.averages_at(iteration)), delay)
     stale = float(min(iteration, q - 1))
-    schedule = NodeThreadsSchedule(microbatches_done=rules.full(p, self.microbatches, np.int32),
+    schedule = NodeThreadsSchedule(microbatches_done=schedules.full(p, self.microbatches, np.int32),
                                    thread=np.int32(iteration % q), partial=np.bool_(partial), **uniform)
-    return rules.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated,
-                           staleness=np.full(p, stale), measurements={'thread_staleness': stale})
+    return schedules.Iteration(schedule=schedule, idle=idle, bytes_communicated=communicated,
+                               staleness=np.full(p, stale), measurements={'thread_staleness': stale})
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate`: the block's draws of Q*m micro-batches taken at once, each worker's times a
     running sum of its update costs between draws and averaging events (`delayed_average_block`). A draw's
     cost is computed as `iterate` computes it, from the times when it is drawn. Failures: None."""
@@ -106,7 +106,7 @@ class NodeThreads(rules.TimeRule):
     draws = np.flatnonzero(steps % q == 0).tolist()
     if 'thread_batch_s' not in state and draws[:1] != [0]:
       draws.insert(0, 0)
-    seconds = synchronous.job_seconds(clock, len(draws), q * self.microbatches, per_call=q) if draws else None
+    seconds = clock.job_seconds(len(draws), q * self.microbatches, per_call=q) if draws else None
     partial = np.asarray(lap_sgd.partial_at(steps, q, self.prepass_steps), bool)
     scaled = partial if self.partial_cost != 1.0 else np.zeros(n, bool)  # x * 1.0 == x: skip it
     draws.append(n)
@@ -140,8 +140,8 @@ class NodeThreads(rules.TimeRule):
     schedule = NodeThreadsSchedule(
         microbatches_done=np.full((n, p), self.microbatches, np.int32), thread=(steps % q).astype(np.int32),
         partial=partial, **uniform)
-    return rules.Steps(schedule=schedule, idle=idle, bytes_communicated=communicated, mean_staleness=stale,
-                       end_time=times.max(axis=1), times=times, measurements={'thread_staleness': stale})
+    return schedules.Steps(schedule=schedule, idle=idle, bytes_communicated=communicated, mean_staleness=stale,
+                           end_time=times.max(axis=1), times=times, measurements={'thread_staleness': stale})
 
 
 def time_rule(config):

@@ -12,15 +12,15 @@ import numpy as np
 
 from waitless.algorithms import local_sgd
 from waitless.cluster import network as network_lib
-from waitless.cluster import rules
-from waitless.cluster.rules import synchronous
+from waitless.cluster import schedules
+from waitless.cluster.rules.waits_for_everyone import WaitsForEveryone
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
 
 
 @dataclasses.dataclass(frozen=True)
-class PeriodicAverage(synchronous.WaitsForEveryone):
+class PeriodicAverage(WaitsForEveryone):
   """Local steps without waiting; a blocking model all-reduce after selected steps.
 
   Worker i runs its steps back to back; after a step t with `averages_at(t)` everybody waits for the last
@@ -34,7 +34,7 @@ class PeriodicAverage(synchronous.WaitsForEveryone):
 
   vectorized = True
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     p = clock.workers
     clock.times[:] = self.everyone_computes(clock, clock.times)
     idle = np.zeros(p)
@@ -44,14 +44,14 @@ class PeriodicAverage(synchronous.WaitsForEveryone):
       idle = arrival - clock.times
       clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
       communicated = network_lib.ring_bytes(clock.model_bytes, p)
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=self.everyone_done(p), idle=idle, bytes_communicated=communicated, staleness=np.zeros(p))
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate` with numpy, one round at a time: each worker's times through a round are a
     running sum (`np.add.accumulate`, the same additions in the same order), then the all-reduce. Failures:
     None (one `iterate` at a time)."""
-    jobs = synchronous.job_seconds(clock, n, self.microbatches)
+    jobs = clock.job_seconds(n, self.microbatches)
     if jobs is None:
       return None
     p = clock.workers

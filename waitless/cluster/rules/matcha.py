@@ -13,8 +13,8 @@ import numpy as np
 
 from waitless.algorithms import matcha
 from waitless.algorithms.matcha import MatchaSchedule
-from waitless.cluster import rules
-from waitless.cluster.rules import synchronous
+from waitless.cluster import schedules
+from waitless.cluster.rules.waits_for_everyone import WaitsForEveryone
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -32,7 +32,7 @@ def _tables(workers: int, budget: float, graph: matcha.BaseGraph) -> tuple[np.nd
 
 
 @dataclasses.dataclass(frozen=True)
-class MatchingGossip(synchronous.WaitsForEveryone):
+class MatchingGossip(WaitsForEveryone):
   """MATCHA (`matcha`): per iteration only the active matchings exchange, each pair waiting for each other.
 
   The matchings and their probabilities are `plan(P, budget, graph=graph)`'s (the ring by default). Worker i
@@ -76,22 +76,22 @@ class MatchingGossip(synchronous.WaitsForEveryone):
       np.maximum(ready, finished[table[j]], out=ready)
       count += matched[j]
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     p = clock.workers
     finished = self.everyone_computes(clock, clock.times.copy())
     on = self.activations(p, iteration)
     ready, count = np.empty(p), np.empty(p)
     self._gossip(finished, on, ready, count)
     clock.times[:] = ready + count * clock.network.p2p(clock.model_bytes)
-    return rules.Iteration(
-        schedule=MatchaSchedule(microbatches_done=rules.base.full(p, self.microbatches, np.int32),
+    return schedules.Iteration(
+        schedule=MatchaSchedule(microbatches_done=schedules.full(p, self.microbatches, np.int32),
                                 active=np.int32(np.sum(on.astype(np.int64) << np.arange(len(on))))),
         idle=ready - finished, bytes_communicated=float(count.sum()) * clock.model_bytes, staleness=np.zeros(p),
         measurements={'active_matchings': float(on.sum())})
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate` on compute times drawn ahead (the same float operations); failures: None."""
-    jobs = synchronous.job_seconds(clock, n, self.microbatches)
+    jobs = clock.job_seconds(n, self.microbatches)
     if jobs is None:
       return None
     p = clock.workers

@@ -9,17 +9,19 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.algorithms import nonblocking
+from waitless.algorithms import spec
 from waitless.algorithms.nonblocking import NonBlockingSchedule
 from waitless.cluster import network as network_lib
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.cluster.rules import activation as activation_lib
-from waitless.cluster.rules import synchronous
+from waitless.cluster.rules import base
+from waitless.cluster.rules import ring
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
 
 @dataclasses.dataclass(frozen=True)
-class NonBlocking(rules.TimeRule):
+class NonBlocking(base.TimeRule):
   """Non-blocking rounds (`nonblocking`): m micro-batches each, cut at a trigger, partial work contributed.
 
   All workers start round t together at S (the end of the previous round's communication) from the same W_t
@@ -58,7 +60,7 @@ class NonBlocking(rules.TimeRule):
   trigger: str = 'fastest'
   deadline_s: Optional[float] = None
   topology: str = 'allreduce'
-  activation_latency_s: float = activation_lib.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the trigger's news
+  activation_latency_s: float = spec.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the trigger's news
 
   schedule_type = NonBlockingSchedule
   reports = {'microbatches_mean': 'mean', 'microbatches_min': 'mean', 'abandoned_share': 'mean'}
@@ -77,7 +79,7 @@ class NonBlocking(rules.TimeRule):
   def tolerated_failures(self, workers: int) -> int:
     return workers - 1
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     del iteration
     p, m = clock.workers, self.microbatches
     workers = np.arange(p)
@@ -105,7 +107,7 @@ class NonBlocking(rules.TimeRule):
     spent = np.minimum(finish[:, -1], activation) - start
     lost = np.where(running, activation - began, 0.0)
     total = spent.sum()
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=nonblocking.round_schedule(done, m),
         idle=np.where(live, joined - activation, 0.0), bytes_communicated=communicated,
         staleness=np.zeros(p),
@@ -117,10 +119,10 @@ class NonBlocking(rules.TimeRule):
     p = clock.workers
     if self.topology == 'allreduce':
       return clock.network.allreduce(clock.model_bytes, p), network_lib.ring_bytes(clock.model_bytes, p)
-    exchanges = synchronous.ring_neighbours(p)
+    exchanges = ring.ring_neighbours(p)
     return exchanges * clock.network.p2p(clock.model_bytes), float(p * exchanges) * clock.model_bytes
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate` with numpy: every worker starts each round at the same S, so only the round's
     last activation max_i A_i feeds the next round. It is a scalar chain (rounding is monotone:
     min_i (S + x_i) = S + min_i x_i exactly), run on floats: with f(x) = x + a rounded,
@@ -183,7 +185,7 @@ class NonBlocking(rules.TimeRule):
     lost = np.where(running, activation - began, 0.0).sum(axis=1)
     share = np.zeros(n)
     np.divide(lost, spent, out=share, where=spent > 0)
-    return rules.Steps(
+    return schedules.Steps(
         schedule=nonblocking.round_schedule(done, m),
         idle=joined[:, None] - activation, bytes_communicated=np.full(n, communicated),
         mean_staleness=np.zeros(n), end_time=end, times=np.repeat(end[:, None], p, axis=1),

@@ -15,7 +15,8 @@ import numpy as np
 from waitless import config_errors as errors
 from waitless.algorithms.parameter_server import ServerSchedule
 from waitless.cluster import compute as compute_lib
-from waitless.cluster import rules
+from waitless.cluster import schedules
+from waitless.cluster.rules import base
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -29,7 +30,7 @@ def current_k(rule, clock: 'Clock') -> int:
   return k
 
 
-class KRule(rules.TimeRule):
+class KRule(base.TimeRule):
   """Shared by the K-family rules: the schedule, an adjustable K, what they report, failures they survive.
 
   Reports: `k` (mean over a metrics window) and `max_staleness` (the largest staleness of a gradient applied).
@@ -164,18 +165,18 @@ def count_jobs(clock: 'Clock', jobs: np.ndarray, m: int) -> None:
   clock.count_started(jobs * m, jobs)
 
 
-def concat_steps(parts: list[rules.Steps]) -> rules.Steps:
+def concat_steps(parts: list[schedules.Steps]) -> schedules.Steps:
   if len(parts) == 1:
     return parts[0]
   cat = lambda values: np.concatenate(values, axis=0)
-  return rules.Steps(
+  return schedules.Steps(
       schedule=type(parts[0].schedule)(*(cat(v) for v in zip(*(p.schedule for p in parts)))),
       idle=cat([p.idle for p in parts]), bytes_communicated=cat([p.bytes_communicated for p in parts]),
       mean_staleness=cat([p.mean_staleness for p in parts]), end_time=cat([p.end_time for p in parts]),
       measurements={key: cat([p.measurements[key] for p in parts]) for key in parts[0].measurements})
 
 
-def loop_block(rule, clock: 'Clock', n: int) -> rules.Steps:
+def loop_block(rule, clock: 'Clock', n: int) -> schedules.Steps:
   """n calls of `rule.iterate` as a `Steps` (the fallback of `iterate_block`); stops at a stalled update."""
   its, ends = [], []
   for _ in range(n):
@@ -184,8 +185,8 @@ def loop_block(rule, clock: 'Clock', n: int) -> rules.Steps:
     ends.append(float(clock.times.max()))
     if not np.isfinite(ends[-1]):
       break
-  return rules.Steps(
-      schedule=rules.base.stack([it.schedule for it in its]), idle=np.stack([it.idle for it in its]),
+  return schedules.Steps(
+      schedule=schedules.stack([it.schedule for it in its]), idle=np.stack([it.idle for it in its]),
       bytes_communicated=np.array([it.bytes_communicated for it in its], np.float64),
       mean_staleness=np.array([it.staleness.mean() if it.mean_staleness is None else it.mean_staleness
                                for it in its], np.float64),

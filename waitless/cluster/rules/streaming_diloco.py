@@ -14,8 +14,8 @@ import numpy as np
 from waitless import config_errors as errors
 from waitless.algorithms import streaming_diloco
 from waitless.cluster import network as network_lib
-from waitless.cluster.rules import base
-from waitless.cluster.rules import synchronous
+from waitless.cluster import schedules
+from waitless.cluster.rules.waits_for_everyone import WaitsForEveryone
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # ---- the time rule ----
 
 @dataclasses.dataclass(frozen=True)
-class StreamingAverage(synchronous.WaitsForEveryone):
+class StreamingAverage(WaitsForEveryone):
   """Streaming DiLoCo: staggered fragment all-reduces of M / F bytes, each merged d steps after its snapshot.
 
   Worker i steps without waiting (start_i(t+1) = end_i(t)). After a step t at which fragment f is snapshotted
@@ -53,7 +53,7 @@ class StreamingAverage(synchronous.WaitsForEveryone):
       raise ValueError(f'delay={self.delay} must be <= period={self.period}')
     streaming_diloco.snapshot_table(self.period, self.fragments, self.delay, self.overlap)
 
-  def iterate(self, clock: 'Clock', iteration: int) -> base.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     p, table = clock.workers, streaming_diloco.snapshot_table(self.period, self.fragments, self.delay, self.overlap)
     end = self.everyone_computes(clock, clock.times)
     idle = np.zeros(p)
@@ -75,16 +75,16 @@ class StreamingAverage(synchronous.WaitsForEveryone):
         end = np.full(p, ready[synced])
     clock.rule_state['ready_s'] = ready
     clock.times[:] = end
-    return base.Iteration(schedule=self.everyone_done(p), idle=idle, bytes_communicated=communicated,
+    return schedules.Iteration(schedule=self.everyone_done(p), idle=idle, bytes_communicated=communicated,
                           staleness=np.zeros(p), measurements={'sync_bytes': communicated})
 
   vectorized = True
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[base.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate`: the compute times drawn ahead, then one pass over the iterations on preallocated
     rows, where a wait for a fragment's mean and a fragment's sync are one numpy call each. Failures: None (one
     `iterate` at a time)."""
-    jobs = synchronous.job_seconds(clock, n, self.microbatches)
+    jobs = clock.job_seconds(n, self.microbatches)
     if jobs is None:
       return None
     table = streaming_diloco.snapshot_table(self.period, self.fragments, self.delay, self.overlap).tolist()

@@ -11,15 +11,15 @@ from typing import Optional, TYPE_CHECKING
 import numpy as np
 
 from waitless.cluster import network as network_lib
-from waitless.cluster import rules
-from waitless.cluster.rules import synchronous
+from waitless.cluster import schedules
+from waitless.cluster.rules.waits_for_everyone import WaitsForEveryone
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
 
 
 @dataclasses.dataclass(frozen=True)
-class Barrier(synchronous.WaitsForEveryone):
+class Barrier(WaitsForEveryone):
   """Fully synchronous: all start together, compute m micro-batches, all-reduce, everybody waits.
 
   Time per iteration: max_i sum_k X_{i,k} + allreduce(P).
@@ -31,23 +31,23 @@ class Barrier(synchronous.WaitsForEveryone):
 
   vectorized = True
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     del iteration
     p = clock.workers
     finished = self.everyone_computes(clock, clock.times.max())
     arrival = finished.max()
     clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=self.everyone_done(p),
         idle=arrival - finished, bytes_communicated=network_lib.ring_bytes(clock.model_bytes, p),
         staleness=np.zeros(p))
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate` with numpy: the iteration ends are one scalar chain start + max_i X_i + allreduce
     (rounding is monotone, so max_i (start + X_i) = start + max_i X_i exactly), summed in order by
     `np.add.accumulate`. Failures: None (one `iterate` at a time)."""
     del iteration
-    jobs = synchronous.job_seconds(clock, n, self.microbatches)
+    jobs = clock.job_seconds(n, self.microbatches)
     if jobs is None:
       return None
     p = clock.workers

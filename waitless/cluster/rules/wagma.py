@@ -14,12 +14,13 @@ from typing import Optional, TYPE_CHECKING
 import numpy as np
 
 from waitless import config_errors as errors
+from waitless.algorithms import spec
 from waitless.algorithms import wagma
 from waitless.algorithms.wagma import WagmaSchedule
 from waitless.cluster import network as network_lib
-from waitless.cluster import rules
+from waitless.cluster import schedules
 from waitless.cluster.rules import activation as activation_lib
-from waitless.cluster.rules import synchronous as rules_synchronous
+from waitless.cluster.rules import base
 
 if TYPE_CHECKING:
   from waitless.cluster.clock import Clock
@@ -52,7 +53,7 @@ def _pair_views(buffer: np.ndarray, bit: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class WaitAvoidingGroups(rules.TimeRule):
+class WaitAvoidingGroups(base.TimeRule):
   """WAGMA-SGD (`wagma`): group averaging that never waits for late members; global average every tau.
 
   Worker i runs iteration t from start_i = end_i(t-1): its local step finishes at c_i = start_i + X_i. Its
@@ -84,13 +85,13 @@ class WaitAvoidingGroups(rules.TimeRule):
   iterations; mean over a metrics window), `stale` and `behind` (counts of live workers, summed over a window).
   """
   group_size: int      # S
-  period: int          # tau
+  sync_every: int      # tau
   microbatches: int = 1
-  activation_latency_s: float = activation_lib.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
+  activation_latency_s: float = spec.DEFAULT_ACTIVATION_LATENCY_S  # a: one hop of the activation broadcast
   fixed_groups: bool = False   # always the groups of iteration 0
   wait_avoiding: bool = True   # False: every group waits for its slowest member
   rule: str = 'authors'        # 'authors': W(t) is posted at the start, under the gradient; 'step_then_average'
-  group_patterns: str = 'rotate'  # 'rotate' | 'authors' (`group_masks`)
+  group_patterns: str = 'rotate'  # 'rotate' | 'aligned' (`group_masks`)
 
   schedule_type = WagmaSchedule
   reports = {'fresh_share': 'mean', 'stale': 'sum', 'behind': 'sum'}
@@ -98,7 +99,7 @@ class WaitAvoidingGroups(rules.TimeRule):
 
   def __post_init__(self):
     errors.require_int(self.group_size, 'group_size', 1)
-    errors.require_int(self.period, 'period', 1)
+    errors.require_int(self.sync_every, 'sync_every', 1)
     errors.require_int(self.microbatches, 'microbatches', 1)
     wagma.exact_log2(self.group_size, 'group_size')
     wagma.check_options(self.rule, self.group_patterns)
@@ -112,7 +113,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     """The posted model is W(t), ready when the iteration starts: the exchange runs under the gradient."""
     return self.rule == 'authors'
 
-  def iterate(self, clock: 'Clock', iteration: int) -> rules.Iteration:
+  def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     p, s = clock.workers, self.group_size
     wagma.exact_log2(p, 'workers')
     if s > p:
@@ -130,7 +131,7 @@ class WaitAvoidingGroups(rules.TimeRule):
     posted = np.where(live, start, np.inf) if self.overlaps else finished
     state['previous_posted'] = posted
     members = np.full(p, s)
-    if (iteration + 1) % self.period == 0 or s == p:
+    if (iteration + 1) % self.sync_every == 0 or s == p:
       arrival = posted.max()  # +inf after a permanent failure: the clock stops the run here
       clock.times[:] = np.maximum(finished, arrival + clock.network.allreduce(clock.model_bytes, p))
       fresh, behind = np.ones(p, bool), np.zeros(p, bool)
@@ -160,18 +161,17 @@ class WaitAvoidingGroups(rules.TimeRule):
     if not live.any():  # nobody is left: the clock stops the run
       clock.times[:] = np.inf
     staleness = np.where(fresh | ~live, 0, np.where(behind, 2, 1)).astype(np.float64)
-    return rules.Iteration(
+    return schedules.Iteration(
         schedule=WagmaSchedule(microbatches_done=np.where(live, self.microbatches, 0).astype(np.int32),
-                               fresh=fresh, group=wagma.group_ids(pattern, p, s, self.group_patterns), behind=behind,
-                               live=live,
-                               members=members.astype(np.int32), pattern=np.int32(pattern),
+                               fresh=fresh, behind=behind, live=live, members=members.astype(np.int32),
+                               pattern=np.int32(pattern),
                                global_average=np.bool_(global_average)),
         idle=idle, bytes_communicated=communicated, staleness=staleness,
         measurements={'fresh_share': float(fresh[live].mean()) if live.any() else 0.0,
                       'stale': float((~fresh & live).sum()),
                       'behind': float(behind.sum())})
 
-  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[rules.Steps]:
+  def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> Optional[schedules.Steps]:
     """n calls of `iterate`: the compute times drawn ahead, one iteration at a time on preallocated rows, and
     everything that does not feed the next iteration (fresh, behind, idle, the schedule) after the loop.
 
@@ -186,11 +186,11 @@ class WaitAvoidingGroups(rules.TimeRule):
     big_g = wagma.exact_log2(p, 'workers')
     if s > p:
       raise ValueError(f'group_size={s} must be <= workers={p}')
-    jobs = rules_synchronous.job_seconds(clock, n, self.microbatches)
+    jobs = clock.job_seconds(n, self.microbatches)
     if jobs is None:
       return None
     steps = iteration + np.arange(n)
-    global_average = ((steps + 1) % self.period == 0) | (s == p)
+    global_average = ((steps + 1) % self.sync_every == 0) | (s == p)
     patterns = steps % wagma.num_patterns(p, s, self.group_patterns) if not self.fixed_groups else np.zeros(n, np.int64)
     allreduce = clock.network.allreduce(clock.model_bytes, p)
     group_time = clock.network.allreduce(clock.model_bytes, s)
@@ -279,12 +279,11 @@ class WaitAvoidingGroups(rules.TimeRule):
       idle = np.where(group, np.where(fresh, joined - finished, times - finished),
                       finished.max(axis=1, keepdims=True) - finished)
     stale, behind_count = (~fresh).sum(axis=1).astype(np.float64), behind.sum(axis=1).astype(np.float64)
-    ids = np.stack([wagma.group_ids(t, p, s, self.group_patterns) for t in range(int(patterns.max()) + 1)])
     communicated = np.where(global_average, network_lib.ring_bytes(clock.model_bytes, p),
                             (p // s) * network_lib.ring_bytes(clock.model_bytes, s))
-    return rules.Steps(
+    return schedules.Steps(
         schedule=WagmaSchedule(microbatches_done=np.full((n, p), self.microbatches, np.int32), fresh=fresh,
-                               group=ids[patterns], behind=behind, live=np.ones((n, p), bool),
+                               behind=behind, live=np.ones((n, p), bool),
                                members=np.full((n, p), s, np.int32), pattern=patterns.astype(np.int32),
                                global_average=global_average),
         # Staleness 0 fresh, 1 stale, 2 behind: its mean is (stale + behind) / P, exactly.
@@ -296,6 +295,6 @@ class WaitAvoidingGroups(rules.TimeRule):
 def time_rule(config):
   a = config.algorithm
   return WaitAvoidingGroups(
-      group_size=wagma.group_size_of(config), period=a.sync_every, microbatches=config.microbatches,
+      group_size=wagma.group_size_of(config), sync_every=a.sync_every, microbatches=config.microbatches,
       activation_latency_s=float(a.activation_latency_s), fixed_groups=a.fixed_groups,
       wait_avoiding=a.wait_avoiding, rule=a.rule, group_patterns=a.group_patterns)

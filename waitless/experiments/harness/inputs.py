@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import jax
 import numpy as np
 
-from waitless.cluster import rules as rules_lib
+from waitless.cluster import schedules
 from waitless.experiments.harness import measured_time
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import transfer
@@ -94,7 +94,7 @@ def host_inputs(run: setup.Run, block, positions: np.ndarray, slots: int):
     examples = streams.read_indices(local_ids, starts[:, local_ids], slots)
   else:
     examples = streams.read(local_ids, starts[:, local_ids], slots)
-  per_worker, same = rules_lib.base.split(block.schedule)
+  per_worker, same = schedules.split(block.schedule)
   per_worker = {name: v[:, local_ids] for name, v in per_worker.items()}
   return (examples, per_worker, same), positions + done.sum(axis=0)
 

@@ -27,7 +27,7 @@ import optax
 
 from waitless import config_errors as errors
 from waitless.cluster import calibration
-from waitless.cluster.rules import synchronous
+from waitless.cluster.rules import ring
 from waitless.data import registry as data_registry
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import block_step as block_step_lib
@@ -258,7 +258,7 @@ def harness_collectives(config_arg: str, flags_: list[str], processes: int, step
                                                  processes)
              for name, slug in (('sync', 'sync'), (f'local_sgd,local_steps={steps}', 'local'), ('dpsgd', 'dpsgd'))}
   local = seconds[f'local_sgd,local_steps={steps}']
-  return HarnessTimes(seconds['sync'] - local, (seconds['dpsgd'] - local) / synchronous.ring_neighbours(processes),
+  return HarnessTimes(seconds['sync'] - local, (seconds['dpsgd'] - local) / ring.ring_neighbours(processes),
                       local)
 
 

@@ -17,7 +17,7 @@ from waitless import config_errors as errors
 from waitless.algorithms import optimizers
 from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
-from waitless.cluster import rules as rules_lib
+from waitless.cluster.rules import base as rules_base
 from waitless.data import registry as data_registry
 from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import duration
@@ -48,7 +48,7 @@ class Run:
   task: tasks.Task
   model: Any
   tx: Any
-  rule: rules_lib.TimeRule
+  rule: rules_base.TimeRule
 
   @property
   def round_length(self) -> int | None:

@@ -29,8 +29,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from waitless.algorithms import parameter_server as ps
+from waitless.cluster import schedules
 from waitless.cluster.rules import adasync as adasync_rule
-from waitless.cluster.rules import base as rules_base
 from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
@@ -97,7 +97,7 @@ class ServerCore:
   def run_update(self, state, schedule: ps.ServerSchedule):
     """The jitted update of `state` (donated) from this update's gradient and loss sums and `schedule`:
     (new state, measurements)."""
-    per_worker, uniform = rules_base.split(schedule)
+    per_worker, uniform = schedules.split(schedule)
     return self._update(state, self._grad_sums, self._loss_sums.astype(np.float32), per_worker,
                         {k: np.asarray(v) for k, v in uniform.items()})
 
