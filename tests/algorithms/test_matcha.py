@@ -405,6 +405,11 @@ class MatchaConfigTest(parameterized.TestCase):
   def test_defaults_validate(self):
     validation.validate(harness.synthetic_config('matcha'))
 
+  def test_more_workers_than_its_dense_plan_takes_is_one_line_before_any_plan(self):
+    with self.assertRaisesRegex(errors.ConfigError, r'^workers=2048 is not allowed: matcha plans its matchings on '
+                                r'dense P x P Laplacians .*: at most 1024 workers$'):
+      validation.validate(harness.synthetic_config('matcha', workers=2048, devices=8))
+
 
 if __name__ == '__main__':
   absltest.main()

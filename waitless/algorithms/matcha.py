@@ -409,8 +409,15 @@ def base_graph(config) -> BaseGraph:
                    radius=float(a.radius))
 
 
+# The plan (activation probabilities and mixing weight) is solved on dense P x P Laplacians, O(P^3) per
+# eigendecomposition: at 1,024 workers it takes seconds, at 4,096 tens of minutes and gigabytes.
+MAX_WORKERS = 1024
+
+
 def validate(config):
   a = config.algorithm
+  errors.require(config.workers <= MAX_WORKERS, 'workers', config.workers,
+                 f'matcha plans its matchings on dense P x P Laplacians (O(P^3)): at most {MAX_WORKERS} workers')
   errors.require_number(a.budget, 'algorithm.budget', 'must be a number in (0, 1]: the expected share of the '
                         "base graph's matchings active per iteration (1: every one; on the ring, D-PSGD)",
                         lambda b: 0 < b <= 1)
