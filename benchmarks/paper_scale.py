@@ -69,6 +69,7 @@ def wagma_entries(workers: int) -> list[tuple[str, str]]:
 def wagma_config(arg: str, workers: int, seed: int, delays: bool = True):
   config = imagenet.get_config(f'{arg},workers={workers},devices={workers},seed={seed}')
   config.cluster.profile = 'piz_daint'
+  config.stragglers.delay_draws = 'independent'  # the authors' two uniform draws per step, which may coincide
   if not delays:
     config.stragglers.kind, config.stragglers.delayed_workers, config.stragglers.delay_s = 'constant', 0, 0.0
   return config

@@ -88,6 +88,20 @@ class RandomDelayTest(absltest.TestCase):
     # Stateless: the same job index of a worker is delayed whenever it is asked, in any order.
     np.testing.assert_array_equal(delay.delays(workers[::-1], jobs[::-1]), seconds.reshape(-1)[::-1])
 
+  def test_independent_draws_coincide_as_often_as_two_uniform_draws(self):
+    # The WAGMA authors' injection: two uniform draws of a rank per step, which coincide with probability 1/P.
+    p, steps = 4, 4000
+    delay = faults.RandomDelay(count=2, delay_s=0.32, workers=p, seed=3, independent=True)
+    jobs, workers = np.repeat(np.arange(steps), p), np.tile(np.arange(p), steps)
+    seconds = delay.delays(workers, jobs).reshape(steps, p)
+    hit = (seconds > 0).sum(axis=1)
+    self.assertEqual(set(hit.tolist()), {1, 2})
+    self.assertAlmostEqual(float(np.mean(hit == 1)), 1 / p, delta=0.03)  # 0.25 +- 4.5 standard errors
+    self.assertEqual(delay.delay_of(int(np.flatnonzero(seconds[7])[0]), 7), 0.32)
+    # count >= P still draws: P independent draws leave some workers out.
+    everyone = faults.RandomDelay(count=p, delay_s=0.32, workers=p, seed=3, independent=True)
+    self.assertLess(float(np.mean(everyone.delays(workers, jobs) > 0)), 0.8)
+
   def test_barrier_pays_the_delay_every_iteration(self):
     clock = helpers.clock(sync.Barrier(), workers=64, base_s=0.01, kind='random_delay', delayed_workers=2,
                           delay_s=0.32)

@@ -69,6 +69,7 @@ class ValidateTest(parameterized.TestCase):
        'not both'),
       ('factors_and_slow_workers', {'worker_factors': (1.0,) * 8, 'slow_workers': (0,)},
        'stragglers.worker_factors', 'not both'),
+      ('delay_draws', {'delay_draws': 'with_replacement'}, 'stragglers.delay_draws', 'distinct, independent'),
   )
   def test_bad_stragglers(self, overrides, field, allowed):
     config = helpers.config(workers=8)

@@ -37,6 +37,8 @@ MEASURED = 'measured'
 # (1e308 read as "never finishes": a failed worker) or loses the clock's sub-second resolution.
 MAX_SECONDS = 1e6
 STRAGGLER_KINDS = DISTRIBUTIONS + ('slow_workers', 'random_delay', MEASURED)
+# `delayed_workers` distinct workers per job, or that many independent draws (which may coincide).
+DELAY_DRAWS = ('distinct', 'independent')
 NETWORK_KINDS = ('ideal', 'alpha_beta')
 
 
@@ -136,6 +138,8 @@ def validate(config: ml_collections.ConfigDict) -> Effective:
                         lambda v: 0 <= v <= MAX_SECONDS)
   errors.require(not (s.delay_s > 0 and s.delay_calls > 0), 'stragglers.delay_calls', s.delay_calls,
                  f'and stragglers.delay_s={s.delay_s!r} both set the delay: set one of them')
+  errors.require(s.delay_draws in DELAY_DRAWS, 'stragglers.delay_draws', s.delay_draws,
+                 f'one of {", ".join(DELAY_DRAWS)}')
   if kind == 'random_delay':
     errors.require(delayed >= 1, 'stragglers.delayed_workers', delayed, 'kind=random_delay needs >= 1')
     errors.require(s.delay_s > 0 or s.delay_calls > 0, 'stragglers.delay_s', s.delay_s,
@@ -262,7 +266,8 @@ def make_faults(stragglers: ml_collections.ConfigDict, workers: int, seed: int):
   delay = None
   delay_s = delay_seconds(stragglers, workers) if stragglers.delayed_workers > 0 else 0.0
   if delay_s > 0:
-    delay = faults.RandomDelay(count=int(stragglers.delayed_workers), delay_s=delay_s, workers=workers, seed=seed)
+    delay = faults.RandomDelay(count=int(stragglers.delayed_workers), delay_s=delay_s, workers=workers, seed=seed,
+                               independent=stragglers.delay_draws == 'independent')
   failure = None
   failed = _worker_list(stragglers.fail_worker)
   if failed:

@@ -5,7 +5,8 @@ mini-batch of m micro-batches, a non-blocking round, one node update of LAP-SGD)
 
 - `RandomDelay`: at job index j, the same `count` workers out of P (chosen by a seeded hash of j, so the choice
   needs no state and survives a resume) are delayed by `delay_s` seconds, added to the first micro-batch of
-  the job. This is how the WAGMA-SGD paper injects stragglers (every step, 2 random workers of 64 sleep
+  the job; with `independent` draws, `count` workers drawn each uniformly, so that two draws may coincide (fewer
+  workers delayed), as the WAGMA authors' `np.random.randint(size)` twice per step does. This is how the WAGMA-SGD paper injects stragglers (every step, 2 random workers of 64 sleep
   320 ms, the same two on every rank for a given step number); for synchronous rules job j is iteration j.
 - `Failure`: the listed workers are down during [fail_at_s, return_at_s) of simulated time (forever when
   return_at_s is None; the config writes that as `stragglers.return_at_s = -1`). A micro-batch in progress at
@@ -37,13 +38,18 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _delayed_workers(seed: int, count: int, workers: int, job: int) -> np.ndarray:
-  """bool (workers,): the `count` workers that job index `job` delays, those of the smallest keys
-  splitmix64(splitmix64(seed) ^ splitmix64(job)) + w (distinct: splitmix64 is a bijection). Read-only."""
+def _delayed_workers(seed: int, count: int, workers: int, job: int, independent: bool = False) -> np.ndarray:
+  """bool (workers,): the workers that job index `job` delays. Distinct: the `count` workers of the smallest keys
+  splitmix64(splitmix64(seed) ^ splitmix64(job)) + w (distinct: splitmix64 is a bijection); `independent`: the
+  workers key(d) mod P of the draws d = 0 .. count-1 (they may coincide). Read-only."""
   root = _splitmix64(np.asarray([seed % 2**64], np.uint64))
   job_key = _splitmix64(root ^ _splitmix64(np.asarray([job], np.uint64)))
-  keys = _splitmix64(job_key + np.arange(workers, dtype=np.uint64))
   delayed = np.zeros(workers, bool)
+  if independent:
+    delayed[_splitmix64(job_key + np.arange(count, dtype=np.uint64)) % np.uint64(workers)] = True
+    delayed.setflags(write=False)
+    return delayed
+  keys = _splitmix64(job_key + np.arange(workers, dtype=np.uint64))
   delayed[np.argsort(keys)[:count]] = True
   delayed.setflags(write=False)
   return delayed
@@ -51,17 +57,20 @@ def _delayed_workers(seed: int, count: int, workers: int, job: int) -> np.ndarra
 
 @dataclasses.dataclass(frozen=True)
 class RandomDelay:
-  """Each job index j delays `count` of the `workers` workers by `delay_s` seconds (stateless, seeded)."""
+  """Each job index j delays `count` of the `workers` workers by `delay_s` seconds (stateless, seeded);
+  `independent`: `count` independent uniform draws, which may coincide."""
   count: int
   delay_s: float
   workers: int
   seed: int
+  independent: bool = False
 
   def delay_of(self, worker: int, job: int) -> float:
     """`delays` of one worker's job, as a float (the event loops' scalar path)."""
     if self.count <= 0 or self.delay_s == 0:
       return 0.0
-    if self.count >= self.workers or _delayed_workers(self.seed, self.count, self.workers, job)[worker]:
+    if ((self.count >= self.workers and not self.independent) or
+        _delayed_workers(self.seed, self.count, self.workers, job, self.independent)[worker]):
       return float(self.delay_s)
     return 0.0
 
@@ -70,13 +79,14 @@ class RandomDelay:
     workers = np.asarray(workers, np.int64)
     if self.count <= 0 or self.delay_s == 0 or workers.size == 0:
       return np.zeros(workers.shape, np.float64)
-    if self.count >= self.workers:
+    if self.count >= self.workers and not self.independent:
       return np.full(workers.shape, self.delay_s, np.float64)
     jobs = np.broadcast_to(np.asarray(jobs, np.int64), workers.shape).reshape(-1)
     # Every job index once (a block of iterations asks for many workers of few jobs), each from a cache: a rule
     # that runs event by event asks for one worker's job at a time, and the P workers' j-th jobs share a row.
     unique, row = np.unique(jobs, return_inverse=True)
-    delayed = np.stack([_delayed_workers(self.seed, self.count, self.workers, int(j)) for j in unique])
+    delayed = np.stack([_delayed_workers(self.seed, self.count, self.workers, int(j), self.independent)
+                        for j in unique])
     return np.where(delayed[row.reshape(-1), workers.reshape(-1)], self.delay_s, 0.0).reshape(workers.shape)
 
 

@@ -91,6 +91,9 @@ def stragglers_config() -> ml_collections.ConfigDict:
   # (WAGMA paper: 2 of 64 workers, 0.32 s).
   c.delayed_workers = 0
   c.delay_s = 0.0
+  # How the delayed workers are drawn: 'distinct' (exactly `delayed_workers` of them) or 'independent' (that many
+  # uniform draws, which may coincide: the WAGMA authors' code, `np.random.randint(size)` twice per step).
+  c.delay_draws = 'distinct'
   # The same delay in calls instead of seconds: delay_calls x the mean time of one micro-batch call of the
   # compute model the clock charges (its distribution plus overhead_s, before slow factors; a cluster profile's
   # when the run names one), so that "three calls late" means the same on every cluster. Set delay_s or
