@@ -5,9 +5,10 @@ mini-batch of m micro-batches, a non-blocking round, one node update of LAP-SGD)
 
 - `RandomDelay`: at job index j, the same `count` workers out of P (chosen by a seeded hash of j, so the choice
   needs no state and survives a resume) are delayed by `delay_s` seconds, added to the first micro-batch of
-  the job; with `independent` draws, `count` workers drawn each uniformly, so that two draws may coincide (fewer
-  workers delayed), as the WAGMA authors' `np.random.randint(size)` twice per step does. This is how the WAGMA-SGD paper injects stragglers (every step, 2 random workers of 64 sleep
-  320 ms, the same two on every rank for a given step number); for synchronous rules job j is iteration j.
+  the job. This is how the WAGMA-SGD paper injects stragglers (every step, 2 random workers of 64 sleep 320 ms,
+  the same two on every rank for a given step number); for synchronous rules job j is iteration j. With
+  `independent` draws, `count` workers are drawn each uniformly, so that two draws may coincide (fewer workers
+  delayed), as the authors' `np.random.randint(size)` twice per step does.
 - `Failure`: the listed workers are down during [fail_at_s, return_at_s) of simulated time (forever when
   return_at_s is None; the config writes that as `stragglers.return_at_s = -1`). A micro-batch in progress at
   fail_at_s is lost and restarts from scratch at return_at_s; a micro-batch that would start while the worker
