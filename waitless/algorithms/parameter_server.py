@@ -30,8 +30,8 @@ What is computed. The real cluster takes one gradient per job, when the job star
 the job's micro-batches, and pushes it when it finishes. The emulator takes it when the job is pushed, on the
 same view and micro-batches (a learner's view changes only at its own pushes and fetches, its data position
 only by what it pushed, so both are still the job's): the step computes a gradient only for the learners that
-push in the iteration (`microbatches_done` > 0; `experiments.harness.step.make_block_step` skips the others), one per
-pushed job, as the cluster does. The cluster also computes work it throws away, which the emulator does not:
+push in the iteration (`microbatches_done` > 0; `experiments.harness.block_program.make_block_step` skips the
+others), one per pushed job, as the cluster does. The cluster also computes work it throws away, which the emulator does not:
 the jobs K-sync and K-batch-sync cancel, and Ringmaster's discarded gradients.
 
 A K-batch learner can push several mini-batch gradients in one update: its first is computed on its view, the
