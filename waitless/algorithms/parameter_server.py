@@ -31,8 +31,8 @@ the job's micro-batches, and pushes it when it finishes. The emulator takes it w
 same view and micro-batches (a learner's view changes only at its own pushes and fetches, its data position
 only by what it pushed, so both are still the job's): the step computes a gradient only for the learners that
 push in the iteration (`microbatches_done` > 0; `experiments.harness.block_program.make_block_step` skips the
-others), one per pushed job, as the cluster does. The cluster also computes work it throws away, which the emulator does not:
-the jobs K-sync and K-batch-sync cancel, and Ringmaster's discarded gradients.
+others), one per pushed job, as the cluster does. The cluster also computes work it throws away, which the
+emulator does not: the jobs K-sync and K-batch-sync cancel, and Ringmaster's discarded gradients.
 
 A K-batch learner can push several mini-batch gradients in one update: its first is computed on its view, the
 later ones on W_t (it fetched W_t after its first push). Ringmaster (`max_delay` on `async` / `kbatch_async`):
