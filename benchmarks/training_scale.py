@@ -1,7 +1,7 @@
 """Training at scale on this machine: the cost of a worker-iteration and the memory as P grows (workers per device).
 
   python -m benchmarks.training_scale                     # MNIST-1D and digits, P = 8, 64, 256, 3 seeds as replicas
-  python -m benchmarks.training_scale --workloads=mnist1d --workers=8,256 --algorithms=sync,wagma
+  python -m benchmarks.training_scale --workloads=mnist1d --workers=8,256 --algorithms='sync;kasync,k=4'
 
 Each cell is one `experiments.main` process (`--seeds=N`: the seeds as the replicas of one program) of the
 workload at P workers on 8 CPU devices (P / 8 workers vmapped per device), `--batch` examples per worker (the same
@@ -32,8 +32,8 @@ from waitless.experiments.harness import metrics_io
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORKLOADS = flags.DEFINE_list('workloads', ['mnist1d', 'digits'], 'Workload config files (experiments/configs/).')
 _WORKERS = flags.DEFINE_list('workers', ['8', '64', '256'], 'Cluster sizes P (multiples of 8).')
-_ALGORITHMS = flags.DEFINE_list('algorithms', ['sync', 'local_sgd', 'wagma', 'dpsgd', 'kasync,k=4'],
-                                'Config arguments, one per algorithm.')
+_ALGORITHMS = flags.DEFINE_string('algorithms', 'sync;local_sgd;wagma;dpsgd;kasync,k=4',
+                                  'Semicolon-separated config arguments, one per algorithm.')
 _BATCH = flags.DEFINE_integer('batch', 4, 'Examples per worker per iteration (at every P).')
 _STEPS = flags.DEFINE_integer('steps', 400, 'Iterations of each run.')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds, trained as the replicas of one program.')
@@ -67,7 +67,7 @@ def main(argv):
   for workload in _WORKLOADS.value:
     print(f'\n| {workload} | ' + ' | '.join(f'P = {p}' for p in sizes) + ' |')
     print('| --- |' + ' ---: |' * len(sizes))
-    for algorithm in _ALGORITHMS.value:
+    for algorithm in [a.strip() for a in _ALGORITHMS.value.split(';') if a.strip()]:
       cells, base = [], None
       for p in sizes:
         m = run_cell(workload, algorithm, p)
