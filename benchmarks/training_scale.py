@@ -5,7 +5,8 @@
 
 Each cell is one `experiments.main` process (`--seeds=N`: the seeds as the replicas of one program) of the
 workload at P workers on 8 CPU devices (P / 8 workers vmapped per device), `--batch` examples per worker (the same
-at every P: the work per worker-iteration is the same), `stragglers=heterogeneous` on `commodity_10gbe`. Printed:
+at every P: the work per worker-iteration is the same), `stragglers=heterogeneous` on `commodity_10gbe`, plain SGD
+at `--learning_rate`. Printed:
 the steady-state wall seconds per worker-iteration (from the metrics rows' wall times, a quarter of the way in to
 the last row but one: start-up and compilation left out) and its ratio to P = 8's, the whole process's wall time,
 and its peak resident memory. The per-worker batch is kept small so that P = 256 workers have their own examples
@@ -37,6 +38,9 @@ _ALGORITHMS = flags.DEFINE_string('algorithms', 'sync;local_sgd;wagma;dpsgd;kasy
 _BATCH = flags.DEFINE_integer('batch', 4, 'Examples per worker per iteration (at every P).')
 _STEPS = flags.DEFINE_integer('steps', 400, 'Iterations of each run.')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds, trained as the replicas of one program.')
+_LEARNING_RATE = flags.DEFINE_float(
+    'learning_rate', 0.05, 'Plain SGD step size of every run (momentum 0): small enough that no algorithm diverges '
+    'on 4 examples per worker at 256 workers; what an iteration costs does not depend on it.')
 
 
 def run_cell(workload: str, algorithm: str, workers: int) -> dict:
@@ -46,7 +50,8 @@ def run_cell(workload: str, algorithm: str, workers: int) -> dict:
          f'num_steps={steps},eval_every={steps},checkpoint_every={steps},log_every=10')
   with tempfile.TemporaryDirectory() as workdir:
     command = [sys.executable, '-m', 'waitless.experiments.main', f'--config=experiments/configs/{workload}.py:{arg}',
-               '--config.cluster.profile=commodity_10gbe', f'--seeds={_SEEDS.value}', f'--workdir={workdir}',
+               '--config.cluster.profile=commodity_10gbe', f'--config.optimizer.learning_rate={_LEARNING_RATE.value}',
+               '--config.optimizer.momentum=0.0', f'--seeds={_SEEDS.value}', f'--workdir={workdir}',
                '--compilation_cache_dir=']
     begin = time.time()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
