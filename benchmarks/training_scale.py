@@ -8,8 +8,8 @@ workload at P workers on 8 CPU devices (P / 8 workers vmapped per device), `--ba
 at every P: the work per worker-iteration is the same), `stragglers=heterogeneous` on `commodity_10gbe`, plain SGD
 at `--learning_rate`. Printed: the steady-state wall seconds per worker-iteration (from the metrics rows' wall
 times, a quarter of the way in to the last row but one: start-up and compilation left out) and its ratio to P =
-8's, the whole process's wall time, and its peak resident memory. The per-worker batch is kept small so that P = 256 workers have their own examples
-(MNIST-1D: 4,000 training sequences, digits 1,437 images).
+8's, the whole process's wall time, and its peak resident memory. The per-worker batch is kept small so that P =
+256 workers have their own examples (MNIST-1D: 4,000 training sequences, digits 1,437 images).
 """
 
 from __future__ import annotations
