@@ -324,5 +324,18 @@ class PlotTest(absltest.TestCase):
     self.assertEqual((one[2], one[3]), (None, None))
 
 
+class RunFiguresTest(parameterized.TestCase):
+
+  @parameterized.parameters('sim_time', 'measured_time')
+  def test_a_run_is_timed_by_the_clock_that_wrote_it(self, field):
+    rows = [{'step': 10, field: 0.5, 'eval_accuracy': 0.4, 'eval_loss': 1.0},
+            {'step': 20, field: 1.25, 'eval_accuracy': 0.9, 'eval_loss': 0.3}]
+    unfinished = statistics.run_figures(rows, None, 0.8, None)
+    finished = statistics.run_figures(rows, {'steps': 20, field: 1.5}, 0.8, None)
+    self.assertEqual(unfinished['sim_time'], 1.25)
+    self.assertEqual(finished['sim_time'], 1.5)
+    self.assertEqual(unfinished['time_to_target_at_eval'], 1.25)
+
+
 if __name__ == '__main__':
   absltest.main()

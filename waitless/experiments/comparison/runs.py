@@ -88,6 +88,7 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
   and the others go on. `preemption.Preempted`, KeyboardInterrupt and user errors propagate: rerunning resumes where
   it stopped.
   """
+  from waitless.experiments.harness import metrics_io
   from waitless.experiments.harness import recorder as recorder_lib
   from waitless.experiments.harness import preemption
   from waitless.experiments.harness import setup
@@ -119,9 +120,10 @@ def run_all(runs: Sequence[PlannedRun], stop_requests_factory=None, max_replicas
           atomic_files.write_json(os.path.join(run.workdir, FAILED_FILE), {'status': failed, 'error': str(outcome)})
           log.info('%s %s: %s', run.name, failed, outcome)
         else:
-          log.info('%s done in %s: eval accuracy %.4f, loss %.4f, sim time %.3g s', run.name,
+          log.info('%s done in %s: eval accuracy %.4f, loss %.4f, %s %.3g s', run.name,
                    format_duration(time.time() - start), outcome['final_eval_accuracy'],
-                   outcome['final_eval_loss'], outcome['sim_time'])
+                   outcome['final_eval_loss'], 'measured time' if outcome.get('measured_time') is not None
+                   else 'sim time', metrics_io.time_of(outcome))
       progress.done_steps += steps
       progress.done_seconds += time.time() - start
   finally:

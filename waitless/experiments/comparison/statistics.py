@@ -35,19 +35,22 @@ import numpy as np
 
 from waitless.experiments.comparison.plan import PlannedRun
 from waitless.experiments.harness import atomic_files
+from waitless.experiments.harness import metrics_io
 from waitless.experiments.comparison.runs import SUMMARY_FILE
 from waitless.experiments.comparison.runs import run_status
 
 INTERPOLATION = 'linear interpolation between the two evaluations around the crossing'
 
 
-def crossing(rows: Sequence[dict[str, Any]], key: str, target: float, above: bool, x: str = 'sim_time'):
+def crossing(rows: Sequence[dict[str, Any]], key: str, target: float, above: bool, x: Optional[str] = None):
   """The first `x` at which `rows[key]` reaches `target` (>= if `above`, else <=), interpolated linearly between
   the evaluation before and the first one that reached it; the first evaluation's `x` if that one already did.
+  `x` None: each row's time, whichever clock wrote it (`metrics_io.time_of`).
 
   Returns (interpolated x, x of the first evaluation that reached it), or (None, None).
   """
-  points = [(float(r[x]), float(r[key])) for r in rows if r.get(key) is not None and math.isfinite(r[key])]
+  points = [(metrics_io.time_of(r) if x is None else float(r[x]), float(r[key])) for r in rows
+            if r.get(key) is not None and math.isfinite(r[key])]
   reached = (lambda v: v >= target) if above else (lambda v: v <= target)
   for i, (xi, vi) in enumerate(points):
     if reached(vi):
@@ -64,7 +67,6 @@ def read_run(run: PlannedRun) -> dict[str, Any]:
   Raises:
     metrics_io.CutLog: the run finished but its metrics.jsonl is cut, missing or disagrees with summary.json.
   """
-  from waitless.experiments.harness import metrics_io
   summary = atomic_files.read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
   rows = metrics_io.read_rows(run.workdir, complete=status == 'finished')
@@ -86,7 +88,7 @@ def run_figures(rows: Sequence[dict[str, Any]], summary: Optional[dict[str, Any]
   out = {
       'final_eval_accuracy': s.get('final_eval_accuracy', last_eval.get('eval_accuracy')),
       'final_eval_loss': s.get('final_eval_loss', last_eval.get('eval_loss')),
-      'sim_time': s.get('sim_time', rows[-1]['sim_time'] if rows else None),
+      'sim_time': metrics_io.time_of(s) if summary else (metrics_io.time_of(rows[-1]) if rows else None),
       'steps': s.get('steps', rows[-1]['step'] if rows else 0),
       'wall_time': s.get('wall_time'),
       'time_to_target_at_eval': s.get('time_to_target') if summary else crossing(
