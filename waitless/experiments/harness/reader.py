@@ -31,7 +31,6 @@ class Prepared:
   stalled: dict  # replica index -> StalledError raised while sampling this block: it stops before it
   seconds: float = 0.0  # host seconds spent preparing it (a measured run's clock counts them)
   host: Optional[tuple] = None  # (inputs.HostInputs, start, stop): its inputs on the host, until `place`
-  span: int = -1  # the first step of the blocks read with it (`prepare`): a new span is a new read
   finished: Optional[float] = None  # time.time() when its results were known (`Loop.run`; its rows' wall time)
 
   @property
@@ -124,7 +123,7 @@ class BlockReader:
       lengths, saved = lengths[:1], None
       blocks, stalled = self.draw(live, lengths[0])
     if all(b is None for b in blocks):
-      return Prepared(at, blocks, (), stalled, span=at)
+      return Prepared(at, blocks, (), stalled)
     positions = [r.positions for r in self.replicas]
     if self.group.batched:
       host, after = inputs_lib.read_stacked(self.group, blocks, positions, at)
@@ -134,13 +133,13 @@ class BlockReader:
     for r, position in zip(self.replicas, after):
       r.positions = position
     if len(lengths) == 1:
-      first = self.place(Prepared(at, blocks, (), stalled, host=(host, 0, None), span=at))
+      first = self.place(Prepared(at, blocks, (), stalled, host=(host, 0, None)))
     else:
       bounds = np.cumsum([0] + lengths).tolist()
       spans = list(zip(bounds[:-1], bounds[1:]))
       pieces = {id(b): [b.iterations(*span) for span in spans] for b in blocks if b is not None}
       parts = [Prepared(at + start, [None if b is None else pieces[id(b)][k] for b in blocks], (), {},
-                        host=(host, start, stop), span=at) for k, (start, stop) in enumerate(spans)]
+                        host=(host, start, stop)) for k, (start, stop) in enumerate(spans)]
       parts = [self.place(part) for part in parts]
       self.ahead = Ahead(parts[1:], at, saved, positions,
                          [None if b is None else b.schedule.microbatches_done for b in blocks])
