@@ -143,9 +143,21 @@ class ProfilesTest(parameterized.TestCase):
       ('missing_field', lambda d: d['network']['p2p'].pop('latency_s'), r'network\.p2p\.latency_s=.missing'),
       ('negative_field', lambda d: d['host_s'].update(value=-1.0), r'host_s\.value=-1\.0 .*>= 0'),
       ('zero_bandwidth', lambda d: d['network']['allreduce']['bandwidth_gbps'].update(value=0),
-       r'network\.allreduce\.bandwidth_gbps\.value=0 .*> 0'),
+       r'network\.allreduce\.bandwidth_gbps\.value=0 .*>= 0\.001'),
+      # Issue 59: a node of the wrong type, figures past physical bounds, a bool for the version.
+      ('allreduce_a_list', lambda d: d['network'].update(allreduce=[1, 2]),
+       r'network\.allreduce=\[1, 2\] .*JSON object'),
+      ('allreduce_a_string', lambda d: d['network'].update(allreduce='ring'),
+       r"network\.allreduce='ring' .*JSON object"),
+      ('network_a_list', lambda d: d.update(network=[]), r'network=\[\] .*JSON object'),
+      ('huge_host_time', lambda d: d['host_s'].update(value=1e308), r'host_s\.value=1e\+308 .*<= 3600'),
+      ('tiny_bandwidth', lambda d: d['network']['p2p']['bandwidth_gbps'].update(value=1e-320),
+       r'network\.p2p\.bandwidth_gbps\.value=1e-320 .*>= 0\.001'),
+      ('huge_latency', lambda d: d['network']['p2p']['latency_s'].update(value=50.0),
+       r'network\.p2p\.latency_s\.value=50\.0 .*<= 1'),
+      ('version_a_bool', lambda d: d.update(version=True), r'version=True .*versions 1 and 2'),
       ('no_source', lambda d: d['host_s'].pop('source'), r'host_s\.source=None .*cites'),
-      ('unknown_version', lambda d: d.update(version=7), r'version=7 .*version 1'),
+      ('unknown_version', lambda d: d.update(version=7), r'version=7 .*versions 1 and 2'),
       ('unknown_form', lambda d: d['network']['allreduce'].update(form='star'),
        r'network\.allreduce\.form=.star.*ring, tree'),
       ('another_model', lambda d: d.update(compute={'digits/mlp': d['compute']['mnist1d/cnn1d']}),
@@ -172,6 +184,13 @@ class ProfilesTest(parameterized.TestCase):
     lines = out.stderr.strip().splitlines()
     self.assertLen(lines, 1, out.stderr)
     self.assertRegex(lines[0], r'^error: cluster\.profile\[.*\]\.' + message)
+
+  def test_deeply_nested_json_is_one_line(self):
+    path = os.path.join(self.create_tempdir().full_path, 'deep.json')
+    with open(path, 'w') as f:
+      f.write('[' * 100000 + ']' * 100000)
+    with self.assertRaisesRegex(errors.ConfigError, r'^cluster\.profile=.*nests too deeply'):
+      factory.validate(self.config(path))
 
   def test_unknown_name_lists_the_shipped_ones(self):
     with self.assertRaisesRegex(errors.ConfigError, r"cluster\.profile='nowhere' .*shipped: .*dgx_h100"):

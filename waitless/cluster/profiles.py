@@ -17,6 +17,23 @@ an object {"value": number, "source": "where it comes from", "estimate": true if
   stragglers     optional, informational (not applied: a config chooses its straggler model), e.g.
                  {"call_cv": F}, the coefficient of variation of a call's time that calibrate measured
 
+Version 2 keeps every field of version 1 except `network`, which names a software stack (`cluster/stacks.py`: the
+library's choice of algorithm, the hierarchy, host staging and reduction, a framework's cycles, congestion):
+
+  network        {"library": "nccl" | "mpich",
+                  "gpus_per_node": F (integer), "inter": LINK (one GPU's share of the network), "p2p": LINK,
+                  "intra": LINK + {"kind": "nvlink" | "pci"} (required with gpus_per_node > 1),
+                  "reduce_gbps": F (the reduction's rate; 0 or absent: free), "short_msg_bytes": F (MPICH's
+                  switch to Rabenseifner; default 2048), "ll128": bool (NCCL's LL128 protocol enabled),
+                  "host": {"pcie_gbps": F} (staging through the host), "framework": {"fusion_bytes": F,
+                  "cycle_s": F, "tensors": F} (Horovod's cycles, or a custom op's one message per tensor),
+                  "congestion": {"free_nodes": F, "shared_fraction": F}}
+                 LINK = {"latency_s": F, "bandwidth_gbps": F}
+A version 1 profile loads as it always did (`network.Collectives`) and gives the same times.
+
+Every figure is checked against physical bounds (`BOUNDS`): a latency of at most a second, a bandwidth between
+1 Mbit/s and 10 Pbit/s, a host time per iteration of at most an hour, ...
+
 How a profile meets a config (`factory.effective`): the profile's per-sample and per-call figures replace the
 scale of `stragglers.*` (`calibration.calibrated`: the distribution keeps its shape) and `stragglers.overhead_s`,
 its collectives replace `network.*` and its host time `cluster.host_s`, except for the fields the user set
@@ -28,13 +45,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Mapping
 
 from waitless import config_errors as errors
 from waitless.cluster import network as network_lib
+from waitless.cluster import stacks
 
-VERSION = 1
+VERSION = 1     # the flat form (`network.Collectives`), which `experiments.calibrate` writes
+STRUCTURED = 2  # `network` names a software stack (`stacks.Stack`)
+VERSIONS = (VERSION, STRUCTURED)
+# (low, high) of each kind of figure: beyond them a figure is not a physical one (1e308 seconds of host time, a
+# bandwidth of 1e-320 Gbit/s) and a run would say its workers never finish instead of naming the figure.
+BOUNDS = {
+    'latency_s': (0.0, 1.0), 'host_s': (0.0, 3600.0), 'per_sample_s': (0.0, 1e3), 'overhead_s': (0.0, 1e3),
+    'bandwidth_gbps': (1e-3, 1e7), 'pcie_gbps': (1e-3, 1e7), 'reduce_gbps': (0.0, 1e7),
+    'short_msg_bytes': (0.0, 1e12), 'fusion_bytes': (0.0, 1e12), 'cycle_s': (0.0, 10.0),
+    'gpus_per_node': (1, 1024), 'tensors': (1, 1e6), 'free_nodes': (1, 1e6), 'shared_fraction': (0.0, 1.0),
+}
+_INTEGERS = ('gpus_per_node', 'tensors', 'free_nodes')
 DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'profiles')
 FIELD = 'cluster.profile'
 # The config fields a profile gives values to (`factory.effective`); one the user set explicitly (recorded in
@@ -57,7 +87,7 @@ class Profile:
   """A loaded, validated profile (the figures' values; the sources stay in the file)."""
   name: str
   compute: Mapping[str, Compute]  # 'dataset/model' -> figures
-  network: network_lib.Collectives
+  network: network_lib.Collectives | stacks.Stack
   host_s: float
 
   def compute_for(self, model: str) -> Compute:
@@ -91,6 +121,9 @@ def read(name_or_path: str) -> dict[str, Any]:
       doc = json.load(f)
   except (OSError, ValueError) as e:
     raise errors.ConfigError(FIELD, name_or_path, f'must be a readable JSON file ({e})') from e
+  except RecursionError as e:
+    raise errors.ConfigError(FIELD, name_or_path,
+                             'must be a profile JSON file (this one nests too deeply to read)') from e
   errors.require(isinstance(doc, dict), FIELD, name_or_path, 'must hold a JSON object')
   return doc
 
@@ -98,21 +131,39 @@ def read(name_or_path: str) -> dict[str, Any]:
 def _node(doc: Mapping[str, Any], path: tuple[str, ...], where: str):
   node = doc
   for i, key in enumerate(path):
-    errors.require(isinstance(node, dict) and key in node, f'{where}.{".".join(path[:i + 1])}', 'missing',
+    if i:
+      errors.require(isinstance(node, dict), f'{where}.{".".join(path[:i])}', node,
+                     'must be a JSON object (see cluster/profiles.py for the fields)')
+    errors.require(key in node, f'{where}.{".".join(path[:i + 1])}', 'missing',
                    'required (see cluster/profiles.py for the fields)')
     node = node[key]
   return node
 
 
+def _object(doc: Mapping[str, Any], path: tuple[str, ...], where: str) -> dict:
+  node = _node(doc, path, where)
+  errors.require(isinstance(node, dict), f'{where}.{".".join(path)}', node,
+                 'must be a JSON object (see cluster/profiles.py for the fields)')
+  return node
+
+
 def figure(doc: Mapping[str, Any], path: tuple[str, ...], where: str, positive: bool = False) -> float:
-  """The value of the figure at `path`: {"value": finite number >= 0 (> 0 if `positive`), "source": text}."""
+  """The value of the figure at `path`: {"value": finite number >= 0 (> 0 if `positive`), within the physical
+  bounds of its kind (`BOUNDS`, by the last key of `path`), "source": text}."""
   node = _node(doc, path, where)
   field = f'{where}.{".".join(path)}'
   errors.require(isinstance(node, dict), field, node, 'must be an object {"value": number, "source": "..."}')
   value = node.get('value', 'missing')
-  bound = '> 0' if positive else '>= 0'
-  errors.require_number(value, f'{field}.value', f'must be a number {bound}',
-                        (lambda v: v > 0) if positive else (lambda v: v >= 0))
+  low, high = BOUNDS.get(path[-1], (0.0, math.inf))
+  integer = path[-1] in _INTEGERS
+  if positive and low == 0:
+    bound, ok = f'> 0 and <= {high:g}', (lambda v: 0 < v <= high)
+  else:
+    bound, ok = f'>= {low:g} and <= {high:g}', (lambda v: low <= v <= high)
+  if integer:
+    errors.require(errors.is_int(value) and ok(value), f'{field}.value', value, f'must be an integer {bound}')
+  else:
+    errors.require_number(value, f'{field}.value', f'must be a number {bound}', ok)
   source = node.get('source')
   errors.require(isinstance(source, str) and bool(source.strip()), f'{field}.source', source,
                  'every figure cites where it comes from (a measurement, a publication, or "estimate: ...")')
@@ -124,22 +175,66 @@ def _link(doc, kind: str, where: str) -> network_lib.AlphaBeta:
                                bandwidth_gbps=figure(doc, ('network', kind, 'bandwidth_gbps'), where, positive=True))
 
 
+def _stack(doc: Mapping[str, Any], where: str) -> stacks.Stack:
+  net = _object(doc, ('network',), where)
+  library = net.get('library', 'missing')
+  errors.require(library in stacks.LIBRARIES, f'{where}.network.library', library,
+                 f'one of {", ".join(stacks.LIBRARIES)}')
+  gpus = int(figure(doc, ('network', 'gpus_per_node'), where))
+  intra, kind = None, 'pci'
+  if 'intra' in net or gpus > 1:
+    intra = _link(doc, 'intra', where)
+    kind = _object(doc, ('network', 'intra'), where).get('kind', 'missing')
+    errors.require(kind in stacks.INTRA_KINDS, f'{where}.network.intra.kind', kind,
+                   f'one of {", ".join(stacks.INTRA_KINDS)}')
+  ll128 = net.get('ll128', False)
+  errors.require(isinstance(ll128, bool), f'{where}.network.ll128', ll128, 'must be true or false')
+
+  def optional(key: str, default: float) -> float:
+    return figure(doc, ('network', key), where) if key in net else default
+
+  host = framework = congestion = None
+  if 'host' in net:
+    _object(doc, ('network', 'host'), where)
+    host = stacks.Host(pcie_gbps=figure(doc, ('network', 'host', 'pcie_gbps'), where, positive=True))
+  if 'framework' in net:
+    node = _object(doc, ('network', 'framework'), where)
+    framework = stacks.Framework(
+        fusion_bytes=figure(doc, ('network', 'framework', 'fusion_bytes'), where),
+        cycle_s=figure(doc, ('network', 'framework', 'cycle_s'), where),
+        tensors=int(figure(doc, ('network', 'framework', 'tensors'), where)) if 'tensors' in node else 1)
+  if 'congestion' in net:
+    _object(doc, ('network', 'congestion'), where)
+    congestion = stacks.Congestion(
+        free_nodes=int(figure(doc, ('network', 'congestion', 'free_nodes'), where)),
+        shared_fraction=figure(doc, ('network', 'congestion', 'shared_fraction'), where, positive=True))
+  return stacks.Stack(library=library, gpus_per_node=gpus, inter=_link(doc, 'inter', where),
+                      p2p_link=_link(doc, 'p2p', where), intra=intra, intra_kind=kind,
+                      reduce_gbps=optional('reduce_gbps', 0.0), short_msg_bytes=optional('short_msg_bytes', 2048.0),
+                      ll128=ll128, host=host, framework=framework, congestion=congestion)
+
+
 def parse(doc: Mapping[str, Any], label: str) -> Profile:
   """Validates a profile document; `label` names it in errors (`cluster.profile[LABEL].FIELD`)."""
   where = f'{FIELD}[{label}]'
   version = doc.get('version', 'missing')
-  errors.require(version == VERSION, f'{where}.version', version, f'this version of waitless reads version {VERSION}')
+  errors.require(errors.is_int(version) and version in VERSIONS, f'{where}.version', version,
+                 f'this version of waitless reads versions {" and ".join(map(str, VERSIONS))}')
   compute = _node(doc, ('compute',), where)
   errors.require(isinstance(compute, dict) and bool(compute), f'{where}.compute', compute,
                  'must map "dataset/model" to {"per_sample_s": ..., "overhead_s": ...}')
   models = {model: Compute(per_sample_s=figure(doc, ('compute', model, 'per_sample_s'), where, positive=True),
                            overhead_s=figure(doc, ('compute', model, 'overhead_s'), where))
             for model in compute}
-  form = _node(doc, ('network', 'allreduce'), where).get('form', 'ring')
-  errors.require(form in network_lib.ALLREDUCE_FORMS, f'{where}.network.allreduce.form', form,
-                 f'one of {", ".join(network_lib.ALLREDUCE_FORMS)}')
-  net = network_lib.Collectives(allreduce_link=_link(doc, 'allreduce', where), p2p_link=_link(doc, 'p2p', where),
-                                form=form)
+  if version == STRUCTURED:
+    net = _stack(doc, where)
+  else:
+    form = _object(doc, ('network', 'allreduce'), where).get('form', 'ring')
+    errors.require(form in network_lib.ALLREDUCE_FORMS, f'{where}.network.allreduce.form', form,
+                   f'one of {", ".join(network_lib.ALLREDUCE_FORMS)}')
+    _object(doc, ('network', 'p2p'), where)
+    net = network_lib.Collectives(allreduce_link=_link(doc, 'allreduce', where), p2p_link=_link(doc, 'p2p', where),
+                                  form=form)
   return Profile(name=str(doc.get('name', label)), compute=models, network=net,
                  host_s=figure(doc, ('host_s',), where))
 

@@ -30,6 +30,7 @@ from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
 from waitless.cluster import network as network_lib
+from waitless.cluster import stacks
 from waitless.experiments import config_paths
 
 _CONFIG = config_paths.config_flag()
@@ -109,7 +110,8 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
       'model_bytes': nbytes,
       'measurements': {k: v / done if reductions[k] == 'mean' else v for k, v in measured.items()},
       'stragglers': config.stragglers.kind,
-      'network': 'profile' if isinstance(clock.network, network_lib.Collectives) else config.network.kind,
+      'network': ('profile' if isinstance(clock.network, (network_lib.Collectives, stacks.Stack))
+                  else config.network.kind),
       'profile': config.cluster.profile,
       'host_s': clock.host_s,
       'simulator_us_per_iteration': 1e6 * host_seconds / done,
