@@ -25,8 +25,9 @@ library's choice of algorithm, the hierarchy, host staging and reduction, a fram
                   "intra": LINK + {"kind": "nvlink" | "pci"} (required with gpus_per_node > 1),
                   "reduce_gbps": F (the reduction's rate; 0 or absent: free), "short_msg_bytes": F (MPICH's
                   switch to Rabenseifner; default 2048), "ll128": bool (NCCL's LL128 protocol enabled),
-                  "host": {"pcie_gbps": F} (staging through the host), "framework": {"fusion_bytes": F,
-                  "cycle_s": F, "tensors": F} (Horovod's cycles, or a custom op's one message per tensor),
+                  "host": {"pcie_gbps": F, "passes": F} (staging through the host, and more passes of the host
+                  over the vector), "framework": {"fusion_bytes": F, "cycle_s": F, "tensors": F} (Horovod's
+                  cycles, or a custom op's one message per tensor),
                   "congestion": {"free_nodes": F, "shared_fraction": F}}
                  LINK = {"latency_s": F, "bandwidth_gbps": F}
 A version 1 profile loads as it always did (`network.Collectives`) and gives the same times.
@@ -62,7 +63,8 @@ BOUNDS = {
     'latency_s': (0.0, 1.0), 'host_s': (0.0, 3600.0), 'per_sample_s': (0.0, 1e3), 'overhead_s': (0.0, 1e3),
     'bandwidth_gbps': (1e-3, 1e7), 'pcie_gbps': (1e-3, 1e7), 'reduce_gbps': (0.0, 1e7),
     'short_msg_bytes': (0.0, 1e12), 'fusion_bytes': (0.0, 1e12), 'cycle_s': (0.0, 10.0),
-    'gpus_per_node': (1, 1024), 'tensors': (1, 1e6), 'free_nodes': (1, 1e6), 'shared_fraction': (0.0, 1.0),
+    'passes': (0.0, 100.0), 'gpus_per_node': (1, 1024), 'tensors': (1, 1e6), 'free_nodes': (1, 1e6),
+    'shared_fraction': (0.0, 1.0),
 }
 _INTEGERS = ('gpus_per_node', 'tensors', 'free_nodes')
 DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'profiles')
@@ -195,8 +197,9 @@ def _stack(doc: Mapping[str, Any], where: str) -> stacks.Stack:
 
   host = framework = congestion = None
   if 'host' in net:
-    _object(doc, ('network', 'host'), where)
-    host = stacks.Host(pcie_gbps=figure(doc, ('network', 'host', 'pcie_gbps'), where, positive=True))
+    node = _object(doc, ('network', 'host'), where)
+    host = stacks.Host(pcie_gbps=figure(doc, ('network', 'host', 'pcie_gbps'), where, positive=True),
+                       passes=figure(doc, ('network', 'host', 'passes'), where) if 'passes' in node else 0.0)
   if 'framework' in net:
     node = _object(doc, ('network', 'framework'), where)
     framework = stacks.Framework(

@@ -29,7 +29,8 @@ node, MPICH's SMP-aware all-reduce reduces inside the node first (a reduce and a
 2 (alpha_i + M / beta_i) + M gamma) and runs the above among the N nodes.
 
 Host staging (`host`, a stack that reduces on the host: MPI without CUDA awareness, a custom CPU op):
-  + 2 M / pcie  (device to host before, host to device after), per collective.
+  + 2 M / pcie + passes M gamma  (device to host before, host to device after; `passes` further passes of the
+  host over the vector, such as a custom op's copies into and out of its buffers), per collective.
 
 Framework (`framework`, Horovod's cycles; or a custom op's one message per tensor):
   fusion_bytes F > 0: the M bytes go in ceil(M / F) fused buffers (HOROVOD_FUSION_THRESHOLD), each an
@@ -84,8 +85,10 @@ def _bytes_per_s(gbps: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-  """Staging through the host: the device-host copy bandwidth (PCIe), both ways, per collective."""
+  """Staging through the host: the device-host copy bandwidth (PCIe), both ways, per collective; `passes` more
+  passes of the host over the vector at the reduction's rate."""
   pcie_gbps: float
+  passes: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +163,8 @@ class Stack:
     """One all-reduce call of `nbytes` among `n` (no framework): the library's choice, plus host staging."""
     if n <= 1:
       return 0.0
-    return self.choose(nbytes, n)[1] + self._staging(nbytes)
+    host = 0.0 if self.host is None else self.host.passes * nbytes * self._gamma()
+    return self.choose(nbytes, n)[1] + self._staging(nbytes) + host
 
   def choose(self, nbytes: float, n: int) -> tuple[str, float]:
     """(algorithm, seconds) the library runs for `nbytes` among `n` (without staging and framework)."""
