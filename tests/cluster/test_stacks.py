@@ -82,6 +82,18 @@ class MpichTest(parameterized.TestCase):
     self.assertAlmostEqual(congested.allreduce(m, 8), slow.allreduce(m, 8))
 
 
+class GlooTest(absltest.TestCase):
+
+  def test_gloo_ring_is_version_1s_ring_without_a_host_reduction(self):
+    link = network.AlphaBeta(5e-5, 8.0)
+    gloo = stacks.Stack(library='gloo', gpus_per_node=1, inter=link, p2p_link=link)
+    v1 = network.Collectives(link, link, 'ring')
+    for m, n in ((21e3, 8), (1e8, 2), (1e6, 64)):
+      self.assertAlmostEqual(gloo.allreduce(m, n), v1.allreduce(m, n), delta=1e-15 * v1.allreduce(m, n) + 1e-18)
+    with_reduction = stacks.Stack(library='gloo', gpus_per_node=1, inter=link, p2p_link=link, reduce_gbps=32.0)
+    self.assertAlmostEqual(with_reduction.allreduce(1e8, 8) - gloo.allreduce(1e8, 8), 7 / 8 * 1e8 / (32 * GB))
+
+
 class FrameworkTest(absltest.TestCase):
 
   def test_fusion_buffers_and_cycles(self):
@@ -165,7 +177,7 @@ class VersionsTest(absltest.TestCase):
 
   def test_version_2_errors_name_the_field(self):
     cases = [
-        (lambda d: d['network'].update(library='gloo'), r"network\.library='gloo' .*nccl, mpich"),
+        (lambda d: d['network'].update(library='mpi'), r"network\.library='mpi' .*nccl, mpich, gloo"),
         (lambda d: d['network']['gpus_per_node'].update(value=2.5), r'network\.gpus_per_node\.value=2\.5 .*integer'),
         (lambda d: d['network']['gpus_per_node'].update(value=4), r'network\.intra=.missing'),
         (lambda d: d['network'].update(host='yes'), r"network\.host='yes' .*JSON object"),

@@ -21,7 +21,7 @@ Version 2 keeps every field of version 1 except `network`, which names a softwar
 library's choice of algorithm, the hierarchy, host staging and reduction, a framework's cycles, congestion):
 
   network        {"library": "nccl" | "mpich",
-                  "gpus_per_node": F (integer), "inter": LINK (one GPU's share of the network), "p2p": LINK,
+                  "gpus_per_node": F (integer), "inter": LINK (across nodes: stacks.Stack), "p2p": LINK,
                   "intra": LINK + {"kind": "nvlink" | "pci"} (required with gpus_per_node > 1),
                   "reduce_gbps": F (the reduction's rate; 0 or absent: free), "short_msg_bytes": F (MPICH's
                   switch to Rabenseifner; default 2048), "ll128": bool (NCCL's LL128 protocol enabled),

@@ -11,9 +11,10 @@ NCCL 2.7-2.8): for each algorithm a in {ring, tree} and protocol p in {LL, LL128
                                 tree: 2 ((n/N - 1) hw[intra][a][p] + floor(log2 N) hw[net][a][p])
                    (LL's intra-node latency x 1.8 across nodes; the ring's Simple latency x 1.9 across nodes when
                    M >= n/16 x 64 KiB: NCCL's "plateau effect of ring")
-  bus(a, p)      = B: the bus bandwidth of the GPUs' links (NVLink / PCIe inside one node, the network share of
-                   one GPU across nodes); ring LL B/4, ring LL128 0.92 B (0.7 B with one GPU per node);
-                   tree min(0.9 B, 80 GB/s beyond 2 nodes, else 110 GB/s), LL / 3.8, LL128 x 0.915 (7/9 in one node)
+  bus(a, p)      = B: the bus bandwidth of the GPUs' links (NVLink / PCIe inside one node; across nodes the
+                   rings' bus bandwidth over the network, at most the intra-node one); ring LL B/4, ring LL128
+                   0.92 B (0.7 B with one GPU per node); tree min(0.9 B, 80 GB/s beyond 2 nodes, else 110 GB/s),
+                   LL / 3.8, LL128 x 0.915 (7/9 in one node)
   time(a, p)     = latency + M / algbw,  algbw = bus x n / (2(n-1)) for the ring, bus / 2 for the tree, the tree's
                    bandwidth x NCCL's correction factor for medium sizes (64 B .. 128 MB)
 and NCCL runs the fastest enabled pair (LL128 only where the profile enables it: NVLink on Volta / Ampere).
@@ -27,6 +28,11 @@ MPICH (`library = "mpich"`) mirrors `MPIR_Allreduce_intra` (pmodels/mpich src/mp
 gamma: seconds per byte of the reduction (the host's, where the stack reduces on the host). With G > 1 GPUs per
 node, MPICH's SMP-aware all-reduce reduces inside the node first (a reduce and a broadcast over the intra link,
 2 (alpha_i + M / beta_i) + M gamma) and runs the above among the N nodes.
+
+gloo (`library = "gloo"`) runs its ring (gloo/allreduce_ring_chunked.h, the all-reduce Horovod's and
+PyTorch's gloo back ends call) over all n workers, on the host:
+  2(n-1) alpha + 2 (n-1)/n M / beta + (n-1)/n M gamma      (inside one node the intra link, else the network)
+which is version 1's ring when gamma = 0.
 
 Host staging (`host`, a stack that reduces on the host: MPI without CUDA awareness, a custom CPU op):
   + 2 M / pcie + passes M gamma  (device to host before, host to device after; `passes` further passes of the
@@ -53,9 +59,8 @@ from typing import Optional
 
 from waitless.cluster import network as network_lib
 
-LIBRARIES = ('nccl', 'mpich')
+LIBRARIES = ('nccl', 'mpich', 'gloo')
 INTRA_KINDS = ('nvlink', 'pci')
-ALGORITHMS = ('ring', 'tree', 'recursive_doubling', 'rabenseifner')
 
 # NVIDIA/nccl src/graph/tuning.cc (commit 01afd20): latencies in microseconds, [algorithm][protocol],
 # protocols (LL, LL128, Simple).
@@ -112,11 +117,13 @@ class Stack:
   """A software stack on a cluster: library, hierarchy, staging, framework, congestion (module docstring).
 
   Attributes:
-    library: 'nccl' or 'mpich'.
+    library: 'nccl', 'mpich' or 'gloo'.
     gpus_per_node: G.
     intra: the link between GPUs of one node (bus bandwidth for NCCL; unused when G = 1).
     intra_kind: 'nvlink' or 'pci' (NCCL's hardware latencies inside a node).
-    inter: the network: one GPU's share of its node's injection bandwidth, and the one-way latency.
+    inter: the network. NCCL: the bus bandwidth its rings reach across nodes (channels x the network speed of
+      a channel: a node's injection bandwidth where every channel has its own NIC); MPICH: the point-to-point
+      bandwidth between two nodes. The latency: one step of a collective across nodes.
     p2p_link: point-to-point messages and single latencies.
     reduce_gbps: the rate of the reduction in gigabits of the reduced vector per second (gamma = 8 / (rate
       1e9)); 0 for free (a GPU reduction hidden behind the transfer).
@@ -170,6 +177,8 @@ class Stack:
     """(algorithm, seconds) the library runs for `nbytes` among `n` (without staging and framework)."""
     if self.library == 'nccl':
       return self._nccl(nbytes, n)
+    if self.library == 'gloo':
+      return self._gloo(nbytes, n)
     return self._mpich(nbytes, n)
 
   def nodes(self, n: int) -> int:
@@ -235,6 +244,13 @@ class Stack:
         if seconds < best[1]:
           best = (f'{a}/{proto}', seconds)
     return best
+
+  def _gloo(self, nbytes: float, n: int) -> tuple[str, float]:
+    nodes = self.nodes(n)
+    link = self.intra if nodes == 1 and self.intra is not None else self.inter
+    per_byte = link.seconds_per_byte if nodes == 1 else 1.0 / self.inter_bytes_per_s(nodes)
+    share = (n - 1) / n
+    return 'ring', 2 * (n - 1) * link.latency_s + 2 * share * nbytes * per_byte + share * nbytes * self._gamma()
 
   def _mpich(self, nbytes: float, n: int) -> tuple[str, float]:
     nodes = self.nodes(n)
