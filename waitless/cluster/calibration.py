@@ -9,6 +9,9 @@ Numpy only (the measurements are `experiments/harness/measure.py`'s, the profile
   fit_harness       the harness's per-micro-batch overhead and host time per iteration, from its runs
   fit_network       the collectives' figures of every round: the micro-benchmark's bandwidths, the harness's
                     latencies
+  fit_stack         the structured model's network terms (`stacks.Stack`: latency and bandwidth across nodes)
+                    from all-reduces at several process counts and sizes, through the library's own algorithms;
+                    `holdout_error` fits all but the largest count and reports the error of predicting it
   robust, figure    a figure of several rounds: their median after the outliers are dropped, and its spread
   calibrated        `stragglers.*` rescaled so that one micro-batch call takes the measured seconds
 `Fit.seconds(s)` is the fitted time of a call on s samples, so
@@ -18,12 +21,15 @@ writes both into a config (`benchmarks/call_overhead.py` does it for a config's 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, NamedTuple, Optional, Sequence
 
 import ml_collections
 import numpy as np
 
 from waitless import config_errors as errors
+from waitless.cluster import network as network_lib
+from waitless.cluster import stacks
 
 MAD_SCALE = 1.4826  # a normal sample's standard deviation / its median absolute deviation
 OUTLIER_MADS = 3.0  # a round further than this many scaled MADs from the median is dropped
@@ -244,3 +250,92 @@ def calibrated(stragglers: ml_collections.ConfigDict, seconds: float,
   if 'calibrate' in c:
     c.calibrate = False
   return c
+
+
+class StackFit(NamedTuple):
+  """The structured model's network terms fitted to measured collectives (`fit_stack`)."""
+  stack: stacks.Stack    # the skeleton with its fitted terms
+  latency_s: float       # the network's latency per collective step
+  bandwidth_gbps: float  # the network's bandwidth (NCCL: its rings' bus bandwidth)
+  relative_errors: np.ndarray  # (rows,): fitted / measured - 1 on the rows fitted
+
+
+def _with_terms(skeleton: stacks.Stack, latency_s: float, per_byte: float) -> stacks.Stack:
+  link = network_lib.AlphaBeta(latency_s=latency_s, bandwidth_gbps=8.0 / (per_byte * 1e9))
+  return dataclasses.replace(skeleton, inter=link)
+
+
+def fit_stack(skeleton: stacks.Stack, rows: Sequence[Sequence[float]], iterations: int = 8) -> StackFit:
+  """The network's latency and bandwidth of `skeleton` (its library, GPUs per node, staging, framework as they
+  are), fitted to all-reduce times measured at several process counts and sizes, through the library's own
+  structure: the extrapolation to more processes then runs the same algorithms the library would.
+
+  For a fixed choice of algorithm per row the time is t = t_0 + alpha x a(n, M) + b x v(n, M) (b seconds per
+  byte); a(n, M) and v(n, M) are read off the skeleton itself (its time with alpha or b set to one unit, less
+  its time with both at zero), and (alpha, b) fitted by relative least squares as `fit_alpha_beta`. The choice
+  of algorithm depends on the terms (NCCL's ring or tree), so the fit is repeated with the fitted terms until
+  it settles. A term no row informs (a(n, M) = 0 everywhere: NCCL's latencies are its own) keeps the
+  skeleton's value.
+
+  Args:
+    skeleton: the stack whose network terms are fitted (`stacks.Stack`; a profile of version 2's network).
+    rows: [[n, bytes, seconds], ...]: all-reduces among n processes of `bytes` each; two or more sizes.
+    iterations: the most re-linearisations.
+
+  Returns:
+    The fit, with the fitted rows' relative errors.
+
+  Raises:
+    ValueError: fewer than two sizes, times <= 0, or times that do not grow with the size.
+  """
+  data = np.asarray(rows, np.float64)
+  if data.ndim != 2 or data.shape[1] != 3 or len(np.unique(data[:, 1])) < 2 or not np.all(data[:, 2] > 0):
+    raise ValueError(f'need rows [n, bytes, seconds > 0] at two or more sizes, got {np.asarray(rows).tolist()}')
+  n, m, t = data[:, 0].astype(int), data[:, 1], data[:, 2]
+  alpha = skeleton.inter.latency_s
+  per_byte = skeleton.inter.seconds_per_byte
+  unit_alpha, unit_byte, tiny = 1e-6, 1e-9, 1e-15
+  for _ in range(iterations):
+    # Linear in (alpha, b) around the current choice of algorithm: evaluate the skeleton at the current terms,
+    # then with each term moved by a unit; the differences are a(n, M) and v(n, M).
+    def times(lat, pb):
+      stack = _with_terms(skeleton, lat, pb)
+      return np.array([stack.allreduce(mi, ni) for ni, mi in zip(n, m)])
+    base = times(alpha, per_byte)
+    a = (times(alpha + unit_alpha, per_byte) - base) / unit_alpha
+    v = (times(alpha, per_byte + unit_byte) - base) / unit_byte
+    t0 = base - a * alpha - v * per_byte
+    w = 1.0 / t
+    columns, names = [], []
+    if np.any(np.abs(a) > tiny):
+      columns.append(a * w)
+      names.append('alpha')
+    columns.append(v * w)
+    names.append('b')
+    target = (t - t0) * w
+    solution, *_ = np.linalg.lstsq(np.stack(columns, axis=1), target, rcond=None)
+    fitted = dict(zip(names, solution))
+    new_alpha = max(float(fitted.get('alpha', alpha)), 0.0)
+    if 'alpha' in fitted and fitted['alpha'] < 0:  # clamp the latency, refit the bandwidth alone
+      fitted['b'] = float((v * w) @ ((t - t0) * w) / ((v * w) @ (v * w)))
+    new_per_byte = float(fitted['b'])
+    if not new_per_byte > 0:
+      raise ValueError(f'times {t.tolist()} do not grow with the size {m.tolist()}: time sizes further apart')
+    settled = abs(new_alpha - alpha) <= 1e-12 + 1e-9 * alpha and abs(new_per_byte / per_byte - 1) < 1e-9
+    alpha, per_byte = new_alpha, new_per_byte
+    if settled:
+      break
+  stack = _with_terms(skeleton, alpha, per_byte)
+  predicted = np.array([stack.allreduce(mi, ni) for ni, mi in zip(n, m)])
+  return StackFit(stack, alpha, 8.0 / (per_byte * 1e9), predicted / t - 1)
+
+
+def holdout_error(skeleton: stacks.Stack, rows: Sequence[Sequence[float]]) -> tuple[StackFit, np.ndarray]:
+  """Fits on every process count but the largest and predicts the largest: (the fit, the held-out rows'
+  relative errors, predicted / measured - 1). What a calibration's extrapolation to more nodes is worth."""
+  data = np.asarray(rows, np.float64)
+  largest = data[:, 0].max()
+  fit = fit_stack(skeleton, data[data[:, 0] < largest])
+  held = data[data[:, 0] == largest]
+  predicted = np.array([fit.stack.allreduce(mi, int(ni)) for ni, mi, _ in held])
+  return fit, predicted / held[:, 2] - 1
