@@ -66,9 +66,17 @@ def wagma_entries(workers: int) -> list[tuple[str, str]]:
   ]
 
 
+def wagma_profile(arg: str) -> str:
+  """The stack each entry ran on: the authors' own algorithms as deep500 custom ops on the host, averaging with
+  fflib3 (`piz_daint_wagma`: the model out of and back into the GPU each step, one message per tensor); the
+  all-reduce baseline over Horovod and Cray MPICH (`piz_daint`). That every non-sync entry used the authors' host
+  ops is read from their repository (test-models/tf-models-r1.11/official/utils/optimizer_*_imagenet.py)."""
+  return 'piz_daint' if arg.split(',')[0] == 'sync' else 'piz_daint_wagma'
+
+
 def wagma_config(arg: str, workers: int, seed: int, delays: bool = True):
   config = imagenet.get_config(f'{arg},workers={workers},devices={workers},seed={seed}')
-  config.cluster.profile = 'piz_daint'
+  config.cluster.profile = wagma_profile(arg)
   config.stragglers.delay_draws = 'independent'  # the authors' two uniform draws per step, which may coincide
   if not delays:
     config.stragglers.kind, config.stragglers.delayed_workers, config.stragglers.delay_s = 'constant', 0, 0.0

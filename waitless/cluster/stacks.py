@@ -41,8 +41,8 @@ Host staging (`host`, a stack that reduces on the host: MPI without CUDA awarene
 Framework (`framework`, Horovod's cycles; or a custom op's one message per tensor):
   fusion_bytes F > 0: the M bytes go in ceil(M / F) fused buffers (HOROVOD_FUSION_THRESHOLD), each an
   all-reduce of M / ceil(M / F) bytes; F = 0: one all-reduce per tensor, `tensors` of them, M / tensors each.
-  Per call: cycle_s / 2 (the mean wait for the next cycle, HOROVOD_CYCLE_TIME) + a negotiation of
-  2 ceil(log2 n) alpha (the coordinator's gather and broadcast).
+  Per call, where the framework has cycles (cycle_s > 0): cycle_s / 2 (the mean wait for the next cycle,
+  HOROVOD_CYCLE_TIME) + a negotiation of 2 ceil(log2 n) alpha (the coordinator's gather and broadcast).
 
 Congestion (`congestion`): beyond `free_nodes` nodes the job's traffic crosses links it shares (a dragonfly's
 rank-2 / global links, an oversubscribed Ethernet's uplinks): the inter-node bandwidth x `shared_fraction`.
@@ -154,7 +154,9 @@ class Stack:
       return self.collective(nbytes, n)
     f = self.framework
     calls = math.ceil(nbytes / f.fusion_bytes) if f.fusion_bytes > 0 else max(int(f.tensors), 1)
-    per_call = self.collective(nbytes / calls, n) + f.cycle_s / 2 + 2 * math.ceil(math.log2(n)) * self.inter.latency_s
+    per_call = self.collective(nbytes / calls, n)
+    if f.cycle_s > 0:  # a framework with cycles negotiates each call (a custom op posting its own does not)
+      per_call += f.cycle_s / 2 + 2 * math.ceil(math.log2(n)) * self.inter.latency_s
     return calls * per_call
 
   def p2p(self, nbytes: float) -> float:
