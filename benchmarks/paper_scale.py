@@ -4,6 +4,7 @@
   python -m benchmarks.paper_scale horovod   # sync on the profile against published Horovod runs on Piz Daint
   python -m benchmarks.paper_scale dasgd     # DaSGD's scale-up, P = 8 .. 1,024, on two cluster profiles
   python -m benchmarks.paper_scale stale     # slow and stale gradients: runtime per iteration against P
+  python -m benchmarks.paper_scale validate  # the collective model against held-out published tables, every cell
   python -m benchmarks.paper_scale all --figures=docs/results/figures
 
 Only the clock runs (`experiments.simulate`): the model is sized from its shapes (no data set, nothing trained),
@@ -27,6 +28,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from benchmarks import scale_validation
 from waitless.experiments import simulate
 from waitless.experiments.configs import imagenet
 from waitless.experiments.configs import synthetic
@@ -251,8 +253,12 @@ def _figure(path: str, series: dict, xs: Sequence[int], ylabel: str, title: str,
 
 def main(argv):
   what = argv[1] if len(argv) > 1 else 'all'
-  if what not in ('wagma', 'horovod', 'dasgd', 'stale', 'all'):
-    raise app.UsageError(f'unknown experiment {what!r}: wagma, horovod, dasgd, stale or all')
+  if what not in ('wagma', 'horovod', 'dasgd', 'stale', 'validate', 'all'):
+    raise app.UsageError(f'unknown experiment {what!r}: wagma, horovod, dasgd, stale, validate or all')
+  if what == 'validate':
+    print('## The collective model against held-out published tables (benchmarks/published_tables.json)\n')
+    scale_validation.print_validation(*scale_validation.validate())
+    return
   figures = _FIGURES.value
   if figures:
     os.makedirs(figures, exist_ok=True)

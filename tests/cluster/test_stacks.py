@@ -97,6 +97,18 @@ class GlooTest(absltest.TestCase):
     self.assertAlmostEqual(with_reduction.allreduce(1e8, 8) - gloo.allreduce(1e8, 8), 7 / 8 * 1e8 / (32 * GB))
 
 
+class ParameterServerTest(absltest.TestCase):
+
+  def test_busiest_node_by_hand(self):
+    s, m = mpich(host=stacks.Host(pcie_gbps=80.0)), 1e8
+    staging = 2 * m / (80 * GB)
+    self.assertEqual(s.ps_exchange(m, 1, 1), 0.0)
+    # One server for 4 workers: it receives 3 pushes of the whole model.
+    self.assertAlmostEqual(s.ps_exchange(m, 4, 1), 2 * 2e-6 + 3 * m / (80 * GB) + staging)
+    # As many servers as workers: each moves 2 (N-1)/N M, a ring all-reduce's volume.
+    self.assertAlmostEqual(s.ps_exchange(m, 4, 4), 2 * 2e-6 + 2 * 3 / 4 * m / (80 * GB) + staging)
+
+
 class FrameworkTest(absltest.TestCase):
 
   def test_fusion_buffers_and_cycles(self):

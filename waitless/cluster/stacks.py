@@ -49,6 +49,13 @@ rank-2 / global links, an oversubscribed Ethernet's uplinks): the inter-node ban
 
 Point-to-point (D-PSGD's and MATCHA's neighbours, the parameter server's pushes): alpha_p2p + M / beta_p2p, plus
 the host staging of M in both directions where the stack stages through the host.
+
+A synchronous step of TensorFlow's parameter servers (`ps_exchange`: k servers sharded over the model and
+co-located on k of the N worker nodes, variables on the host, gRPC over the p2p link): every worker pushes its
+M bytes to the shards and pulls M back; a node holding a shard receives the other N-1 workers' pushes of its M/k
+and its own worker's pulls of the other shards, so the busiest node moves
+  B = max(M (N-1)/k + M (k-1)/k,  M if k < N)   bytes each way, and
+  t = 2 alpha_p2p + B / beta_p2p + 2 M / pcie   (the gradients leave the GPU and the variables return).
 """
 
 from __future__ import annotations
@@ -165,6 +172,17 @@ class Stack:
 
   def latency(self) -> float:
     return self.p2p_link.latency_s
+
+  def ps_exchange(self, nbytes: float, nodes: int, servers: int) -> float:
+    """Seconds of a synchronous parameter-server step's pushes and pulls (module docstring) among `nodes` worker
+    nodes with `servers` co-located shards; 0 on one node (its servers are local)."""
+    if nodes <= 1 or nbytes <= 0:
+      return 0.0
+    k = max(1, min(int(servers), nodes))
+    busiest = nbytes * (nodes - 1) / k + nbytes * (k - 1) / k
+    if k < nodes:
+      busiest = max(busiest, nbytes)
+    return 2 * self.p2p_link.latency_s + busiest * self.p2p_link.seconds_per_byte + self._staging(nbytes)
 
   # ---- the parts ----
 

@@ -1,0 +1,256 @@
+"""Held-out validation of the structured collective model (`waitless/cluster/stacks.py`) on published scaling tables.
+
+`benchmarks/published_tables.json` (with `published_tables.md`, its README: sources, how each figure was read,
+caveats) holds the tables, collected by someone other than the modeller, with citations and each table's settings.
+No figure of any profile was set from them: every profile's network terms were committed before the tables were
+read (docs/results/scale.md names the commits). The one figure a table sets is its compute: the step time of its
+first cell (one GPU or one node, or the smallest count it publishes), less the model's communication there. That
+cell is then out of the validation; every other cell is predicted:
+
+  step(cell)   = a x t_micro + comm(cell)        a = the cell's gradient-accumulation steps (1 if none)
+  t_micro      = (step(base) - comm(base)) / a_base,   step(base) = a_base b / (the base's per-GPU rate)
+  predicted    = gpus x a b / step(cell)                (b the batch per GPU)
+  comm         all-reduce families: the profile's stack, `allreduce(gradient bytes, GPUs)`, with the framework
+               (Horovod's fusion buffer and cycle, DDP's buckets) of the version the table states;
+               parameter servers: the NCCL all-reduce inside a node and `ps_exchange` among the nodes
+
+The simulator's sync rule charges compute then communication (no overlap of the all-reduce with the backward
+pass): so do these predictions. A table whose cluster has no profile committed before the tables were read, or
+whose settings leave the batch or the gradient bytes unknown, is listed with the reason and not predicted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Optional
+
+import numpy as np
+
+from waitless.cluster import network as network_lib
+from waitless.cluster import profiles
+from waitless.cluster import stacks
+
+TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'published_tables.json')
+TARGET_CELL, TARGET_MEAN = 0.15, 0.05
+
+# Horovod's defaults by version (horovod/horovod CHANGELOG v0.21.0, #2468): before 0.21, 64 MB and 5 ms.
+HOROVOD_OLD = stacks.Framework(fusion_bytes=64 * 2**20, cycle_s=0.005)
+HOROVOD_021 = stacks.Framework(fusion_bytes=128 * 2**20, cycle_s=0.001)
+# PyTorch DistributedDataParallel's default bucket_cap_mb = 25 (torch/nn/parallel/distributed.py); no cycle.
+DDP_BUCKETS = stacks.Framework(fusion_bytes=25 * 2**20, cycle_s=0.0)
+# A parameter server's variables live on the host: the gradients leave the GPU and the variables come back over
+# PCIe gen3 x16, 12.22 GB/s (CSCS's cudaMemcpy references on Piz Daint, as the profiles cite).
+PS_HOST = stacks.Host(pcie_gbps=97.8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """How a table is predicted: the stack, and 'allreduce' or 'ps'."""
+  stack: stacks.Stack
+  kind: str
+  note: str
+
+
+def _profile_stack(name: str) -> stacks.Stack:
+  net = profiles.load(name).network
+  assert isinstance(net, stacks.Stack), name
+  return net
+
+
+def plan(table: dict) -> tuple[Optional[Plan], str]:
+  """(the plan, '') for a table the model predicts, or (None, why not)."""
+  tid, s = table['id'], table['setting']
+  stack_text = s.get('stack') or ''
+  if tid.startswith('sarus_hvd015_nonccl'):
+    return Plan(_profile_stack('piz_daint'), 'allreduce', 'piz_daint: Horovod 0.15 over Cray MPICH, host staging'), ''
+  if tid.startswith(('sarus_hvd016_nccl', 'reframe_')):
+    stack = dataclasses.replace(_profile_stack('piz_daint_nccl'), framework=HOROVOD_OLD)
+    return Plan(stack, 'allreduce', 'piz_daint_nccl with Horovod < 0.21 (64 MB, 5 ms)'), ''
+  if tid.startswith('ebug_tf11_ps_inception3_daint'):
+    nccl = _profile_stack('piz_daint_nccl')
+    return Plan(dataclasses.replace(nccl, host=PS_HOST), 'ps',
+                'parameter servers over gRPC/TCP on Aries: piz_daint_nccl\'s TCP link, variables on the host'), ''
+  if tid.startswith(('ebug_tf11_ps_inception3_p28xl', 'tfbench_p2_8xl_dist')):
+    return Plan(dataclasses.replace(_profile_stack('aws_p2_8xlarge'), host=PS_HOST), 'ps',
+                'aws_p2_8xlarge: NCCL over PCIe inside, parameter servers over gRPC/TCP between instances'), ''
+  if tid.startswith(('hvd_issue', 'awssamples_')):
+    return Plan(dataclasses.replace(_profile_stack('aws_p3_16xlarge'), framework=HOROVOD_OLD), 'allreduce',
+                'aws_p3_16xlarge with Horovod < 0.21 (64 MB, 5 ms)'), ''
+  if tid.startswith(('dle_pt_bert_dgxa100', 'dle_tf1_bert_dgxa100', 'dle_tf2_bert_dgxa100')):
+    return _dle(_profile_stack('multinode_a100_hdr'), tid, 'multinode_a100_hdr'), ''
+  if tid.startswith(('dle_tf1_bert_dgx2h', 'dle_tf2_bert_dgx2h', 'dle_pt_bert_dgx2h', 'dle_pt_txl_large_dgx2h')):
+    return _dle(_profile_stack('dgx2h'), tid, 'dgx2h'), ''
+  if tid.startswith('ebug_tf11_ps_inception3_p2xl'):
+    return None, 'AWS p2.xlarge: no profile (its network, "High", has no figure in any source read)'
+  if tid.startswith('tfbench_dgx1') or tid.startswith('dle_pt_bert_dgx1'):
+    return None, 'DGX-1: no profile committed before the tables were read'
+  if tid.startswith('hvd_readme2017'):
+    return None, 'Uber\'s 2017 cluster: GPU and versions not stated, no profile'
+  if tid.startswith('dlperf_'):
+    return None, 'DLPerf\'s cluster (4 x 8 V100, 1 EDR NIC per node): no profile committed before the tables were read'
+  return None, f'no plan for this table ({stack_text[:60]})'
+
+
+def _dle(stack: stacks.Stack, tid: str, name: str) -> Plan:
+  if tid.startswith('dle_tf2'):
+    return Plan(dataclasses.replace(stack, framework=HOROVOD_021), 'allreduce', f'{name} with Horovod 0.21 (NGC 21.02)')
+  if tid.startswith('dle_tf1'):
+    return Plan(dataclasses.replace(stack, framework=HOROVOD_OLD), 'allreduce',
+                f'{name} with Horovod < 0.21 (NGC 19.08 / 20.06)')
+  if tid.startswith('dle_pt_txl'):
+    return Plan(dataclasses.replace(stack, framework=DDP_BUCKETS), 'allreduce', f'{name} with DDP\'s 25 MB buckets')
+  return Plan(stack, 'allreduce', f'{name}, one flat all-reduce per optimizer step')
+
+
+def _int(value) -> Optional[int]:
+  if value is None:
+    return None
+  if isinstance(value, (int, float)):
+    return int(value)
+  match = re.match(r'\s*(\d+)', str(value))
+  return int(match.group(1)) if match and 'sic' not in str(value) else None
+
+
+def base_unit_tokens(table: dict) -> bool:
+  return table['cells'][0].get('unit', '').startswith('tokens')
+
+
+def _tokens_per_sample(setting: dict) -> int:
+  """A table in tokens/s with its batch in sequences: the tokens of one sequence (Transformer-XL's tgt_len)."""
+  match = re.search(r'tgt_len (\d+)', setting.get('model', ''))
+  return int(match.group(1)) if match else 0
+
+
+def _servers(table: dict, cell: dict) -> int:
+  if 'num_ps' in cell:
+    return int(cell['num_ps'])
+  text = table['setting'].get('parameter_servers') or ''
+  if 'InceptionV3: 8 instances / 6' in text and 'nception' in table['setting'].get('model', '') \
+     and cell['nodes'] == 8:
+    return 6
+  return int(cell['nodes'])  # "equal numbers of PS and worker servers"
+
+
+def comm(p: Plan, table: dict, cell: dict, nbytes: float) -> float:
+  gpus, nodes = int(cell['gpus']), int(cell['nodes'])
+  if p.kind == 'allreduce':
+    return p.stack.allreduce(nbytes, gpus)
+  inside = p.stack.allreduce(nbytes, min(gpus, p.stack.gpus_per_node)) if gpus > 1 else 0.0
+  # Inside a node the GPUs reduce by NCCL (tf_cnn_benchmarks' use_nccl / replicated), without the host's terms.
+  if gpus > 1:
+    bare = dataclasses.replace(p.stack, host=None, framework=None)
+    inside = bare.allreduce(nbytes, min(gpus, p.stack.gpus_per_node))
+  return inside + p.stack.ps_exchange(nbytes, nodes, _servers(table, cell))
+
+
+@dataclasses.dataclass
+class Row:
+  table: str
+  cluster: str
+  stack: str
+  model: str
+  gpus: int
+  nodes: int
+  published: float
+  predicted: Optional[float]
+  unit: str
+  note: str = ''
+
+  @property
+  def error(self) -> Optional[float]:
+    return None if self.predicted is None else self.predicted / self.published - 1
+
+
+def validate(tables: Optional[list] = None) -> tuple[list[Row], list[tuple[str, str, int]]]:
+  """(every predicted cell's row, [(table, why not predicted, cells)] for the others; base cells are excluded)."""
+  if tables is None:
+    with open(TABLES) as f:
+      tables = json.load(f)
+  rows, skipped = [], []
+  for table in tables:
+    s = table['setting']
+    p, why = plan(table)
+    cells = table['cells']
+    nbytes = s.get('gradient_bytes')
+    batch = _int(s.get('batch_per_gpu'))
+    if len(cells) < 2:
+      skipped.append((table['id'], 'one cell: the base, which sets the compute', 0))
+      continue
+    if p is None or not nbytes or not batch:
+      why = why or ('gradient bytes not given' if not nbytes else 'batch per GPU not given')
+      skipped.append((table['id'], why, len(cells) - 1))
+      continue
+    if base_unit_tokens(table) and not _tokens_per_sample(s):
+      skipped.append((table['id'], 'throughput in tokens and no sequence length', len(cells) - 1))
+      continue
+    batch *= _tokens_per_sample(s) if base_unit_tokens(table) else 1
+    base = cells[0]
+    accum0 = _int(base.get('grad_accum_steps', 1))
+    step0 = accum0 * batch / (base['throughput'] / base['gpus'])
+    micro = (step0 - comm(p, table, base, nbytes)) / accum0
+    for cell in cells[1:]:
+      row = Row(table['id'], s.get('cluster', '')[:40], p.note, s.get('model', '')[:30], int(cell['gpus']),
+                int(cell['nodes']), float(cell['throughput']), None, cell.get('unit', ''))
+      accum = _int(cell.get('grad_accum_steps', 1))
+      if accum is None:
+        row.note = f'gradient accumulation unreadable ({cell.get("grad_accum_steps")!r})'
+      elif micro <= 0:
+        row.note = 'the model charges more communication at the base cell than its whole step'
+      elif (cell['gpus'], cell['nodes']) == (base['gpus'], base['nodes']):
+        row.note = 'the base cell\'s own count (another run of it)'
+      else:
+        step = accum * micro + comm(p, table, cell, nbytes)
+        row.predicted = cell['gpus'] * accum * batch / step
+      rows.append(row)
+  return rows, skipped
+
+
+def summary(rows: list[Row]) -> dict:
+  errors = np.array([r.error for r in rows if r.error is not None])
+  within = np.abs(errors) <= TARGET_CELL
+  return {'cells': int(len(errors)), 'within_15': int(within.sum()), 'mean_error': float(np.mean(errors)),
+          'mean_abs_error': float(np.mean(np.abs(errors))), 'max_abs_error': float(np.max(np.abs(errors)))}
+
+
+def print_validation(rows: list[Row], skipped: list) -> None:
+  print('| table | cluster | stack (profile) | model | nodes | GPUs | published | predicted | error |')
+  print('| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |')
+  for r in rows:
+    pred = '-' if r.predicted is None else f'{r.predicted:,.0f}'
+    err = r.note if r.error is None else (f'{100 * r.error:+.1f}%' + (' **miss**' if abs(r.error) > TARGET_CELL else ''))
+    print(f'| {r.table} | {r.cluster} | {r.stack} | {r.model} | {r.nodes} | {r.gpus} | {r.published:,.0f} {r.unit} '
+          f'| {pred} | {err} |')
+  print()
+  s = summary(rows)
+  print(f'{s["cells"]} cells predicted: {s["within_15"]} within {100 * TARGET_CELL:.0f}% '
+        f'(target: all); mean error {100 * s["mean_error"]:+.1f}% (target: within {100 * TARGET_MEAN:.0f}%), '
+        f'mean |error| {100 * s["mean_abs_error"]:.1f}%, largest |error| {100 * s["max_abs_error"]:.1f}%')
+  by_group: dict = {}
+  for r in rows:
+    if r.error is not None:
+      by_group.setdefault(r.table.rsplit('_', 1)[0] if r.table.startswith('sarus') else r.table.split('_')[0] + '_'
+                          + r.table.split('_')[1], []).append(r.error)
+  print('\n| family | cells | within 15% | mean error | mean abs error |')
+  print('| --- | ---: | ---: | ---: | ---: |')
+  for group, errs in by_group.items():
+    e = np.array(errs)
+    print(f'| {group} | {len(e)} | {int((np.abs(e) <= TARGET_CELL).sum())} | {100 * e.mean():+.1f}% '
+          f'| {100 * np.abs(e).mean():.1f}% |')
+  by_p: dict = {}
+  for r in rows:
+    if r.error is not None:
+      by_p.setdefault(r.nodes, []).append(r.error)
+  print('\n| nodes | cells | within 15% | mean error |')
+  print('| ---: | ---: | ---: | ---: |')
+  for nodes in sorted(by_p):
+    e = np.array(by_p[nodes])
+    print(f'| {nodes} | {len(e)} | {int((np.abs(e) <= TARGET_CELL).sum())} | {100 * e.mean():+.1f}% |')
+  print('\nNot predicted (cells besides the base cell):')
+  for tid, why, n in skipped:
+    print(f'- {tid} ({n} cells): {why}')
+
+
+__all__ = ['validate', 'summary', 'print_validation', 'network_lib']

@@ -1,0 +1,38 @@
+"""The held-out validation (`benchmarks/scale_validation.py`): every table is predicted or says why not, the base
+cell sets only the compute, and a cell's prediction is the formula by hand."""
+
+import json
+
+from absl.testing import absltest
+
+from benchmarks import scale_validation as v
+from waitless.cluster import profiles
+
+
+class ScaleValidationTest(absltest.TestCase):
+
+  def test_every_table_is_predicted_or_says_why_not(self):
+    with open(v.TABLES) as f:
+      tables = json.load(f)
+    rows, skipped = v.validate(tables)
+    predicted = {r.table for r in rows}
+    for table in tables:
+      self.assertTrue(table['id'] in predicted or any(t == table['id'] and why for t, why, _ in skipped),
+                      table['id'])
+    # The base cell of a table is never among its predicted rows (it set the compute).
+    self.assertEqual(len(rows) + sum(n for *_, n in skipped), sum(len(t['cells']) - 1 for t in tables))
+    self.assertGreater(v.summary(rows)['cells'], 100)
+
+  def test_one_cell_by_hand(self):
+    # Horovod over Cray MPICH on piz_daint: base 2 nodes, predicted 4 nodes.
+    table = {'id': 'sarus_hvd015_nonccl_x', 'setting': {'gradient_bytes': 1e8, 'batch_per_gpu': 64},
+             'cells': [{'nodes': 2, 'gpus': 2, 'throughput': 460.0, 'unit': 'images/s'},
+                       {'nodes': 4, 'gpus': 4, 'throughput': 900.0, 'unit': 'images/s'}]}
+    rows, _ = v.validate([table])
+    stack = profiles.load('piz_daint').network
+    compute = 64 / 230.0 - stack.allreduce(1e8, 2)
+    self.assertAlmostEqual(rows[0].predicted, 4 * 64 / (compute + stack.allreduce(1e8, 4)))
+
+
+if __name__ == '__main__':
+  absltest.main()
