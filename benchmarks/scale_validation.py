@@ -29,7 +29,6 @@ from typing import Optional
 
 import numpy as np
 
-from waitless.cluster import network as network_lib
 from waitless.cluster import profiles
 from waitless.cluster import stacks
 
@@ -220,7 +219,8 @@ def print_validation(rows: list[Row], skipped: list) -> None:
   print('| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |')
   for r in rows:
     pred = '-' if r.predicted is None else f'{r.predicted:,.0f}'
-    err = r.note if r.error is None else (f'{100 * r.error:+.1f}%' + (' **miss**' if abs(r.error) > TARGET_CELL else ''))
+    miss = r.error is not None and abs(r.error) > TARGET_CELL
+    err = r.note if r.error is None else f'{100 * r.error:+.1f}%' + (' **miss**' if miss else '')
     print(f'| {r.table} | {r.cluster} | {r.stack} | {r.model} | {r.nodes} | {r.gpus} | {r.published:,.0f} {r.unit} '
           f'| {pred} | {err} |')
   print()
@@ -252,5 +252,3 @@ def print_validation(rows: list[Row], skipped: list) -> None:
   for tid, why, n in skipped:
     print(f'- {tid} ({n} cells): {why}')
 
-
-__all__ = ['validate', 'summary', 'print_validation', 'network_lib']
