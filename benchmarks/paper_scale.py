@@ -263,8 +263,9 @@ def main(argv):
   if figures:
     os.makedirs(figures, exist_ok=True)
   if what in ('wagma', 'all'):
-    print(f'## WAGMA-SGD: ResNet-50 images/s on piz_daint, 128 images per worker, two random ranks delayed 320 ms '
-          f'per step (mean [range] over {_SEEDS.value} seeds, {_ITERATIONS.value} iterations each)\n')
+    print(f'## WAGMA-SGD: ResNet-50 images/s on Piz Daint (sync on piz_daint, the others on piz_daint_wagma), 128 '
+          f'images per worker, two random ranks delayed 320 ms per step (mean [range] over {_SEEDS.value} seeds, '
+          f'{_ITERATIONS.value} iterations each)\n')
     table = wagma_table(_ITERATIONS.value, _SEEDS.value)
     print_wagma(table)
     if figures:
