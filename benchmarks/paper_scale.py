@@ -272,7 +272,8 @@ def main(argv):
       _figure(os.path.join(figures, 'scale_wagma.png'),
               {k: [v[p][0] / p for p in WAGMA_SIZES] for k, v in table.items() if k != 'local SGD (H=1, as shipped)'},
               WAGMA_SIZES, 'images/s per GPU', 'ResNet-50 on Piz Daint (simulated), 2 ranks delayed 320 ms per step\n'
-              '(local SGD with H = 1 is sync\'s line)', dashed=('ideal (P x one GPU)',))
+              '(sync on Horovod over MPI, the others on WAGMA\'s host ops; local SGD H = 1: the table)',
+              dashed=('ideal (P x one GPU)',))
   if what in ('horovod', 'all'):
     print(f'\n## Sync SGD on piz_daint without stragglers, {HOROVOD_BATCH} images per GPU, against published Horovod '
           'runs on Piz Daint\n')
