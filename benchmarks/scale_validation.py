@@ -29,6 +29,7 @@ from typing import Optional
 
 import numpy as np
 
+from waitless.cluster import network as network_lib
 from waitless.cluster import profiles
 from waitless.cluster import stacks
 
@@ -47,10 +48,11 @@ PS_HOST = stacks.Host(pcie_gbps=97.8)
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """How a table is predicted: the stack, and 'allreduce' or 'ps'."""
+  """How a table is predicted: the stack, and 'allreduce' or 'ps'; the profile whose estimates bound it."""
   stack: stacks.Stack
   kind: str
   note: str
+  profile: str = ''
 
 
 def _profile_stack(name: str) -> stacks.Stack:
@@ -59,7 +61,7 @@ def _profile_stack(name: str) -> stacks.Stack:
   return net
 
 
-def plan(table: dict) -> tuple[Optional[Plan], str]:
+def _plan(table: dict) -> tuple[Optional[Plan], str]:
   """(the plan, '') for a table the model predicts, or (None, why not)."""
   tid, s = table['id'], table['setting']
   stack_text = s.get('stack') or ''
@@ -91,6 +93,70 @@ def plan(table: dict) -> tuple[Optional[Plan], str]:
   if tid.startswith('dlperf_'):
     return None, 'DLPerf\'s cluster (4 x 8 V100, 1 EDR NIC per node): no profile committed before the tables were read'
   return None, f'no plan for this table ({stack_text[:60]})'
+
+
+_PROFILE_OF = (('sarus_hvd015', 'piz_daint'), ('sarus_hvd016', 'piz_daint_nccl'), ('reframe_', 'piz_daint_nccl'),
+               ('ebug_tf11_ps_inception3_daint', 'piz_daint_nccl'), ('ebug_tf11_ps_inception3_p28xl', 'aws_p2_8xlarge'),
+               ('tfbench_p2_8xl', 'aws_p2_8xlarge'), ('hvd_issue', 'aws_p3_16xlarge'),
+               ('awssamples_', 'aws_p3_16xlarge'), ('dle_pt_bert_dgxa100', 'multinode_a100_hdr'),
+               ('dle_tf1_bert_dgxa100', 'multinode_a100_hdr'), ('dle_tf2_bert_dgxa100', 'multinode_a100_hdr'),
+               ('dle_', 'dgx2h'))
+
+
+def plan(table: dict) -> tuple[Optional[Plan], str]:
+  """(the plan, '') for a table the model predicts, or (None, why not)."""
+  p, why = _plan(table)
+  if p is not None:
+    name = next(profile for prefix, profile in _PROFILE_OF if table['id'].startswith(prefix))
+    p = dataclasses.replace(p, profile=name)
+  return p, why
+
+
+# ---- the estimates' ranges: every term marked an estimate with a range, at its slow end and at its fast end ----
+
+def _ranges(profile: str) -> list[tuple[tuple[str, ...], float, float]]:
+  with open(profiles.path_of(profile)) as f:
+    doc = json.load(f)
+  out = []
+
+  def walk(node, path):
+    if isinstance(node, dict) and 'value' in node and 'source' in node:
+      if node.get('estimate') and node.get('range'):
+        out.append((path, float(node['range'][0]), float(node['range'][1])))
+    elif isinstance(node, dict):
+      for key, value in node.items():
+        walk(value, path + (key,))
+  walk(doc['network'], ())
+  return out
+
+
+def _with(stack: stacks.Stack, path: tuple[str, ...], value: float) -> stacks.Stack:
+  link = lambda old: network_lib.AlphaBeta(value, old.bandwidth_gbps) if path[-1] == 'latency_s' \
+      else network_lib.AlphaBeta(old.latency_s, value)
+  if path[0] == 'intra' and stack.intra is not None:
+    return dataclasses.replace(stack, intra=link(stack.intra))
+  if path[0] == 'inter':
+    return dataclasses.replace(stack, inter=link(stack.inter))
+  if path[0] == 'p2p':
+    return dataclasses.replace(stack, p2p_link=link(stack.p2p_link))
+  if path == ('reduce_gbps',):
+    return dataclasses.replace(stack, reduce_gbps=value)
+  if path == ('host', 'pcie_gbps') and stack.host is not None:
+    return dataclasses.replace(stack, host=dataclasses.replace(stack.host, pcie_gbps=value))
+  if path == ('congestion', 'shared_fraction') and stack.congestion is not None:
+    return dataclasses.replace(stack, congestion=dataclasses.replace(stack.congestion, shared_fraction=value))
+  return stack
+
+
+def bounds(p: Plan) -> tuple[stacks.Stack, stacks.Stack]:
+  """The plan's stack with every estimate at the slow end of its range (latencies high, bandwidths and rates
+  low), and at the fast end."""
+  slow, fast = p.stack, p.stack
+  for path, low, high in _ranges(p.profile):
+    latency = path[-1] == 'latency_s'
+    slow = _with(slow, path, high if latency else low)
+    fast = _with(fast, path, low if latency else high)
+  return slow, fast
 
 
 def _dle(stack: stacks.Stack, tid: str, name: str) -> Plan:
@@ -157,6 +223,7 @@ class Row:
   predicted: Optional[float]
   unit: str
   note: str = ''
+  band: Optional[tuple[float, float]] = None  # predicted with the estimates at their ranges' two ends
 
   @property
   def error(self) -> Optional[float]:
@@ -190,6 +257,8 @@ def validate(tables: Optional[list] = None) -> tuple[list[Row], list[tuple[str, 
     accum0 = _int(base.get('grad_accum_steps', 1))
     step0 = accum0 * batch / (base['throughput'] / base['gpus'])
     micro = (step0 - comm(p, table, base, nbytes)) / accum0
+    ends = [dataclasses.replace(p, stack=stack) for stack in bounds(p)]
+    micros = [(step0 - comm(q, table, base, nbytes)) / accum0 for q in ends]
     for cell in cells[1:]:
       row = Row(table['id'], s.get('cluster', '')[:40], p.note, s.get('model', '')[:30], int(cell['gpus']),
                 int(cell['nodes']), float(cell['throughput']), None, cell.get('unit', ''))
@@ -203,6 +272,9 @@ def validate(tables: Optional[list] = None) -> tuple[list[Row], list[tuple[str, 
       else:
         step = accum * micro + comm(p, table, cell, nbytes)
         row.predicted = cell['gpus'] * accum * batch / step
+        band = [cell['gpus'] * accum * batch / (accum * m + comm(q, table, cell, nbytes))
+                for q, m in zip(ends, micros) if m > 0]
+        row.band = (min(band + [row.predicted]), max(band + [row.predicted]))
       rows.append(row)
   return rows, skipped
 
@@ -210,24 +282,31 @@ def validate(tables: Optional[list] = None) -> tuple[list[Row], list[tuple[str, 
 def summary(rows: list[Row]) -> dict:
   errors = np.array([r.error for r in rows if r.error is not None])
   within = np.abs(errors) <= TARGET_CELL
+  inside = sum(1 for r in rows if r.band is not None and r.band[0] <= r.published <= r.band[1])
   return {'cells': int(len(errors)), 'within_15': int(within.sum()), 'mean_error': float(np.mean(errors)),
+          'inside_band': inside,
           'mean_abs_error': float(np.mean(np.abs(errors))), 'max_abs_error': float(np.max(np.abs(errors)))}
 
 
 def print_validation(rows: list[Row], skipped: list) -> None:
-  print('| table | cluster | stack (profile) | model | nodes | GPUs | published | predicted | error |')
-  print('| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |')
+  print('| table | cluster | stack (profile) | model | nodes | GPUs | published | predicted | error '
+        '| predicted with the estimates at their ranges\' ends |')
+  print('| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |')
   for r in rows:
     pred = '-' if r.predicted is None else f'{r.predicted:,.0f}'
     miss = r.error is not None and abs(r.error) > TARGET_CELL
     err = r.note if r.error is None else f'{100 * r.error:+.1f}%' + (' **miss**' if miss else '')
+    band = '-' if r.band is None else (f'{r.band[0]:,.0f} - {r.band[1]:,.0f}'
+                                       + ('' if r.band[0] <= r.published <= r.band[1] else ' (outside)'))
     print(f'| {r.table} | {r.cluster} | {r.stack} | {r.model} | {r.nodes} | {r.gpus} | {r.published:,.0f} {r.unit} '
-          f'| {pred} | {err} |')
+          f'| {pred} | {err} | {band} |')
   print()
   s = summary(rows)
   print(f'{s["cells"]} cells predicted: {s["within_15"]} within {100 * TARGET_CELL:.0f}% '
         f'(target: all); mean error {100 * s["mean_error"]:+.1f}% (target: within {100 * TARGET_MEAN:.0f}%), '
-        f'mean |error| {100 * s["mean_abs_error"]:.1f}%, largest |error| {100 * s["max_abs_error"]:.1f}%')
+        f'mean |error| {100 * s["mean_abs_error"]:.1f}%, largest |error| {100 * s["max_abs_error"]:.1f}%; '
+        f'{s["inside_band"]} published cells lie between the predictions with every estimate at the slow and at the '
+        f'fast end of its range')
   by_group: dict = {}
   for r in rows:
     if r.error is not None:
