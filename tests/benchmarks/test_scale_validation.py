@@ -34,5 +34,16 @@ class ScaleValidationTest(absltest.TestCase):
     self.assertAlmostEqual(rows[0].predicted, 4 * 64 / (compute + stack.allreduce(1e8, 4)))
 
 
+  def test_bounds_put_each_estimate_at_its_ranges_ends(self):
+    table = {'id': 'sarus_hvd016_nccl_x', 'setting': {}, 'cells': []}
+    p, _ = v.plan(table)
+    slow, fast = v.bounds(p)
+    # piz_daint_nccl's socket bandwidth: an estimate of 24 Gbit/s in [12, 75.85].
+    self.assertEqual((slow.inter.bandwidth_gbps, p.stack.inter.bandwidth_gbps, fast.inter.bandwidth_gbps),
+                     (12.0, 24.0, 75.85))
+    self.assertEqual(slow.congestion.shared_fraction, 0.41)
+    self.assertEqual(fast.framework, p.stack.framework)  # the table's Horovod version is kept
+
+
 if __name__ == '__main__':
   absltest.main()

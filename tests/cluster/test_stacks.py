@@ -199,6 +199,9 @@ class VersionsTest(absltest.TestCase):
         (lambda d: d['network']['congestion']['shared_fraction'].update(value=1.5),
          r'network\.congestion\.shared_fraction\.value=1\.5 .*<= 1'),
         (lambda d: d['network'].update(ll128='no'), r"network\.ll128='no' .*true or false"),
+        (lambda d: d['network']['reduce_gbps'].update(range=[40.0, 80.0]),
+         r'network\.reduce_gbps\.range=\[40\.0, 80\.0\] .*low <= value \(32\.0\) <= high'),
+        (lambda d: d['network']['reduce_gbps'].update(range='wide'), r"network\.reduce_gbps\.range='wide'"),
     ]
     for edit, message in cases:
       doc = _v2()

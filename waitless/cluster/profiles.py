@@ -4,7 +4,8 @@ A profile is a versioned JSON file (`profiles/NAME.json` ships with the package;
 one for the machine at hand). A run names one with `cluster.profile` (a shipped name or a path); '' keeps the
 configured `stragglers.*` / `network.*` (the ideal network by default: tests and closed forms). Every figure is
 an object {"value": number, "source": "where it comes from", "estimate": true if it is one (optional),
-"spread": the fitted figure's spread (optional), ...}. Version 1:
+"spread": the fitted figure's spread (optional), "range": [low, high] an estimate's range (optional),
+...}. Version 1:
 
   version        1
   name, description
@@ -169,6 +170,11 @@ def figure(doc: Mapping[str, Any], path: tuple[str, ...], where: str, positive: 
   source = node.get('source')
   errors.require(isinstance(source, str) and bool(source.strip()), f'{field}.source', source,
                  'every figure cites where it comes from (a measurement, a publication, or "estimate: ...")')
+  if 'range' in node:  # an estimate's range: [low, high] around its value
+    span = node['range']
+    ok = (isinstance(span, list) and len(span) == 2 and all(errors.is_number(v) for v in span)
+          and span[0] <= value <= span[1])
+    errors.require(ok, f'{field}.range', span, f'must be [low, high] numbers with low <= value ({value}) <= high')
   return float(value)
 
 
