@@ -13,6 +13,9 @@
 beta_ar is the bus bandwidth of NCCL's nccl-tests (busbw = algbw x 2(n-1)/n), so the ring figure is the
 measured time: t = 2(n-1)/n M / busbw + latency terms. The tree form keeps the bandwidth term (NCCL's double
 binary tree reaches about the ring's bus bandwidth on large messages) and pays log2 n latencies per direction.
+`Collectives` is a version 1 profile's network (what `experiments.calibrate` writes); a version 2 profile's is a
+`stacks.Stack`, the collectives as NCCL, MPICH or gloo run them (algorithm by size and P, hierarchy, host staging,
+framework cycles, congestion). Both are `Network`s.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Protocol
 class Network(Protocol):
 
   def allreduce(self, nbytes: float, n: int) -> float:
-    """Seconds for a ring all-reduce of `nbytes` among `n` workers (also used for group all-reduce)."""
+    """Seconds for an all-reduce of `nbytes` among `n` workers (also used for group all-reduce)."""
 
   def p2p(self, nbytes: float) -> float:
     """Seconds for one point-to-point message of `nbytes`."""
