@@ -117,6 +117,12 @@ class FrameworkTest(absltest.TestCase):
     per_call = mpich().allreduce(m / 2, 8) + 2.5e-3 + 2 * 3 * 2e-6
     self.assertAlmostEqual(s.allreduce(m, 8), 2 * per_call)
 
+  def test_the_coordinator_handles_every_ranks_request_for_every_tensor(self):
+    f = stacks.Framework(fusion_bytes=64e6, cycle_s=5e-3, tensors=161, request_s=1e-6)
+    plain = mpich(framework=dataclasses.replace(f, request_s=0.0))
+    self.assertAlmostEqual(mpich(framework=f).allreduce(1e8, 128) - plain.allreduce(1e8, 128), 128 * 161 * 1e-6)
+    self.assertEqual(mpich(framework=f).allreduce(1e8, 1), 0.0)
+
   def test_one_message_per_tensor(self):
     f = stacks.Framework(fusion_bytes=0.0, cycle_s=0.0, tensors=161)
     s, m = mpich(framework=f), 1.61e8

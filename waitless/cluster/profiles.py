@@ -28,7 +28,8 @@ library's choice of algorithm, the hierarchy, host staging and reduction, a fram
                   switch to Rabenseifner; default 2048), "ll128": bool (NCCL's LL128 protocol enabled),
                   "host": {"pcie_gbps": F, "passes": F} (staging through the host, and more passes of the host
                   over the vector), "framework": {"fusion_bytes": F, "cycle_s": F, "tensors": F} (Horovod's
-                  cycles, or a custom op's one message per tensor),
+                  cycles, or a custom op's one message per tensor; optional "request_s": the coordinator's
+                  seconds per rank and tensor, with "tensors" the model's gradient tensors),
                   "congestion": {"free_nodes": F, "shared_fraction": F}}
                  LINK = {"latency_s": F, "bandwidth_gbps": F}
 A version 1 profile loads as it always did (`network.Collectives`) and gives the same times.
@@ -63,7 +64,7 @@ VERSIONS = (VERSION, STRUCTURED)
 BOUNDS = {
     'latency_s': (0.0, 1.0), 'host_s': (0.0, 3600.0), 'per_sample_s': (0.0, 1e3), 'overhead_s': (0.0, 1e3),
     'bandwidth_gbps': (1e-3, 1e7), 'pcie_gbps': (1e-3, 1e7), 'reduce_gbps': (0.0, 1e7),
-    'short_msg_bytes': (0.0, 1e12), 'fusion_bytes': (0.0, 1e12), 'cycle_s': (0.0, 10.0),
+    'short_msg_bytes': (0.0, 1e12), 'fusion_bytes': (0.0, 1e12), 'cycle_s': (0.0, 10.0), 'request_s': (0.0, 1.0),
     'passes': (0.0, 100.0), 'gpus_per_node': (1, 1024), 'tensors': (1, 1e6), 'free_nodes': (1, 1e6),
     'shared_fraction': (0.0, 1.0),
 }
@@ -211,7 +212,8 @@ def _stack(doc: Mapping[str, Any], where: str) -> stacks.Stack:
     framework = stacks.Framework(
         fusion_bytes=figure(doc, ('network', 'framework', 'fusion_bytes'), where),
         cycle_s=figure(doc, ('network', 'framework', 'cycle_s'), where),
-        tensors=int(figure(doc, ('network', 'framework', 'tensors'), where)) if 'tensors' in node else 1)
+        tensors=int(figure(doc, ('network', 'framework', 'tensors'), where)) if 'tensors' in node else 1,
+        request_s=figure(doc, ('network', 'framework', 'request_s'), where) if 'request_s' in node else 0.0)
   if 'congestion' in net:
     _object(doc, ('network', 'congestion'), where)
     congestion = stacks.Congestion(

@@ -43,6 +43,9 @@ Framework (`framework`, Horovod's cycles; or a custom op's one message per tenso
   all-reduce of M / ceil(M / F) bytes; F = 0: one all-reduce per tensor, `tensors` of them, M / tensors each.
   Per call, where the framework has cycles (cycle_s > 0): cycle_s / 2 (the mean wait for the next cycle,
   HOROVOD_CYCLE_TIME) + a negotiation of 2 ceil(log2 n) alpha (the coordinator's gather and broadcast).
+  Per all-reduce, where the framework's coordinator handles every rank's request for every tensor (request_s > 0:
+  Horovod before its response cache, horovod/horovod PR #902; `tensors` then counts the model's gradient tensors):
+  + n x tensors x request_s, serial on the coordinator (rank 0's background thread).
 
 Congestion (`congestion`): beyond `free_nodes` nodes the job's traffic crosses links it shares (a dragonfly's
 rank-2 / global links, an oversubscribed Ethernet's uplinks): the inter-node bandwidth x `shared_fraction`.
@@ -106,10 +109,12 @@ class Host:
 @dataclasses.dataclass(frozen=True)
 class Framework:
   """A framework's cycles: fused buffers of `fusion_bytes` (0: one message per tensor, `tensors` of them), a
-  cycle of `cycle_s` between batches of collectives, a negotiation per call."""
+  cycle of `cycle_s` between batches of collectives, a negotiation per call; `request_s` seconds of the
+  coordinator's work per request (one per rank and gradient tensor, `tensors` of them; 0: not charged)."""
   fusion_bytes: float
   cycle_s: float
   tensors: int = 1
+  request_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,10 +166,24 @@ class Stack:
       return self.collective(nbytes, n)
     f = self.framework
     calls = math.ceil(nbytes / f.fusion_bytes) if f.fusion_bytes > 0 else max(int(f.tensors), 1)
-    per_call = self.collective(nbytes / calls, n)
-    if f.cycle_s > 0:  # a framework with cycles negotiates each call (a custom op posting its own does not)
-      per_call += f.cycle_s / 2 + 2 * math.ceil(math.log2(n)) * self.inter.latency_s
-    return calls * per_call
+    per_call = self.collective(nbytes / calls, n) + self.negotiation(n)
+    if f.cycle_s > 0:  # the mean wait for the next cycle
+      per_call += f.cycle_s / 2
+    return calls * per_call + self.coordination(n)
+
+  def negotiation(self, n: int) -> float:
+    """Seconds of a framework with cycles negotiating one call (a custom op posting its own does not)."""
+    if self.framework is None or self.framework.cycle_s <= 0 or n <= 1:
+      return 0.0
+    return 2 * math.ceil(math.log2(n)) * self.inter.latency_s
+
+  def coordination(self, n: int) -> float:
+    """Seconds of the coordinator's work on every rank's request for every tensor, per all-reduce (0 unless the
+    framework charges it)."""
+    f = self.framework
+    if f is None or f.request_s <= 0 or n <= 1:
+      return 0.0
+    return n * max(int(f.tensors), 1) * f.request_s
 
   def p2p(self, nbytes: float) -> float:
     """Seconds for one point-to-point message of `nbytes` (staged through the host where the stack stages)."""
