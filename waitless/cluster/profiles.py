@@ -29,7 +29,9 @@ library's choice of algorithm, the hierarchy, host staging and reduction, a fram
                   "host": {"pcie_gbps": F, "passes": F} (staging through the host, and more passes of the host
                   over the vector), "framework": {"fusion_bytes": F, "cycle_s": F, "tensors": F} (Horovod's
                   cycles, or a custom op's one message per tensor; optional "request_s": the coordinator's
-                  seconds per rank and tensor, with "tensors" the model's gradient tensors),
+                  seconds per rank and tensor, with "tensors" the model's gradient tensors; optional
+                  "backward_share": the backward pass's share of a micro-batch, under which the framework
+                  all-reduces the gradients as they become ready: the sync rule charges what is left after it),
                   "congestion": {"free_nodes": F, "shared_fraction": F}}
                  LINK = {"latency_s": F, "bandwidth_gbps": F}
 A version 1 profile loads as it always did (`network.Collectives`) and gives the same times.
@@ -65,6 +67,7 @@ BOUNDS = {
     'latency_s': (0.0, 1.0), 'host_s': (0.0, 3600.0), 'per_sample_s': (0.0, 1e3), 'overhead_s': (0.0, 1e3),
     'bandwidth_gbps': (1e-3, 1e7), 'pcie_gbps': (1e-3, 1e7), 'reduce_gbps': (0.0, 1e7),
     'short_msg_bytes': (0.0, 1e12), 'fusion_bytes': (0.0, 1e12), 'cycle_s': (0.0, 10.0), 'request_s': (0.0, 1.0),
+    'backward_share': (0.0, 1.0),
     'passes': (0.0, 100.0), 'gpus_per_node': (1, 1024), 'tensors': (1, 1e6), 'free_nodes': (1, 1e6),
     'shared_fraction': (0.0, 1.0),
 }
@@ -213,7 +216,9 @@ def _stack(doc: Mapping[str, Any], where: str) -> stacks.Stack:
         fusion_bytes=figure(doc, ('network', 'framework', 'fusion_bytes'), where),
         cycle_s=figure(doc, ('network', 'framework', 'cycle_s'), where),
         tensors=int(figure(doc, ('network', 'framework', 'tensors'), where)) if 'tensors' in node else 1,
-        request_s=figure(doc, ('network', 'framework', 'request_s'), where) if 'request_s' in node else 0.0)
+        request_s=figure(doc, ('network', 'framework', 'request_s'), where) if 'request_s' in node else 0.0,
+        backward_share=(figure(doc, ('network', 'framework', 'backward_share'), where)
+                        if 'backward_share' in node else 0.0))
   if 'congestion' in net:
     _object(doc, ('network', 'congestion'), where)
     congestion = stacks.Congestion(

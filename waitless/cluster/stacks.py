@@ -110,11 +110,14 @@ class Host:
 class Framework:
   """A framework's cycles: fused buffers of `fusion_bytes` (0: one message per tensor, `tensors` of them), a
   cycle of `cycle_s` between batches of collectives, a negotiation per call; `request_s` seconds of the
-  coordinator's work per request (one per rank and gradient tensor, `tensors` of them; 0: not charged)."""
+  coordinator's work per request (one per rank and gradient tensor, `tensors` of them; 0: not charged);
+  `backward_share` the backward pass's share of a micro-batch's compute, under which the framework all-reduces the
+  gradients as they become ready (`cluster/step.py`; 0: no overlap, the all-reduce follows the compute)."""
   fusion_bytes: float
   cycle_s: float
   tensors: int = 1
   request_s: float = 0.0
+  backward_share: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

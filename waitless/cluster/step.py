@@ -2,9 +2,10 @@
 pass, and the wait for the slowest of P workers.
 
 These are properties of a step, not of a collective, so they take a collective model (`network.Network`, a
-`stacks.Stack`) and the step's compute. `benchmarks/scale_validation.py` charges them; the simulator's sync time
-rule does not yet (it charges compute, then `allreduce`, and samples its own per-worker compute, so it needs no
-closed form for the slowest worker).
+`stacks.Stack`) and the step's compute. The simulator's sync time rule (`rules/sync.py`) charges the overlap
+through `after_compute` where the profile's framework gives its `backward_share` (piz_daint, piz_daint_nccl);
+it samples every worker's compute, so it needs no closed form for the slowest worker.
+`benchmarks/scale_validation.py` charges both in its closed-form step.
 
 Overlap (`exposed`). A framework that all-reduces each gradient as the backward pass produces it (Horovod's
 background thread: a tensor is submitted when its gradient op has run and fused with the others ready in the same
@@ -13,16 +14,21 @@ gradients are all ready, torch/nn/parallel/distributed.py) runs the all-reduce u
 Of a micro-batch's compute t, the backward pass is the share `BACKWARD_SHARE` (Bk = share x t). The M gradient
 bytes are taken to become ready uniformly over Bk (an assumption: a CNN's late layers, ready first, hold most of
 its parameters and few of its FLOPs, so for CNNs this is the pessimistic side; a Transformer's layers are alike).
-The all-reduce goes in k calls, one after another on one background thread or stream:
-  Horovod (cycle_s > 0)  k = max(ceil(M / F), ceil(Bk / cycle_s)): each cycle fuses what became ready in it
-  DDP (cycle_s = 0)      k = ceil(M / F): one call per bucket
-Call j (1..k) is ready at j Bk / k and costs s = the per-call cost of M / k bytes as `allreduce` charges it
-without the cycle's wait (the collective, its host staging, the negotiation, a k-th of the coordinator's work
-on the requests where the framework charges it); calls run in order, so the last
-finishes at max_j (j Bk / k + (k - j + 1) s), and the step waits, after its backward pass,
-  exposed = max(s, k s - (k - 1) Bk / k)  [+ cycle_s / 2: the last tensor waits for the next cycle]
-With k = 1 this is the whole all-reduce (no overlap). Where the thread is saturated (k s > Bk) Horovod would merge
-the waiting tensors into fewer, larger calls, paying fewer latencies than charged here. A stack without a
+The all-reduce runs on one background thread or stream, one call after another:
+  DDP (cycle_s = 0)      k = ceil(M / F) buckets, bucket j (1..k) ready at j Bk / k, each costing s = the per-call
+                         cost of M / k bytes as `allreduce` charges it; the last finishes at
+                         max_j (j Bk / k + (k - j + 1) s), so the step waits, after its backward pass,
+                           exposed = max(s, k s - (k - 1) Bk / k)
+  Horovod (cycle_s > 0)  its loop (horovod/common/operations.cc, RunLoopOnce): a cycle starts at least cycle_s after
+                         the previous one began, or when the previous one's work ends if later; it negotiates the
+                         tensors ready at its start and all-reduces them, fused into buffers of at most F. So
+                         `exposed` follows the cycles: at a cycle's start the bytes ready and not yet reduced, R,
+                         go in ceil(R / F) calls of R / ceil(R / F) bytes (each the collective, its host staging,
+                         the negotiation), with the coordinator's work on their requests (R / M of the step's);
+                         the step waits from the end of its backward pass to the end of the cycle that reduces the
+                         last bytes. The cycles' phase against the backward pass is unknown: the mean over four
+                         phases (1/8, 3/8, 5/8, 7/8 of a cycle) is charged.
+With k = 1 (or one cycle after the backward pass) this is the whole all-reduce (no overlap). A stack without a
 framework (one flat all-reduce after the step's gradients, or after gradient accumulation) does not overlap:
 `exposed` is `allreduce`. With gradient accumulation the all-reduce of the accumulated gradients comes after the
 last micro-batch (NVIDIA DeepLearningExamples TensorFlow/LanguageModeling/BERT/optimization.py: with
@@ -31,8 +37,9 @@ backward_s = 0 then.
 
 The slowest of P (`slowest`). A synchronous step ends when its slowest worker's gradients are in. If each
 worker's compute is independent with mean mu and coefficient of variation c, the expected maximum of P such
-times is about mu (1 + c sqrt(2 ln P)) (the expected maximum of P standard normals is below sqrt(2 ln P);
-Gumbel, Statistics of Extremes, 1958; the bound is tight to within a few percent of mu c for P >= 16).
+times is at most about mu (1 + c sqrt(2 ln P)): sqrt(2 ln P) bounds the expected maximum of P standard normals
+(2.35 against the exact 1.77 at P = 16, 3.11 against 2.61 at 128), so this is the pessimistic side for normal
+variation, and heavier tails than normal would give more.
 `STEP_CV` is an estimate with its range: no published per-step variation of a P100 node on Piz Daint was found.
 """
 
@@ -75,15 +82,43 @@ def slowest(mean_s: float, workers: int, cv: float) -> float:
   return mean_s * (1.0 + cv * math.sqrt(2.0 * math.log(workers)))
 
 
-def calls(stack: stacks.Stack, nbytes: float, backward_s: float) -> int:
-  """How many all-reduce calls the framework makes for `nbytes` of gradients ready over `backward_s` seconds."""
+def calls(stack: stacks.Stack, nbytes: float) -> int:
+  """DDP's buckets (or a framework's one call per fusion buffer) for `nbytes` of gradients."""
   f = stack.framework
-  if f is None or f.fusion_bytes <= 0:
-    return 1 if f is None else max(int(f.tensors), 1)
-  k = math.ceil(nbytes / f.fusion_bytes)
-  if f.cycle_s > 0 and backward_s > 0:
-    k = max(k, math.ceil(backward_s / f.cycle_s))
-  return k
+  if f is None:
+    return 1
+  return math.ceil(nbytes / f.fusion_bytes) if f.fusion_bytes > 0 else max(int(f.tensors), 1)
+
+
+def after_compute(net, nbytes: float, n: int, micro_s: float) -> float:
+  """Seconds a synchronous step waits for its all-reduce after its slowest worker's compute, whose last micro-batch
+  took `micro_s`: `exposed` with the backward pass of the framework's `backward_share`, or the whole `allreduce`
+  where the network is not a stack whose framework overlaps."""
+  if not isinstance(net, stacks.Stack) or net.framework is None or net.framework.backward_share <= 0:
+    return net.allreduce(nbytes, n)
+  return exposed(net, nbytes, n, net.framework.backward_share * micro_s)
+
+
+PHASES = (0.125, 0.375, 0.625, 0.875)
+
+
+def _cycles(stack: stacks.Stack, nbytes: float, n: int, backward_s: float, phase: float) -> float:
+  """Horovod's cycles over a backward pass of `backward_s` (module docstring), the first starting `phase` cycles
+  into it: seconds from the end of the backward pass to the end of the last bytes' all-reduce."""
+  f = stack.framework
+  negotiation, coordination = stack.negotiation(n), stack.coordination(n)
+  t, done = phase * f.cycle_s, 0.0
+  while True:
+    ready = nbytes * min(t / backward_s, 1.0) - done
+    if ready > nbytes * 1e-12:
+      k = math.ceil(ready / f.fusion_bytes) if f.fusion_bytes > 0 else 1
+      work = k * (stack.collective(ready / k, n) + negotiation) + coordination * ready / nbytes
+      done += ready
+      if done >= nbytes * (1 - 1e-12):
+        return t + work - backward_s
+      t = max(t + f.cycle_s, t + work)
+    else:
+      t += f.cycle_s
 
 
 def exposed(stack, nbytes: float, n: int, backward_s: float) -> float:
@@ -92,8 +127,8 @@ def exposed(stack, nbytes: float, n: int, backward_s: float) -> float:
   if not isinstance(stack, stacks.Stack) or stack.framework is None or backward_s <= 0 or n <= 1 or nbytes <= 0:
     return stack.allreduce(nbytes, n)
   f = stack.framework
-  k = calls(stack, nbytes, backward_s)
-  # The coordinator's handling of the requests (`stacks.Framework.request_s`) runs on the same thread, between calls.
+  if f.cycle_s > 0:
+    return sum(_cycles(stack, nbytes, n, backward_s, phase) for phase in PHASES) / len(PHASES)
+  k = calls(stack, nbytes)
   per_call = stack.collective(nbytes / k, n) + stack.negotiation(n) + stack.coordination(n) / k
-  tail = f.cycle_s / 2 if f.cycle_s > 0 else 0.0
-  return max(per_call, k * per_call - (k - 1) * backward_s / k) + tail
+  return max(per_call, k * per_call - (k - 1) * backward_s / k)

@@ -1,6 +1,8 @@
 """Synchronous SGD's time rule (`algorithms/sync.py`): everyone computes, then one all-reduce.
 
-Time per iteration: max_i X_i + allreduce(P).
+Time per iteration: max_i X_i + allreduce(P); where the profile's framework all-reduces the gradients under the
+backward pass (`stacks.Framework.backward_share` > 0), only what is left of the all-reduce after the slowest
+worker's backward pass (`step.after_compute`, with that worker's mean micro-batch as its last).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import numpy as np
 
 from waitless.cluster import network as network_lib
 from waitless.cluster import schedules
+from waitless.cluster import stacks
+from waitless.cluster import step as step_lib
 from waitless.cluster.rules.waits_for_everyone import WaitsForEveryone
 
 if TYPE_CHECKING:
@@ -34,9 +38,10 @@ class Barrier(WaitsForEveryone):
   def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
     del iteration
     p = clock.workers
-    finished = self.everyone_computes(clock, clock.times.max())
+    start = clock.times.max()
+    finished = self.everyone_computes(clock, start)
     arrival = finished.max()
-    clock.times[:] = arrival + clock.network.allreduce(clock.model_bytes, p)
+    clock.times[:] = arrival + self.communication(clock, np.array([arrival - start]))[0]
     return schedules.Iteration(
         schedule=self.everyone_done(p),
         idle=arrival - finished, bytes_communicated=network_lib.ring_bytes(clock.model_bytes, p),
@@ -54,12 +59,22 @@ class Barrier(WaitsForEveryone):
     chain = np.empty(2 * n + 1)  # start, arrival_0, end_0 (= start_1), arrival_1, end_1, ...
     chain[0] = clock.times.max()
     chain[1::2] = jobs.max(axis=1)
-    chain[2::2] = clock.network.allreduce(clock.model_bytes, p)
+    chain[2::2] = self.communication(clock, chain[1::2])
     np.add.accumulate(chain, out=chain)
     idle = chain[1::2, None] - (chain[0:-1:2, None] + jobs)
     times = np.repeat(chain[2::2, None], p, axis=1)
     clock.times[:] = times[-1]
     return self.everyone_steps(idle, np.full(n, network_lib.ring_bytes(clock.model_bytes, p)), times)
+
+
+  def communication(self, clock: 'Clock', slowest_jobs: np.ndarray) -> np.ndarray:
+    """Seconds after each iteration's slowest job (of m micro-batches) until the all-reduce is done."""
+    net, p = clock.network, clock.workers
+    f = net.framework if isinstance(net, stacks.Stack) else None
+    if f is None or f.backward_share <= 0:
+      return np.full(len(slowest_jobs), net.allreduce(clock.model_bytes, p))
+    m = max(self.microbatches, 1)
+    return np.array([step_lib.after_compute(net, clock.model_bytes, p, job / m) for job in slowest_jobs])
 
 
 def time_rule(config):
