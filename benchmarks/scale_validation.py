@@ -7,15 +7,24 @@ read (docs/results/scale.md names the commits). The one figure a table sets is i
 first cell (one GPU or one node, or the smallest count it publishes), less the model's communication there. That
 cell is then out of the validation; every other cell is predicted:
 
-  step(cell)   = a x t_micro + comm(cell)        a = the cell's gradient-accumulation steps (1 if none)
-  t_micro      = (step(base) - comm(base)) / a_base,   step(base) = a_base b / (the base's per-GPU rate)
+  step(cell)   = a x slowest(t_micro, P) + comm(cell)      a = the cell's gradient-accumulation steps (1 if none)
+  t_micro      solves the same equation at the base cell with the published step there,
+               step(base) = a_base b / (the base's per-GPU rate)
   predicted    = gpus x a b / step(cell)                (b the batch per GPU)
-  comm         all-reduce families: the profile's stack, `allreduce(gradient bytes, GPUs)`, with the framework
-               (Horovod's fusion buffer and cycle, DDP's buckets) of the version the table states;
-               parameter servers: the NCCL all-reduce inside a node and `ps_exchange` among the nodes
+  comm         all-reduce families: what the profile's stack leaves after the backward pass (`cluster/step.py`:
+               `exposed(gradient bytes, GPUs, BACKWARD_SHARE x t_micro)`), with the framework (Horovod's fusion
+               buffer and cycle, DDP's buckets) of the version the table states, which all-reduces gradients as
+               they become ready; no overlap with gradient accumulation (the accumulated gradients are all-reduced
+               after the last micro-batch) or without a framework (one flat all-reduce); Horovod 0.15's
+               coordinator handles every rank's request for every tensor (`REQUEST_S`);
+               parameter servers: the NCCL all-reduce inside a node and `ps_exchange` among the nodes, no overlap
+  slowest      the expected slowest of P workers' computes, `step.slowest` with `STEP_CV`
 
-The simulator's sync rule charges compute then communication (no overlap of the all-reduce with the backward
-pass): so do these predictions. A table whose cluster has no profile committed before the tables were read, or
+The simulator's sync rule still charges compute and then the whole all-reduce (no overlap), so for the same
+stack it charges more than these predictions; it samples each worker's compute, so it needs no closed form for the
+slowest. The step's own estimates (the backward share, the variation, the coordinator's cost per request)
+are put at their ranges' ends with the profiles' (`SLOW`, `FAST`).
+A table whose cluster has no profile committed before the tables were read, or
 whose settings leave the batch or the gradient bytes unknown, is listed with the reason and not predicted.
 """
 
@@ -32,12 +41,28 @@ import numpy as np
 from waitless.cluster import network as network_lib
 from waitless.cluster import profiles
 from waitless.cluster import stacks
+from waitless.cluster import step as step_lib
 
 TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'published_tables.json')
 TARGET_CELL, TARGET_MEAN = 0.15, 0.05
 
 # Horovod's defaults by version (horovod/horovod CHANGELOG v0.21.0, #2468): before 0.21, 64 MB and 5 ms.
 HOROVOD_OLD = stacks.Framework(fusion_bytes=64 * 2**20, cycle_s=0.005)
+# Horovod 0.15's coordinator (horovod/horovod v0.15 horovod/common/operations.cc): every cycle each rank sends rank 0
+# its list of ready tensors (MPI_Gather of the lengths, MPI_Gatherv of the serialised MPIRequestLists); rank 0
+# parses them and, per request, `IncrementTensorCount` copies the MPIRequest (tensor name, shape) into the message
+# table (an unordered_map keyed by the name), then builds one response per ready tensor from its P requests;
+# the response cache that replaced this for tensors seen before came with horovod/horovod PR #902 (Horovod 0.18).
+# So rank 0 handles P x tensors requests per step, on the thread that also runs the all-reduces.
+REQUEST_S = step_lib.Estimate(
+    1e-6, 2e-7, 5e-6,
+    'estimate: one request parsed, copied and counted in a hash map keyed by a string (a few hundred nanoseconds '
+    'to a few microseconds on a Haswell core), and its share of the response: range 0.2-5 us')
+# Gradient tensors of the models the Horovod 0.15 table trains: tf_cnn_benchmarks' ResNet-50 v1, 53 convolution
+# kernels, 53 batch normalisations' scale and offset, the classifier's weights and bias: 161 (as
+# piz_daint_wagma's one message per tensor).
+RESNET50_TENSORS = 161
+HOROVOD_015 = dataclasses.replace(HOROVOD_OLD, tensors=RESNET50_TENSORS, request_s=REQUEST_S.value)
 HOROVOD_021 = stacks.Framework(fusion_bytes=128 * 2**20, cycle_s=0.001)
 # PyTorch DistributedDataParallel's default bucket_cap_mb = 25 (torch/nn/parallel/distributed.py); no cycle.
 DDP_BUCKETS = stacks.Framework(fusion_bytes=25 * 2**20, cycle_s=0.0)
@@ -66,7 +91,8 @@ def _plan(table: dict) -> tuple[Optional[Plan], str]:
   tid, s = table['id'], table['setting']
   stack_text = s.get('stack') or ''
   if tid.startswith('sarus_hvd015_nonccl'):
-    return Plan(_profile_stack('piz_daint'), 'allreduce', 'piz_daint: Horovod 0.15 over Cray MPICH, host staging'), ''
+    stack = dataclasses.replace(_profile_stack('piz_daint'), framework=HOROVOD_015)
+    return Plan(stack, 'allreduce', 'piz_daint: Horovod 0.15 over Cray MPICH, host staging'), ''
   if tid.startswith(('sarus_hvd016_nccl', 'reframe_')):
     stack = dataclasses.replace(_profile_stack('piz_daint_nccl'), framework=HOROVOD_OLD)
     return Plan(stack, 'allreduce', 'piz_daint_nccl with Horovod < 0.21 (64 MB, 5 ms)'), ''
@@ -211,6 +237,57 @@ def comm(p: Plan, table: dict, cell: dict, nbytes: float) -> float:
   return inside + p.stack.ps_exchange(nbytes, nodes, _servers(table, cell))
 
 
+@dataclasses.dataclass(frozen=True)
+class StepTerms:
+  """The step's own estimates (`cluster/step.py`, and Horovod 0.15's coordinator): the backward pass's share of a
+  micro-batch's compute, the variation of a worker's compute, the coordinator's seconds per request."""
+  backward_share: float
+  cv: float
+  request_s: float
+
+
+NOMINAL = StepTerms(step_lib.BACKWARD_SHARE.value, step_lib.STEP_CV.value, REQUEST_S.value)
+# The slow end: the least overlap, the most variation, the slowest coordinator; the fast end the reverse.
+SLOW = StepTerms(step_lib.BACKWARD_SHARE.low, step_lib.STEP_CV.high, REQUEST_S.high)
+FAST = StepTerms(step_lib.BACKWARD_SHARE.high, step_lib.STEP_CV.low, REQUEST_S.low)
+
+
+def _terms_stack(stack: stacks.Stack, terms: StepTerms) -> stacks.Stack:
+  f = stack.framework
+  if f is None or f.request_s <= 0:
+    return stack
+  return dataclasses.replace(stack, framework=dataclasses.replace(f, request_s=terms.request_s))
+
+
+def step_seconds(p: Plan, table: dict, cell: dict, nbytes: float, micro: float, accum: int,
+                 terms: StepTerms) -> float:
+  """A cell's step: `accum` micro-batches of the slowest of its GPUs, then what the step waits for of its
+  communication (the all-reduce families overlap it with the last backward pass where the framework does and the
+  step does not accumulate; the parameter servers do not overlap here)."""
+  gpus = int(cell['gpus'])
+  compute = accum * step_lib.slowest(micro, gpus, terms.cv)
+  if p.kind == 'allreduce':
+    backward = terms.backward_share * micro if accum == 1 else 0.0
+    return compute + step_lib.exposed(p.stack, nbytes, gpus, backward)
+  return compute + comm(p, table, cell, nbytes)
+
+
+def solve_micro(p: Plan, table: dict, base: dict, nbytes: float, accum: int, step: float,
+                terms: StepTerms) -> Optional[float]:
+  """The micro-batch compute whose step at the base cell is the published `step` (bisection); None if the
+  communication alone takes longer."""
+  lo, hi = 0.0, step / accum
+  if step_seconds(p, table, base, nbytes, 1e-12, accum, terms) >= step:
+    return None
+  for _ in range(100):
+    mid = 0.5 * (lo + hi)
+    if step_seconds(p, table, base, nbytes, mid, accum, terms) < step:
+      lo = mid
+    else:
+      hi = mid
+  return 0.5 * (lo + hi)
+
+
 @dataclasses.dataclass
 class Row:
   table: str
@@ -256,24 +333,25 @@ def validate(tables: Optional[list] = None) -> tuple[list[Row], list[tuple[str, 
     base = cells[0]
     accum0 = _int(base.get('grad_accum_steps', 1))
     step0 = accum0 * batch / (base['throughput'] / base['gpus'])
-    micro = (step0 - comm(p, table, base, nbytes)) / accum0
-    ends = [dataclasses.replace(p, stack=stack) for stack in bounds(p)]
-    micros = [(step0 - comm(q, table, base, nbytes)) / accum0 for q in ends]
+    ends = [(dataclasses.replace(p, stack=_terms_stack(stack, terms)), terms)
+            for stack, terms in zip(bounds(p), (SLOW, FAST))]
+    nominal = dataclasses.replace(p, stack=_terms_stack(p.stack, NOMINAL))
+    micro = solve_micro(nominal, table, base, nbytes, accum0, step0, NOMINAL)
+    micros = [solve_micro(q, table, base, nbytes, accum0, step0, terms) for q, terms in ends]
     for cell in cells[1:]:
       row = Row(table['id'], s.get('cluster', '')[:40], p.note, s.get('model', '')[:30], int(cell['gpus']),
                 int(cell['nodes']), float(cell['throughput']), None, cell.get('unit', ''))
       accum = _int(cell.get('grad_accum_steps', 1))
       if accum is None:
         row.note = f'gradient accumulation unreadable ({cell.get("grad_accum_steps")!r})'
-      elif micro <= 0:
+      elif micro is None:
         row.note = 'the model charges more communication at the base cell than its whole step'
       elif (cell['gpus'], cell['nodes']) == (base['gpus'], base['nodes']):
         row.note = 'the base cell\'s own count (another run of it)'
       else:
-        step = accum * micro + comm(p, table, cell, nbytes)
-        row.predicted = cell['gpus'] * accum * batch / step
-        band = [cell['gpus'] * accum * batch / (accum * m + comm(q, table, cell, nbytes))
-                for q, m in zip(ends, micros) if m > 0]
+        rate = lambda q, m, terms: cell['gpus'] * accum * batch / step_seconds(q, table, cell, nbytes, m, accum, terms)
+        row.predicted = rate(nominal, micro, NOMINAL)
+        band = [rate(q, m, terms) for (q, terms), m in zip(ends, micros) if m is not None]
         row.band = (min(band + [row.predicted]), max(band + [row.predicted]))
       rows.append(row)
   return rows, skipped

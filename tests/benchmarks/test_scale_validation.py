@@ -1,12 +1,14 @@
 """The held-out validation (`benchmarks/scale_validation.py`): every table is predicted or says why not, the base
 cell sets only the compute, and a cell's prediction is the formula by hand."""
 
+import dataclasses
 import json
 
 from absl.testing import absltest
 
 from benchmarks import scale_validation as v
 from waitless.cluster import profiles
+from waitless.cluster import step
 
 
 class ScaleValidationTest(absltest.TestCase):
@@ -24,15 +26,28 @@ class ScaleValidationTest(absltest.TestCase):
     self.assertGreater(v.summary(rows)['cells'], 100)
 
   def test_one_cell_by_hand(self):
-    # Horovod over Cray MPICH on piz_daint: base 2 nodes, predicted 4 nodes.
+    # Horovod 0.15 over Cray MPICH on piz_daint: base 2 nodes, predicted 4 nodes.
     table = {'id': 'sarus_hvd015_nonccl_x', 'setting': {'gradient_bytes': 1e8, 'batch_per_gpu': 64},
              'cells': [{'nodes': 2, 'gpus': 2, 'throughput': 460.0, 'unit': 'images/s'},
                        {'nodes': 4, 'gpus': 4, 'throughput': 900.0, 'unit': 'images/s'}]}
     rows, _ = v.validate([table])
-    stack = profiles.load('piz_daint').network
-    compute = 64 / 230.0 - stack.allreduce(1e8, 2)
-    self.assertAlmostEqual(rows[0].predicted, 4 * 64 / (compute + stack.allreduce(1e8, 4)))
+    stack = dataclasses.replace(profiles.load('piz_daint').network, framework=v.HOROVOD_015)
+    share, cv = step.BACKWARD_SHARE.value, step.STEP_CV.value
 
+    def seconds(micro, n):  # the slowest of n computes, then what the all-reduce leaves after the backward pass
+      return step.slowest(micro, n, cv) + step.exposed(stack, 1e8, n, share * micro)
+    micro = v.solve_micro(v.plan(table)[0], table, table['cells'][0], 1e8, 1, 64 / 230.0, v.NOMINAL)
+    self.assertAlmostEqual(seconds(micro, 2), 64 / 230.0)  # the base cell sets the compute, nothing else
+    self.assertAlmostEqual(rows[0].predicted, 4 * 64 / seconds(micro, 4))
+
+  def test_accumulation_and_parameter_servers_do_not_overlap(self):
+    table = {'id': 'dle_tf1_bert_dgx2h_x', 'setting': {}, 'cells': []}
+    p, _ = v.plan(table)
+    cell = {'gpus': 64, 'nodes': 4}
+    with_accum = v.step_seconds(p, table, cell, 1e9, 0.1, 4, v.NOMINAL)
+    self.assertAlmostEqual(with_accum, 4 * step.slowest(0.1, 64, v.NOMINAL.cv) + p.stack.allreduce(1e9, 64))
+    self.assertLess(v.step_seconds(p, table, cell, 1e9, 0.4, 1, v.NOMINAL),
+                    step.slowest(0.4, 64, v.NOMINAL.cv) + p.stack.allreduce(1e9, 64))
 
   def test_bounds_put_each_estimate_at_its_ranges_ends(self):
     table = {'id': 'sarus_hvd016_nccl_x', 'setting': {}, 'cells': []}
@@ -43,6 +58,9 @@ class ScaleValidationTest(absltest.TestCase):
                      (12.0, 24.0, 75.85))
     self.assertEqual(slow.congestion.shared_fraction, 0.41)
     self.assertEqual(fast.framework, p.stack.framework)  # the table's Horovod version is kept
+    # The step's own estimates: the least overlap and the most variation at the slow end.
+    self.assertEqual((v.SLOW.backward_share, v.SLOW.cv), (step.BACKWARD_SHARE.low, step.STEP_CV.high))
+    self.assertEqual((v.FAST.backward_share, v.FAST.cv), (step.BACKWARD_SHARE.high, step.STEP_CV.low))
 
 
 if __name__ == '__main__':
