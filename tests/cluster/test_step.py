@@ -10,6 +10,7 @@ import numpy as np
 
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import compute
+from waitless.cluster import faults
 from waitless.cluster import network
 from waitless.cluster import profiles
 from waitless.cluster import stacks
@@ -94,6 +95,13 @@ class SyncRuleTest(absltest.TestCase):
       block = self._clock(mpich(f), sync.Barrier(m))
       steps = block.rule.iterate_block(block, 0, 5)
       np.testing.assert_allclose(steps.times[-1], 5 * expected)
+
+  def test_a_delay_is_not_backward_work(self):
+    f = stacks.Framework(fusion_bytes=64e6, cycle_s=5e-3, backward_share=2 / 3)
+    clk = clock_lib.Clock(workers=16, rule=sync.Barrier(), compute=compute.Constant(0.3), network=mpich(f),
+                          model_bytes=1e8, seed=0, delay=faults.RandomDelay(count=2, delay_s=0.32, workers=16, seed=0))
+    clk.rule.iterate(clk, 0)
+    np.testing.assert_allclose(clk.times, 0.62 + step.exposed(mpich(f), 1e8, 16, 0.2))
 
   def test_without_backward_share_nothing_changes(self):
     f = stacks.Framework(fusion_bytes=64e6, cycle_s=5e-3)

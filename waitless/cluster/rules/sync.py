@@ -1,13 +1,14 @@
 """Synchronous SGD's time rule (`algorithms/sync.py`): everyone computes, then one all-reduce.
 
 Time per iteration: max_i X_i + allreduce(P); where the profile's framework all-reduces the gradients under the
-backward pass (`stacks.Framework.backward_share` > 0), only what is left of the all-reduce after the slowest
-worker's backward pass (`step.after_compute`, with that worker's mean micro-batch as its last).
+backward pass (`stacks.Framework.backward_share` > 0), only what is left of the all-reduce after the backward pass
+of the last micro-batch (`step.after_compute`, with the compute model's mean micro-batch).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, TYPE_CHECKING
 
 import numpy as np
@@ -73,6 +74,11 @@ class Barrier(WaitsForEveryone):
     f = net.framework if isinstance(net, stacks.Stack) else None
     if f is None or f.backward_share <= 0:
       return np.full(len(slowest_jobs), net.allreduce(clock.model_bytes, p))
+    # The backward pass of a mean micro-batch: a delay (a sleep, a fault) is not backward work, and a slow worker's
+    # longer backward pass is not credited (the pessimistic side); a job's own mean where the model's is infinite.
+    mean = clock.mean_unit_seconds()
+    if math.isfinite(mean):
+      return np.full(len(slowest_jobs), step_lib.after_compute(net, clock.model_bytes, p, mean))
     m = max(self.microbatches, 1)
     return np.array([step_lib.after_compute(net, clock.model_bytes, p, job / m) for job in slowest_jobs])
 
