@@ -52,7 +52,8 @@ HOROVOD_OLD = stacks.Framework(fusion_bytes=64 * 2**20, cycle_s=0.005)
 # its list of ready tensors (MPI_Gather of the lengths, MPI_Gatherv of the serialised MPIRequestLists); rank 0
 # parses them and, per request, `IncrementTensorCount` copies the MPIRequest (tensor name, shape) into the message
 # table (an unordered_map keyed by the name), then builds one response per ready tensor from its P requests;
-# the response cache that replaced this for tensors seen before came with horovod/horovod PR #902 (Horovod 0.18).
+# the response cache that replaced this for tensors seen before came later, with horovod/horovod PR #902 (which
+# release first shipped it was not checked: the 0.16 tables, at most 12 nodes, are not charged it).
 # So rank 0 handles P x tensors requests per step, on the thread that also runs the all-reduces.
 REQUEST_S = step_lib.Estimate(
     1e-6, 2e-7, 5e-6,
