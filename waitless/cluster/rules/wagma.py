@@ -8,7 +8,6 @@ rule charges the full overlap of the exchange with the gradient that their order
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional, TYPE_CHECKING
 
 import numpy as np

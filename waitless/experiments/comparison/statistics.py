@@ -76,7 +76,7 @@ def read_run(run: PlannedRun) -> dict[str, Any]:
   if status == 'finished':
     metrics_io.check_finished_log(run.workdir, rows, summary, cadence,
                                   None if config is None else config.target_accuracy)
-  elif status is not None and rows and config is not None:  # stopped for good (diverged, stalled): every row up to its last one
+  elif status is not None and rows and config is not None:  # stopped for good (diverged, stalled): up to its end
     gaps = metrics_io.log_gaps([r['step'] for r in rows], rows[-1]['step'], *cadence, int(run.config.num_steps))
     if gaps is not None:
       raise metrics_io.CutLog(f'{os.path.join(run.workdir, metrics_io.METRICS_FILE)} has {gaps}: its figures would '

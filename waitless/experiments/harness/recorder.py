@@ -6,8 +6,8 @@ loop (`loop.py`) and the Ray driver (`ray_runtime/driver.py`) differ only in how
 read; each hands the recorder its measurements, and the recorder
 
 - resumes: every valid row up to the restored step is kept (a damaged line is skipped and named), rows the log
-  lacks up to that step are named in one line, and again when the run finishes; the window, first time at the target and last evaluation
-  come back from the checkpoint's meta;
+  lacks up to that step are named in one line, and again when the run finishes; the window, first time at the
+  target and last evaluation come back from the checkpoint's meta;
 - stops a run whose training loss is not finite (`TrainingDiverged`, naming the step and the checkpoint kept);
 - writes a row every `log_every` steps and at each evaluation, with ONE time field named after the clock that
   produced it: `sim_time` for the simulated cluster's clock, `measured_time` for a measured run (`TIME_FIELDS`);
