@@ -29,6 +29,7 @@ from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
+from waitless.cluster import limits
 from waitless.cluster import network as network_lib
 from waitless.experiments import config_paths
 
@@ -58,6 +59,14 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     errors.ConfigError: a bad config field (before anything runs).
   """
   spec = registry.get(config.algorithm.name)
+  limits.check_workers(config, ray=config.get('runtime') == 'ray')  # before any field reads P
+  if iterations is not None:
+    errors.require_int(iterations, '--iterations', 1)
+  errors.require_int(block, '--block', 1)
+  # What the clock will hold, before anything (the straggler model, the rule) allocates per worker.
+  steps = iterations if iterations is not None else config.get('num_steps')
+  limits.check_clock_memory(config, min(block, steps) if errors.is_int(steps) and steps >= 1 else block, '--block',
+                            block_value=block)
   cost = cluster_factory.validate(config)
   errors.require(config.stragglers.kind != cluster_factory.MEASURED, 'stragglers.kind',
                  cluster_factory.MEASURED, 'a measured run has no simulated clock to simulate; give a compute model '
@@ -69,7 +78,6 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     config = duration.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
   errors.require_int(iterations, 'iterations', 1)
-  errors.require_int(block, 'block', 1)
   nbytes = model_bytes(config) if nbytes is None else float(nbytes)
   errors.require_number(nbytes, 'model_bytes', 'must be a number >= 0', lambda v: v >= 0)
   clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes, cost)
