@@ -38,6 +38,7 @@ from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import preemption
 from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import setup
+from waitless.experiments.harness import tasks
 from waitless.experiments.harness import workdir as workdir_lib
 from waitless.experiments.harness import workdir_lock
 from waitless.experiments.harness.ray_runtime import arrivals as arrivals_lib
@@ -124,16 +125,64 @@ def resources(config) -> dict[str, float]:
   return {'worker_cpus': float(cpus), 'worker_gpus': float(r.worker_gpus), 'server_cpus': float(r.server_cpus)}
 
 
-def check_resources(config, wanted: dict[str, float]) -> None:
-  """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and P learners."""
+def check_resources(config, wanted: dict[str, float], model_bytes: Optional[float] = None) -> None:
+  """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and P learners: their
+  CPUs and GPUs, and (`model_bytes` given) their processes' memory against the cluster's `memory` resource."""
   import ray
   total = ray.cluster_resources()
   p = config.workers
+  if model_bytes is not None and total.get('memory'):
+    from waitless import machine
+    need = actors_memory_bytes(config, model_bytes)
+    errors.require(need <= total['memory'], 'workers', p,
+                   f'{p} learners and the server are {p + 1} processes of about '
+                   f'{machine.gigabytes(need / (p + 1))} each, {machine.gigabytes(need)} in all, more than the Ray '
+                   f'cluster\'s memory ({machine.gigabytes(total["memory"])}): use fewer workers')
   for kind, need in (('CPU', p * wanted['worker_cpus'] + wanted['server_cpus']), ('GPU', p * wanted['worker_gpus'])):
     have = float(total.get(kind, 0.0))
     errors.require(need <= have + 1e-9, 'workers', p,
                    f'{p} learners and the server need {need:g} {kind}s, the Ray cluster has {have:g}: use fewer '
                    f'workers, or smaller ray.worker_{kind.lower()}s / ray.server_cpus (fractions share a device)')
+
+
+# A learner actor is a process of its own: Python, JAX and its compiled step, about 400 MB resident for the digits
+# model (issue 59: 64 learners on a 2-core laptop took about 26 GB); the model, its gradient and the optimizer's
+# state come on top. The server is one more such process, and a local Ray's own daemons (raylet, GCS, workers'
+# pool) about half a gigabyte.
+ACTOR_RESIDENT_BYTES = 400e6
+MODEL_COPIES_PER_ACTOR = 4
+RAY_DAEMONS_BYTES = 500e6
+MEMORY_SHARE = 0.8  # of the memory available: the driver (the evaluation, the checkpoints) needs the rest
+
+
+def actors_memory_bytes(config, model_bytes: float) -> float:
+  """Memory a run's actors hold: P learners and the server, each `ACTOR_RESIDENT_BYTES` plus its model copies."""
+  return (config.workers + 1) * (ACTOR_RESIDENT_BYTES + MODEL_COPIES_PER_ACTOR * model_bytes)
+
+
+def check_local_machine(config, model_bytes: float, available: Optional[int] = None,
+                        cpus: Optional[int] = None) -> None:
+  """Raises errors.ConfigError naming `workers` when a local Ray on this machine cannot hold the server and P
+  learners: their processes' memory (`actors_memory_bytes` and Ray's daemons) against what the machine has
+  (`machine.available_memory_bytes`), and their CPUs when `ray.worker_cpus` is set (`machine.cpu_count`, which
+  Ray counts too). Before any Ray process starts."""
+  from waitless import machine
+  available = machine.available_memory_bytes() if available is None else available
+  cpus = machine.cpu_count() if cpus is None else cpus
+  p, r = config.workers, config.ray
+  need = actors_memory_bytes(config, model_bytes) + RAY_DAEMONS_BYTES
+  errors.require(available is None or need <= MEMORY_SHARE * available, 'workers', p,
+                 f'{p} learners and the server are {p + 1} processes of about '
+                 f'{machine.gigabytes(ACTOR_RESIDENT_BYTES + MODEL_COPIES_PER_ACTOR * model_bytes)} each on a local '
+                 f'Ray: {machine.gigabytes(need)} with its daemons, more than this machine has '
+                 f'({machine.gigabytes(available or 0)} available, {cpus} CPUs): use fewer workers, or a Ray cluster '
+                 '(--ray_address)')
+  if r.worker_cpus is not None:
+    wanted = p * r.worker_cpus + r.server_cpus
+    errors.require(wanted <= cpus + 1e-9, 'workers', p,
+                   f'{p} learners and the server need {wanted:g} CPUs (ray.worker_cpus={r.worker_cpus:g}, '
+                   f'ray.server_cpus={r.server_cpus:g}), this machine has {cpus}: use fewer workers, or a smaller '
+                   'ray.worker_cpus (fractions share a CPU)')
 
 
 def _runtime_env() -> dict[str, Any]:
@@ -189,12 +238,15 @@ class Driver:
   def train(self, stop_requests: preemption.StopRequests) -> dict[str, Any]:
     import ray  # only a Ray run pays for it
     workdir_lib.check_workdir(self.workdir, self.config)  # a conflict is news before Ray starts
+    model_bytes = float(tasks.model_bytes(self.run.config))  # from shapes: nothing allocated
+    if not self.address:  # a local Ray: this machine holds every actor; refused before any Ray process starts
+      check_local_machine(self.config, model_bytes)
     self.lock = workdir_lock.WorkdirLock(self.workdir)  # one program per workdir
     started = connect(self.address)
     actors = []
     try:
       wanted = resources(self.config)
-      check_resources(self.config, wanted)  # before the workdir is written: nothing of this run exists yet
+      check_resources(self.config, wanted, model_bytes)  # before the workdir is written: nothing of this run exists yet
       like = jax.device_get(setup.init_state(self.run))
       self.num_params = setup.param_count_and_bytes(like.params)[0] // self.config.workers
       state, meta = self.prepare_workdir(like)
