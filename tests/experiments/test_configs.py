@@ -75,7 +75,11 @@ class ConfigArgTest(parameterized.TestCase):
       ('unknown_key', 'sync,bogus=1', 'unknown key'),
       ('unknown_path', 'sync,optimizer.bogus=1', 'unknown key'),
       ('not_key_value', 'sync,workers', 'expected key=value'),
-      ('wrong_type', 'sync,workers=eight', 'must be of type int'))
+      ('wrong_type', 'sync,workers=eight', 'must be of type int'),
+      # Issue 59: a key given twice was accepted, the last winning.
+      ('key_twice', 'wagma,workers=8,workers=16', r'sets workers twice \(workers=8 and workers=16\): give it once'),
+      ('algorithm_key_twice', 'local_sgd,local_steps=2,algorithm.local_steps=3', 'sets algorithm.local_steps twice'),
+      ('preset_twice', 'sync,stragglers=heterogeneous,stragglers=none', 'sets stragglers twice'))
   def test_bad_arguments(self, arg, message):
     with self.assertRaisesRegex(errors.ConfigError, message):
       digits.get_config(arg)
