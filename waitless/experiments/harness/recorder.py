@@ -209,9 +209,13 @@ def restore_common_step(recorders: list[RunRecorder], like_state: Any) -> Option
   Raises:
     ValueError: the runs have checkpoints but no step in common.
   """
+  unreadable: dict[str, list[int]] = {}  # workdir -> the steps moved aside
   while True:
     steps = [set(r.checkpointer.all_steps()) for r in recorders]
     if not any(steps):
+      for workdir, lost in unreadable.items():  # said: a run that starts over must not look like a resume
+        log.warning('%s: no readable checkpoint is left (unreadable: step(s) %s, moved to corrupt_checkpoints/): '
+                    'the run trains again from step 0', workdir, ', '.join(map(str, sorted(lost))))
       return None
     common = set.intersection(*steps)
     if not common:
@@ -221,5 +225,8 @@ def restore_common_step(recorders: list[RunRecorder], like_state: Any) -> Option
     step = max(common)
     restored = [r.checkpointer.restore_step(step, like_state, checkpointing.quarantine_step(r.workdir))
                 for r in recorders]
+    for r, x in zip(recorders, restored):
+      if x is None:
+        unreadable.setdefault(r.workdir, []).append(step)
     if all(x is not None for x in restored):
       return step, restored
