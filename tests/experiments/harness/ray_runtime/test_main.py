@@ -101,6 +101,36 @@ class LocalMachineTest(absltest.TestCase):
       driver.check_local_machine(config, 0.0, available=16 * 10**9, cpus=2)
 
 
+class LearnerDeathLineTest(absltest.TestCase):
+  """Issue 59: the driver's line for a dead learner was cut mid-word ("The task may o)"), and the raylet's own
+  "Task ... failed" lines were printed beside it."""
+
+  def test_the_reason_is_cut_at_a_word_never_inside_one(self):
+    from waitless.experiments.harness.ray_runtime import driver
+    error = RuntimeError('The actor died unexpectedly before finishing this task\n\tclass_name: LearnerActor\n'
+                         + 'The worker process has died and the task may or may not have run: ' * 5)
+    reason = driver.short_reason(error)
+    self.assertLessEqual(len(reason), 160)
+    self.assertTrue(reason.endswith('...'), reason)
+    self.assertIn(reason[:-3].rsplit(' ', 1)[-1], error.args[0].split())  # the last word is whole
+    self.assertEqual(driver.short_reason(RuntimeError('Short. Second sentence.')), 'Short')
+    self.assertEqual(driver.short_reason(RuntimeError()), 'RuntimeError')
+
+  def test_the_raylets_messages_go_to_the_workdir(self):
+    import contextlib
+    import io
+    from ray._private import worker as ray_worker
+    from waitless.experiments.harness.ray_runtime import driver
+    path = os.path.join(self.create_tempdir().full_path, driver.RAYLET_MESSAGES)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+      with driver.raylet_messages_to(path):
+        ray_worker.print_to_stdstream({'lines': ['Task LearnerActor.work failed.'], 'pid': 'raylet',
+                                       'is_err': False}, ignore_prefix=False)
+    self.assertEqual(out.getvalue(), '')
+    self.assertRegex(open(path).read(), r'^\d\d:\d\d:\d\d Task LearnerActor.work failed.\n$')
+
+
 class ClusterTest(absltest.TestCase):
 
   @pytest.mark.slow

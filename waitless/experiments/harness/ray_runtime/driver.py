@@ -55,6 +55,7 @@ RUNTIME = 'ray'
 REPORTS = {'k': 'mean', 'max_staleness': 'max', 'discarded': 'sum', 'update_s': 'mean'}
 CONNECT_TIMEOUT_S = 15.0
 POLL_S = 0.05
+RAYLET_MESSAGES = 'ray_messages.log'  # the raylet's own error messages (`raylet_messages_to`)
 START_TIMEOUT_S = 600.0  # actors start, import JAX and compile: minutes on a busy cluster
 
 
@@ -74,6 +75,46 @@ def _own_signal_handlers():
     if threading.current_thread() is threading.main_thread():
       for sig, handler in kept.items():
         signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def raylet_messages_to(path: str):
+  """Ray's driver prints the raylet's error messages (a worker that died, 'Task ... failed. There are N retries
+  remaining') on its standard streams, beside the driver's own line for the same event: while this is open they
+  are appended to `path` instead. Ray's private `print_to_stdstream` is wrapped (looked up by the listener at
+  every message); where a Ray version has none, its messages are printed as before."""
+  from ray._private import worker as ray_worker
+  original = getattr(ray_worker, 'print_to_stdstream', None)
+  if original is None:
+    yield
+    return
+
+  def route(data, ignore_prefix):
+    if data.get('pid') != 'raylet':
+      return original(data, ignore_prefix)
+    try:
+      with open(path, 'a') as f:
+        f.writelines(f'{time.strftime("%H:%M:%S")} {line}\n' for line in data.get('lines', []))
+    except OSError:
+      return original(data, ignore_prefix)
+
+  ray_worker.print_to_stdstream = route
+  try:
+    yield
+  finally:
+    ray_worker.print_to_stdstream = original
+
+
+def short_reason(error: BaseException, limit: int = 160) -> str:
+  """An exception's message in at most `limit` characters for one line: its first sentence or line, cut at a word
+  boundary with '...' (never mid-word: Ray's actor errors run to several lines)."""
+  text = ' '.join(str(error).split())
+  if not text:
+    return type(error).__name__
+  sentence = text.split('. ')[0].rstrip('.')
+  if len(sentence) <= limit:
+    return sentence
+  return sentence[:limit - 3].rsplit(' ', 1)[0] + '...'
 
 
 def start_local(**options) -> None:
@@ -244,6 +285,8 @@ class Driver:
     self.lock = workdir_lock.WorkdirLock(self.workdir)  # one program per workdir
     started = connect(self.address)
     actors = []
+    quiet = contextlib.ExitStack()  # the raylet's messages into the workdir while this run's actors live
+    quiet.enter_context(raylet_messages_to(os.path.join(self.workdir, RAYLET_MESSAGES)))
     try:
       wanted = resources(self.config)
       check_resources(self.config, wanted, model_bytes)  # before the workdir is written: nothing of this run exists yet
@@ -277,6 +320,7 @@ class Driver:
         ray.kill(actor, no_restart=True)
       if started:
         ray.shutdown()
+      quiet.close()
 
   def wait_until_ready(self, server, learners, timeout_s: float = START_TIMEOUT_S) -> None:
     """Waits until every actor has started and compiled; one line (exit 2) when the cluster's free resources
@@ -321,7 +365,7 @@ class Driver:
   def learner_died(self, i: int, error: Exception) -> None:
     """One line; a learner past its restarts is lost, and a run that needs more learners than are left stops."""
     self.deaths[i] += 1
-    reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+    reason = short_reason(error)
     if self.deaths[i] <= self.config.ray.max_restarts:
       waits = ' (the synchronous update waits for it)' if self.policy.waits else ''
       log.warning('learner %d died at step %d (%s); Ray restarts it (%d of %d) and it fetches its view again%s', i,
