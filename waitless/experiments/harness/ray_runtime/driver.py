@@ -296,6 +296,8 @@ class Driver:
       self.step = int(meta.get('step', 0))
       self.recorder.open(resumed_step=self.step)
       self.events = events_lib.EventLog(self.workdir, keep_through_step=self.step or None)
+      for problem in self.events.problems:  # lost before this resume: said, never silent
+        log.warning('%s', problem)
       if self.step >= self.num_steps:  # killed after its last checkpoint, before its summary
         return self.finish()
       env = _runtime_env()
