@@ -85,7 +85,7 @@ def validate(config: ml_collections.ConfigDict) -> cluster_factory.Effective:
     errors.require_int(config[field], field, 1)
   _check_counts(config)
   # The clock's host memory: the loop draws a block of steps_per_call iterations ahead of the one running.
-  limits.check_clock_memory(config, 2 * config.steps_per_call, 'steps_per_call')
+  limits.check_clock_memory(config, 2 * config.steps_per_call, 'steps_per_call', block_value=config.steps_per_call)
   errors.require_int(config.seed, 'seed', 0, SEED_MAX, 'the compiled programs take the seed as an int32')
   errors.require_number(config.target_accuracy, 'target_accuracy', 'must be a number in (0, 1]',
                         lambda v: 0 < v <= 1)
