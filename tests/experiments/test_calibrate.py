@@ -37,7 +37,10 @@ class CalibrateTest(absltest.TestCase):
         ((f'--out={tmp}',), '--out=.* is not allowed: is a directory'),
         ((f'--out={tmp}/p.json', '--collective_sizes=4096'), r'--collective_sizes=.4096. .*two or more distinct'),
         ((f'--out={tmp}/p.json', '--collective_sizes=4096,abc'), r'--collective_sizes=.4096,abc. .*integers'),
-        ((f'--out={tmp}/p.json', '--collective_sizes=0,4096'), r'--collective_sizes=.0,4096. .*integers >= 4')):
+        ((f'--out={tmp}/p.json', '--collective_sizes=0,4096'), r'--collective_sizes=.0,4096. .*integers >= 4'),
+        ((f'--out={tmp}/p.json', '--processes=100000'), r'--processes=100000 is not allowed: .* JAX processes need'),
+        ((f'--out={tmp}/p.json', 'extra'), r"unexpected argument\(s\) 'extra'"),
+        ((f'--out={tmp}/p.json', '--config='), "--config='' is not allowed: name a config file")):
       out = run('--config=experiments/configs/digits.py:sync', *flags_)
       self.assertEqual(out.returncode, 2, out.stderr[-2000:])
       self.assertRegex(out.stderr.strip(), f'^error: {message}')

@@ -110,6 +110,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   """
   errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
                      '(one CPU device each, started here over loopback)')
+  check_processes(processes)
   check_out(out)  # before the measurements: a path that cannot be written is news now, not minutes later
   check_collective_sizes(collective_sizes, processes)
   errors.require_int(rounds, '--rounds', 1)
@@ -170,6 +171,19 @@ def check_out(out) -> None:
       raise errors.ConfigError('--out', out, f'exists and is not a profile this program can extend ({e})') from e
 
 
+PROCESS_RESIDENT_BYTES = 400e6  # a JAX process of the harness or the collectives' mesh (Python, JAX, its program)
+
+
+def check_processes(processes: int) -> None:
+  """--processes JAX processes must fit in this machine's memory (each about `PROCESS_RESIDENT_BYTES`)."""
+  from waitless import machine
+  available = machine.available_memory_bytes()
+  need = processes * PROCESS_RESIDENT_BYTES
+  errors.require(available is None or need <= 0.8 * available, '--processes', processes,
+                 f'{processes} JAX processes need about {machine.gigabytes(need)}, more than this machine has '
+                 f'({machine.gigabytes(available or 0)} available, {machine.cpu_count()} CPUs)')
+
+
 def parse_collective_sizes(values: list[str]) -> list[int]:
   """--collective_sizes as integers; ConfigError naming the flag for one that is not."""
   try:
@@ -215,4 +229,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=lambda argv: flags.FLAGS(config_paths.resolve_argv(argv)))
+  app.run(main, flags_parser=lambda argv: config_paths.parse_flags(argv, _CONFIG))  # a bad --config: one line
