@@ -61,6 +61,8 @@ class BadInputTest(parameterized.TestCase):
        r'^error: debug_crash_learner=.7:3. .*learner I in 0..3'),
       ('ray_flag_without_ray', 'async', ('--ray_address=127.0.0.1:6379',),
        r'^error: --ray_address=.* for runtime=ray runs only'),
+      ('malformed_address', 'async,runtime=ray', ('--ray_address=garbage',),
+       r'^error: --ray_address=garbage is not allowed: must be HOST:PORT'),
       ('address_that_does_not_answer', 'async,runtime=ray', ('--ray_address=127.0.0.1:9',),
        r'^error: --ray_address=127.0.0.1:9 does not answer within'),
       ('more_workers_than_the_cluster_has', 'async,runtime=ray,workers=4,ray.worker_cpus=8.0', (),

@@ -138,6 +138,9 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
     return True
   if address != 'auto':
     host, _, port = address.rpartition(':')
+    if not port.isdigit() or not 0 < int(port) < 65536:
+      raise ray_config.RayUnavailable(f'--ray_address={address} is not allowed: must be HOST:PORT of the Ray '
+                                      "cluster's head (e.g. 127.0.0.1:6379), or auto")
     try:
       with socket.create_connection((host or '127.0.0.1', int(port)), timeout=timeout_s):
         pass
