@@ -3,8 +3,10 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -112,6 +114,19 @@ class CommandLineTest(parameterized.TestCase):
   def _run(self, *args):
     return subprocess.run([sys.executable, '-m', 'waitless.experiments.simulate', *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)
+
+  def test_a_signal_is_one_line(self):
+    # Issue 59's principle: Ctrl-C and SIGTERM are one line (a KeyboardInterrupt traceback, a silent 143 before).
+    for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+      process = subprocess.Popen([sys.executable, '-m', 'waitless.experiments.simulate',
+                                  '--config=experiments/configs/digits.py:wagma,workers=1024,devices=1',
+                                  '--iterations=100000000', '--model_bytes=1'], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+      time.sleep(8)  # past its imports: simulating
+      process.send_signal(sig)
+      out, err = process.communicate(timeout=60)
+      self.assertEqual(process.returncode, status, err[-2000:])
+      self.assertEqual((out, err), ('', f'stopped by {sig.name}: nothing simulated is printed; rerun to simulate\n'))
 
   def test_prints_one_json_object(self):
     out = self._run('--config=experiments/configs/digits.py:local_sgd', '--iterations=40')

@@ -16,6 +16,8 @@ The time rule is the algorithm's own (`cluster.registry.time_rule(config)`).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from typing import Any, Optional
@@ -124,7 +126,18 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   }
 
 
+def _stopped(signum, frame) -> None:
+  """Ctrl-C or SIGTERM: one line, exit 130 or 143 (simulate prints its JSON only at the end: nothing is lost)."""
+  del frame
+  sys.stdout.flush()
+  sys.stderr.write(f'stopped by {signal.Signals(signum).name}: nothing simulated is printed; rerun to simulate\n')
+  sys.stderr.flush()
+  os._exit(143 if signum == signal.SIGTERM else 130)
+
+
 def main(argv):
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, _stopped)
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if _CONFIG.value is None:
