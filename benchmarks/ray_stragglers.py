@@ -38,11 +38,11 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 
+from benchmarks import cli
 from waitless.cluster import factory as cluster_factory
 from waitless.cluster import registry
 from waitless.experiments.configs import digits
@@ -232,7 +232,7 @@ def print_tables(results: list[dict]) -> None:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   logging.set_verbosity(logging.ERROR)
   if _FROM_JSON.value:
     with open(_FROM_JSON.value) as f:
@@ -248,4 +248,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

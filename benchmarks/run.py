@@ -41,12 +41,12 @@ os.environ['XLA_FLAGS'] = ' '.join(
     [f for f in os.environ.get('XLA_FLAGS', '').split() if 'xla_force_host_platform_device_count' not in f]
     + ['--xla_force_host_platform_device_count=8'])
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
 import numpy as np
 
+from benchmarks import cli
 from waitless.cluster import registry
 from benchmarks import gpu
 from benchmarks import harness_overhead
@@ -192,7 +192,7 @@ class _Tee(io.StringIO):
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   logging.set_verbosity(logging.WARNING)
   quick = _QUICK.value
   out = _Tee()
@@ -231,4 +231,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -48,6 +48,15 @@ class BadFlagsTest(parameterized.TestCase):
     self.assertRegex(lines[0], '^error: ' + pattern)
     self.assertEqual(result.stdout, '')
 
+  @parameterized.parameters('call_overhead', 'failure_table', 'gpu_check', 'harness_overhead', 'ray_overhead',
+                            'ray_stragglers', 'run', 'simulator_speed', 'stale_tradeoff', 'startup',
+                            'vmapped_conditionals')
+  def test_every_benchmark_refuses_a_positional_argument(self, module):
+    result = _run(module, 'typo')
+    self.assertEqual(result.returncode, 2, result.stderr[-2000:])
+    self.assertEqual(result.stderr.strip(), "error: arguments='typo' is not allowed: this benchmark takes no "
+                     'positional arguments (flags are --name=value)')
+
   def test_sigterm_is_one_line(self):
     process = subprocess.Popen([sys.executable, '-m', 'benchmarks.clock_scale', '--workers=8',
                                 '--worker_iterations=100000000'], cwd=ROOT, stdout=subprocess.PIPE,
