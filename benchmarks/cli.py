@@ -67,6 +67,20 @@ def output_directory(path: str, flag: str) -> None:
     raise errors.ConfigError(flag, path, f'cannot be made ({e.strerror})') from None
 
 
+def output_file(path: str, flag: str, make_directory: bool = False) -> None:
+  """`path` can be written at the end of the run: not a directory, in an existing writable directory (made here
+  with `make_directory`). Checked before any work, so that a typo does not cost the benchmark's minutes."""
+  errors.require(not os.path.isdir(path), flag, path, 'is a directory: name the file to write')
+  directory = os.path.dirname(os.path.abspath(path))
+  if make_directory and not os.path.exists(directory):
+    try:
+      output_directory(directory, flag)
+    except errors.ConfigError as e:
+      raise errors.ConfigError(flag, path, f'its directory {directory} {e.allowed}') from None
+  errors.require(os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK), flag, path,
+                 f'its directory {directory} does not exist or is not writable')
+
+
 def track(process: subprocess.Popen) -> subprocess.Popen:
   """A child process that Ctrl-C or SIGTERM stops with the benchmark."""
   _CHILDREN.append(process)

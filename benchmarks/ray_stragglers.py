@@ -43,6 +43,7 @@ from absl import logging
 import numpy as np
 
 from benchmarks import cli
+from waitless.experiments.harness import atomic_files
 from waitless.cluster import factory as cluster_factory
 from waitless.cluster import registry
 from waitless.experiments.configs import digits
@@ -233,6 +234,8 @@ def print_tables(results: list[dict]) -> None:
 
 def main(argv):
   cli.no_positionals(argv)
+  if _OUT.value:
+    cli.output_file(_OUT.value, '--out')
   logging.set_verbosity(logging.ERROR)
   if _FROM_JSON.value:
     with open(_FROM_JSON.value) as f:
@@ -240,8 +243,7 @@ def main(argv):
   else:
     results = run_all()
   if _OUT.value:
-    with open(_OUT.value, 'w') as f:
-      json.dump(results, f, indent=1)
+    atomic_files.write_json(_OUT.value, results, indent=1)
   print_tables(results)
   if _FIGURE.value:
     draw(results, _FIGURE.value)

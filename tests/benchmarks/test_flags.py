@@ -39,7 +39,10 @@ class BadFlagsTest(parameterized.TestCase):
       ('paper_figures_unwritable', 'paper_scale', ('horovod', '--figures=/proc/nope'),
        r'--figures=./proc/nope. is not allowed: cannot be made'),
       ('paper_unknown_experiment', 'paper_scale', ('nosuch',), r'experiment=.nosuch. is not allowed: one of wagma'),
-      ('paper_two_positionals', 'paper_scale', ('wagma', 'dasgd'), r'arguments=.wagma dasgd. is not allowed'))
+      ('paper_two_positionals', 'paper_scale', ('wagma', 'dasgd'), r'arguments=.wagma dasgd. is not allowed'),
+      ('ray_stragglers_out', 'ray_stragglers', ('--out=/nonexistent/x.json',),
+       r'--out=./nonexistent/x.json. is not allowed: its directory /nonexistent does not exist'),
+      ('run_out', 'run', ('--out=/proc/nope/report.txt',), r'--out=./proc/nope/report.txt. is not allowed: its dir'))
   def test_one_line_exit_2(self, module, args, pattern):
     result = _run(module, *args)
     self.assertEqual(result.returncode, 2, result.stderr[-2000:])
