@@ -79,7 +79,7 @@ class ConfigArgTest(parameterized.TestCase):
       # Issue 59: a key given twice was accepted, the last winning.
       ('key_twice', 'wagma,workers=8,workers=16', r'sets workers twice \(workers=8 and workers=16\): give it once'),
       ('algorithm_key_twice', 'local_sgd,local_steps=2,algorithm.local_steps=3', 'sets algorithm.local_steps twice'),
-      ('preset_twice', 'sync,stragglers=heterogeneous,stragglers=none', 'sets stragglers twice'))
+      ('field_twice', 'sync,stragglers.rate=2.0,stragglers.rate=3.0', 'sets stragglers.rate twice'))
   def test_bad_arguments(self, arg, message):
     with self.assertRaisesRegex(errors.ConfigError, message):
       digits.get_config(arg)

@@ -159,7 +159,9 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
   given: dict[str, str] = {}  # field path -> the part that set it
   for part in parts[1:]:
     key = part.partition('=')[0].strip()
-    path = key if key == 'stragglers' else resolve_key(config, key)
+    if key == 'stragglers':  # presets compose (each sets its fields; conflicting ones are refused by name)
+      continue
+    path = resolve_key(config, key)
     if '=' in part and path in given:  # the last would win silently: which one was meant?
       raise errors.ConfigError('config argument', arg, f'sets {path} twice ({given[path]} and {part}): give it once')
     given[path] = part
