@@ -51,7 +51,7 @@ class BadFlagsTest(parameterized.TestCase):
     self.assertRegex(lines[0], '^error: ' + pattern)
     self.assertEqual(result.stdout, '')
 
-  @parameterized.parameters('call_overhead', 'failure_table', 'gpu_check', 'harness_overhead', 'ray_overhead',
+  @parameterized.parameters('call_overhead', 'failure_table', 'gpu', 'gpu_check', 'harness_overhead', 'ray_overhead',
                             'ray_stragglers', 'run', 'simulator_speed', 'stale_tradeoff', 'startup',
                             'vmapped_conditionals')
   def test_every_benchmark_refuses_a_positional_argument(self, module):
