@@ -25,6 +25,7 @@ from absl import flags
 
 from benchmarks import cli
 from waitless import config_errors as errors
+from waitless.cluster import factory as cluster_factory
 from waitless.cluster import registry
 from waitless.experiments import simulate
 from waitless.experiments.configs import mnist1d
@@ -68,6 +69,10 @@ def main(argv):
   for flag, value in (('--worker_iterations', _WORKER_ITERATIONS.value), ('--min_iterations', _MIN_ITERATIONS.value),
                       ('--draw', _BLOCK.value)):
     errors.require_int(value, flag, 1)
+  try:  # an unknown profile refuses every cell: news before the table
+    cluster_factory.validate(config_for('sync', 8))
+  except errors.ConfigError as e:
+    raise errors.ConfigError('--profile', _PROFILE.value, e.allowed or str(e)) from None
   print(f'clock of MNIST-1D on {_PROFILE.value}, stragglers=heterogeneous; about {_WORKER_ITERATIONS.value:,} '
         f'worker-iterations per cell, blocks of {_BLOCK.value}')
   print(f'{"algorithm":<18}' + ''.join(f'{"P=" + str(p):>24}' for p in sizes))

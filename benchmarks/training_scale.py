@@ -78,8 +78,20 @@ def main(argv):
     errors.require_int(value, flag, 1)
   errors.require_int(_STEPS.value, '--steps', 40, why='the steady rate is read from metrics rows, one every 10 steps')
   errors.require(_LEARNING_RATE.value > 0, '--learning_rate', _LEARNING_RATE.value, 'must be > 0')
-  errors.require(bool([a for a in _ALGORITHMS.value.split(';') if a.strip()]), '--algorithms', _ALGORITHMS.value,
+  algorithms = [a.strip() for a in _ALGORITHMS.value.split(';') if a.strip()]
+  errors.require(bool(algorithms), '--algorithms', _ALGORITHMS.value,
                  'must name one or more config arguments, separated by semicolons')
+  from waitless.experiments.comparison import plan as compare_plan
+  for workload in _WORKLOADS.value:  # each cell's config, before the first run: a typo is news now
+    path = os.path.join(ROOT, 'waitless', 'experiments', 'configs', f'{workload}.py')
+    errors.require(os.path.isfile(path), '--workloads', workload,
+                   'must name config files in waitless/experiments/configs/')
+    module = compare_plan.load_config_module(path)
+    for algorithm in algorithms:
+      try:
+        module.get_config(algorithm)
+      except errors.ConfigError as e:
+        raise errors.ConfigError('--algorithms', algorithm, str(e)) from None
   print(f'{_SEEDS.value} seeds as replicas, {_BATCH.value} examples per worker, {_STEPS.value} iterations, 8 CPU '
         f'devices; us per worker-iteration (x P={sizes[0]}'"'"'s), process wall s, peak MB')
   for workload in _WORKLOADS.value:
