@@ -12,6 +12,8 @@ message per round: worker i would be reached after the rank of the highest diffe
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from waitless import config_errors as errors
@@ -55,6 +57,7 @@ def hops_from(sources, workers: int, ignore: int = 0) -> np.ndarray:
   return np.bitwise_count((k[..., None] ^ np.arange(workers, dtype=np.int64)) & ~np.int64(ignore)).astype(np.int16)
 
 
+@functools.lru_cache(maxsize=8)
 def eccentricity(workers: int) -> np.ndarray:
   """int64 (P,): max over k < P of popcount(i XOR k), the hops of the farthest worker from each worker i.
 
@@ -69,4 +72,15 @@ def eccentricity(workers: int) -> np.ndarray:
   while bit < size:
     out = np.maximum(out, out[index ^ bit] + 1)
     bit <<= 1
-  return out[:workers].astype(np.int64)
+  out = out[:workers].astype(np.int64)
+  out.flags.writeable = False  # cached: shared by every call
+  return out
+
+
+@functools.lru_cache(maxsize=1024)
+def hops_row(source: int, workers: int, ignore: int = 0) -> np.ndarray:
+  """`hops_from(source, workers, ignore)` for one source, cached (read-only): a rule asks for the same few
+  sources' rows block after block."""
+  row = hops_from(source, workers, ignore)
+  row.flags.writeable = False
+  return row

@@ -41,6 +41,8 @@ def _group_hops(first, workers: int, masks: tuple[int, ...]) -> np.ndarray:
   spread = 0
   for mask in masks:
     spread |= mask
+  if np.ndim(first) == 0:  # one iteration's first worker: a cached row
+    return activation_lib.hops_row(int(first), workers, spread) + np.int16(len(masks))
   return activation_lib.hops_from(first, workers, ignore=spread) + np.int16(len(masks))
 
 
