@@ -84,6 +84,13 @@ class ConfigArgTest(parameterized.TestCase):
     with self.assertRaisesRegex(errors.ConfigError, message):
       digits.get_config(arg)
 
+  def test_an_entry_replaces_the_common_pairs_it_names_but_not_its_own(self):
+    config = arguments.entry_config(digits.get_config, 'ksync,k=2,workers=8', (('optimizer.learning_rate', '0.5'),),
+                                    ['workers=4', 'devices=4'])
+    self.assertEqual((config.workers, config.devices, config.algorithm.k), (8, 4, 2))
+    with self.assertRaisesRegex(errors.ConfigError, 'sets algorithm.k twice'):
+      arguments.entry_config(digits.get_config, 'ksync,k=2,k=3', (), ['workers=4'])
+
   @parameterized.named_parameters(*[(f'{module.__name__.split(".")[-1]}_{name}', module, name)
                                     for module in (digits, synthetic) for name in registry.names()])
   def test_every_algorithm_gives_a_valid_config(self, module, name):
