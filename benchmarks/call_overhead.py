@@ -21,11 +21,11 @@ import sys
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 import jax
 from ml_collections import config_flags
 
+from benchmarks import cli
 from waitless.cluster import calibration
 from waitless.experiments.harness import measure
 
@@ -36,7 +36,7 @@ _REPEATS = flags.DEFINE_integer('repeats', 30, 'Timed calls per size (the median
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   config = _CONFIG.value
   unit = config.batch_size // config.microbatches
   sizes = [int(s) for s in _SIZES.value] or [max(1, unit // 4), unit]
@@ -57,4 +57,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

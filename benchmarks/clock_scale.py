@@ -21,10 +21,11 @@ import tracemalloc
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 
+from benchmarks import cli
 from waitless import config_errors as errors
+from waitless.cluster import factory as cluster_factory
 from waitless.cluster import registry
 from waitless.experiments import simulate
 from waitless.experiments.configs import mnist1d
@@ -59,9 +60,19 @@ def measure(algorithm: str, workers: int, iterations: int, block: int) -> dict:
 
 
 def main(argv):
-  del argv
-  sizes = [int(p) for p in _WORKERS.value]
+  cli.no_positionals(argv)
+  sizes = cli.int_list(_WORKERS.value, '--workers', minimum=1)
   names = _ALGORITHMS.value or list(registry.names())
+  unknown = [n for n in names if n not in registry.names()]
+  errors.require(not unknown, '--algorithms', ','.join(_ALGORITHMS.value),
+                 f'unknown: {", ".join(unknown)}; known: {", ".join(registry.names())}')
+  for flag, value in (('--worker_iterations', _WORKER_ITERATIONS.value), ('--min_iterations', _MIN_ITERATIONS.value),
+                      ('--draw', _BLOCK.value)):
+    errors.require_int(value, flag, 1)
+  try:  # an unknown profile refuses every cell: news before the table
+    cluster_factory.validate(config_for('sync', 8))
+  except errors.ConfigError as e:
+    raise errors.ConfigError('--profile', _PROFILE.value, e.allowed or str(e)) from None
   print(f'clock of MNIST-1D on {_PROFILE.value}, stragglers=heterogeneous; about {_WORKER_ITERATIONS.value:,} '
         f'worker-iterations per cell, blocks of {_BLOCK.value}')
   print(f'{"algorithm":<18}' + ''.join(f'{"P=" + str(p):>24}' for p in sizes))
@@ -83,4 +94,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

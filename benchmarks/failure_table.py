@@ -25,6 +25,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from benchmarks import cli
 from waitless.cluster import registry
 from waitless.experiments.comparison import sim_budget
 from waitless.experiments.configs import digits
@@ -51,7 +52,7 @@ def rows(only: list[str]) -> dict[str, str]:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   logging.set_verbosity(logging.WARNING)
   print(f'worker 3 of 8 fails for good at {_FAIL_AT.value} s; {_SIM_TIME.value:g} simulated seconds per run; '
         f'target accuracy {_TARGET.value}\n')
@@ -82,4 +83,4 @@ if __name__ == '__main__':
   _SIM_TIME = flags.DEFINE_float('sim_time', 3.0, 'Simulated seconds per run (the failure must come before).')
   _TARGET = flags.DEFINE_float('target_accuracy', 0.9, 'Target accuracy of the time-to-target column.')
   _ONLY = flags.DEFINE_list('only', [], 'Only these rows (algorithm names, or "wagma (tau > run)"); all if empty.')
-  app.run(main)
+  cli.run(main)

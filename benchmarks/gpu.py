@@ -30,6 +30,7 @@ if __package__ in (None, ''):  # run as a script: make the repository importable
 import jax
 
 from waitless.cluster import registry
+from benchmarks import cli
 from benchmarks import timing
 from waitless.experiments.configs import cifar10
 
@@ -124,11 +125,14 @@ def section_gpu(out, quick: bool, model: str = 'resnet20', workers: int = 8, bat
 
 
 def main(argv):
-  del argv
   from absl import flags
   from absl import logging
+  from waitless import config_errors as errors
+  cli.no_positionals(argv)
   logging.set_verbosity(logging.WARNING)
   values = flags.FLAGS
+  errors.require_int(values.workers, '--workers', 1)
+  errors.require_int(values.batch, '--batch', 1)
   if jax.default_backend() != 'gpu' and not values.force:
     print(f'No GPU present (jax backend: {jax.default_backend()}): section 6 skipped (--force runs it anyway).')
     return 0
@@ -137,7 +141,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from absl import app
   from absl import flags
   # Defined here, not at import: benchmarks/run.py imports this module and has a --quick of its own.
   flags.DEFINE_bool('quick', False, 'A smoke test: 3 rounds, 4 algorithms (not figures to report).')
@@ -145,4 +148,4 @@ if __name__ == '__main__':
   flags.DEFINE_integer('workers', 8, 'Virtual workers P on the one device.')
   flags.DEFINE_integer('batch', 32, 'Per-worker batch b (the single worker takes P x b).')
   flags.DEFINE_bool('force', False, 'Run even without a GPU (on the default backend).')
-  app.run(main)
+  cli.run(main)

@@ -24,9 +24,9 @@ import tempfile
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 import numpy as np
+from benchmarks import cli
 
 _PART = flags.DEFINE_enum('part', 'all', ['all', 'exactness', 'scale'], 'What to run.')
 _DUMP = flags.DEFINE_string('dump', '', 'Internal: write this backend\'s final parameters to this .npz and exit.')
@@ -98,7 +98,7 @@ def scale() -> None:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   if _DUMP.value:
     _exactness_params(_DUMP.value)
     return
@@ -109,4 +109,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

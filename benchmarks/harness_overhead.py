@@ -33,7 +33,6 @@ for _arg in sys.argv:  # before jax initialises: as many host CPU devices as ask
 if not any(a.startswith('--devices=') for a in sys.argv):
   os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -42,6 +41,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from benchmarks import cli
 from waitless.data import registry as data_registry
 from waitless.experiments.harness import compilation_cache
 from waitless.experiments.harness import metrics_io
@@ -162,7 +162,7 @@ def describe_ratio(ratios: np.ndarray) -> str:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   global WORKERS, DEVICES
   WORKERS, DEVICES = _WORKERS.value, _DEVICES.value
   logging.set_verbosity(logging.WARNING)
@@ -180,4 +180,4 @@ if __name__ == '__main__':
   _ROUNDS = flags.DEFINE_integer('rounds', 7, 'Rounds, each running both loops.')
   _WORKERS = flags.DEFINE_integer('workers', 8, 'Workers.')
   _DEVICES = flags.DEFINE_integer('devices', 8, 'Devices (CPU: forced host devices).')
-  app.run(main)
+  cli.run(main)

@@ -24,11 +24,12 @@ from typing import Callable, Sequence
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 import numpy as np
 
+from benchmarks import cli
 from benchmarks import scale_validation
+from waitless import config_errors as errors
 from waitless.experiments import simulate
 from waitless.experiments.configs import imagenet
 from waitless.experiments.configs import synthetic
@@ -251,17 +252,36 @@ def _figure(path: str, series: dict, xs: Sequence[int], ylabel: str, title: str,
   plt.close(fig)
 
 
-def main(argv):
+# The periods of each experiment's algorithms (WAGMA's tau and local SGD's H = 10, DaSGD's tau = 4): a cell's
+# iterations must hold whole periods, or local SGD with H = 10 over 7 iterations never averages.
+PERIODS = {'wagma': (10,), 'dasgd': (4,), 'horovod': (), 'stale': (), 'validate': ()}
+
+
+def check_flags(argv) -> str:
+  """The experiment the positional argument names, after every flag is checked (one line naming the flag,
+  exit 2, before any cell runs)."""
+  cli.no_positionals(argv, allowed=1)
   what = argv[1] if len(argv) > 1 else 'all'
-  if what not in ('wagma', 'horovod', 'dasgd', 'stale', 'validate', 'all'):
-    raise app.UsageError(f'unknown experiment {what!r}: wagma, horovod, dasgd, stale, validate or all')
+  errors.require(what in (*PERIODS, 'all'), 'experiment', what, 'one of wagma, horovod, dasgd, stale, validate, all')
+  errors.require_int(_SEEDS.value, '--seeds', 1)
+  periods = [p for name, ps in PERIODS.items() if what in (name, 'all') for p in ps]
+  period = math.lcm(*periods) if periods else 1
+  errors.require_int(_ITERATIONS.value, '--sim_iterations', 1)
+  errors.require(_ITERATIONS.value % period == 0, '--sim_iterations', _ITERATIONS.value,
+                 f'must be a multiple of {period} (every period of the {what} experiment'
+                 f'{"s" if what == "all" else ""}: {", ".join(map(str, periods))})')
+  if _FIGURES.value:
+    cli.output_directory(_FIGURES.value, '--figures')
+  return what
+
+
+def main(argv):
+  what = check_flags(argv)
   if what == 'validate':
     print('## The collective model against held-out published tables (benchmarks/published_tables.json)\n')
     scale_validation.print_validation(*scale_validation.validate())
     return
   figures = _FIGURES.value
-  if figures:
-    os.makedirs(figures, exist_ok=True)
   if what in ('wagma', 'all'):
     print(f'## WAGMA-SGD: ResNet-50 images/s on Piz Daint (sync on piz_daint, the others on piz_daint_wagma), 128 '
           f'images per worker, two random ranks delayed 320 ms per step (mean [range] over {_SEEDS.value} seeds, '
@@ -302,4 +322,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

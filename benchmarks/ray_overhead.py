@@ -26,11 +26,11 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
 
+from benchmarks import cli
 from waitless.cluster import schedules
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import mnist1d
@@ -101,7 +101,7 @@ def time_ray(actor, gradient, updates: int) -> float:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   import ray
   driver.start_local(num_cpus=2)
   print(f'{jax.devices()[0].device_kind}; P = {WORKERS} learners (async), {_UPDATES.value} updates per figure, '
@@ -130,4 +130,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -38,11 +38,12 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 
+from benchmarks import cli
+from waitless.experiments.harness import atomic_files
 from waitless.cluster import factory as cluster_factory
 from waitless.cluster import registry
 from waitless.experiments.configs import digits
@@ -232,7 +233,9 @@ def print_tables(results: list[dict]) -> None:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
+  if _OUT.value:
+    cli.output_file(_OUT.value, '--out')
   logging.set_verbosity(logging.ERROR)
   if _FROM_JSON.value:
     with open(_FROM_JSON.value) as f:
@@ -240,12 +243,11 @@ def main(argv):
   else:
     results = run_all()
   if _OUT.value:
-    with open(_OUT.value, 'w') as f:
-      json.dump(results, f, indent=1)
+    atomic_files.write_json(_OUT.value, results, indent=1)
   print_tables(results)
   if _FIGURE.value:
     draw(results, _FIGURE.value)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

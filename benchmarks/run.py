@@ -41,19 +41,20 @@ os.environ['XLA_FLAGS'] = ' '.join(
     [f for f in os.environ.get('XLA_FLAGS', '').split() if 'xla_force_host_platform_device_count' not in f]
     + ['--xla_force_host_platform_device_count=8'])
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
 import numpy as np
 
 from waitless.cluster import registry
+from benchmarks import cli
 from benchmarks import gpu
 from benchmarks import harness_overhead
 from benchmarks import replicas
 from benchmarks import simulator_speed
 from benchmarks import startup
 from benchmarks import timing
+from waitless.experiments.harness import atomic_files
 from waitless.experiments.configs import digits
 from waitless.experiments.configs import synthetic
 
@@ -192,7 +193,9 @@ class _Tee(io.StringIO):
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
+  if _OUT.value:
+    cli.output_file(_OUT.value, '--out', make_directory=True)
   logging.set_verbosity(logging.WARNING)
   quick = _QUICK.value
   out = _Tee()
@@ -225,10 +228,8 @@ def main(argv):
     startup.section_startup(out, quick)
   print(f'(whole suite: {time.time() - begin:.0f} s)', file=out)
   if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, 'w') as f:
-      f.write(out.getvalue())
+    atomic_files.write_text(_OUT.value, out.getvalue())
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

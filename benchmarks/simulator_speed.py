@@ -19,13 +19,13 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import cli
 from waitless.cluster.rules import adasync
 from waitless.cluster.rules import dasgd
 from waitless.cluster.rules import dpsgd
@@ -91,7 +91,7 @@ def digits_step_seconds() -> float:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   p, n = _WORKERS.value, _ITERATIONS.value
   step = digits_step_seconds()
   print(f'jitted digits MLP train step (8 workers x 16, {jax.default_backend()}): {1e6 * step:.1f} us')
@@ -131,4 +131,4 @@ if __name__ == '__main__':
   _ITERATIONS = flags.DEFINE_integer('iterations', 100_000, 'Iterations to time per rule (target: < 2 s per 100,000).')
   _WORKERS = flags.DEFINE_integer('workers', 64, 'Simulated workers.')
   _RULES = flags.DEFINE_list('rules', [], 'Only the rules whose table name contains one of these (default: all).')
-  app.run(main)
+  cli.run(main)

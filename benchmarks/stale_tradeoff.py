@@ -25,8 +25,8 @@ import math
 import os
 import sys
 
-from absl import app
 from absl import flags
+from benchmarks import cli
 from absl import logging as absl_logging
 
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/stale_tradeoff', 'One sub-directory per variant is written here.')
@@ -153,7 +153,7 @@ def table(results, budget_s: float, targets: list[float], at_s: list[float], see
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint file at INFO
   from waitless.experiments.harness import metrics_io
   from waitless.experiments.harness import train
@@ -188,4 +188,4 @@ if __name__ == '__main__':
       [f for f in os.environ.get('XLA_FLAGS', '').split() if 'xla_force_host_platform_device_count' not in f]
       + ['--xla_force_host_platform_device_count=8'])
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  app.run(main)
+  cli.run(main)

@@ -31,8 +31,8 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
+from benchmarks import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BARE = 'import jax, flax, optax, orbax.checkpoint'
@@ -236,7 +236,7 @@ def section_startup(out, quick: bool) -> None:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   print(f'load average before: {_load()}  ({os.cpu_count()} CPUs)')
   times = paired_rounds(_ROUNDS.value)
   load_after = _load()
@@ -254,4 +254,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Paired rounds of (a), (b) and (c).')
-  app.run(main)
+  cli.run(main)

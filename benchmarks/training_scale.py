@@ -23,10 +23,11 @@ import time
 if __package__ in (None, ''):  # run as a script: make the repository importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app
 from absl import flags
 
+from benchmarks import cli
 from benchmarks import harness_overhead
+from waitless import config_errors as errors
 from waitless.experiments.harness import metrics_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,8 +54,13 @@ def run_cell(workload: str, algorithm: str, workers: int) -> dict:
                '--config.optimizer.momentum=0.0', f'--seeds={_SEEDS.value}', f'--workdir={workdir}',
                '--compilation_cache_dir=']
     begin = time.time()
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(process.pid, 0)
+    process = cli.track(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         text=True))
+    try:
+      _, status, usage = os.wait4(process.pid, 0)
+    except BaseException:  # Ctrl-C, SIGTERM: the run stops before its workdir is removed
+      cli.stop_children()
+      raise
     wall = time.time() - begin
     if status:
       raise SystemExit(f'{workload} {arg}: exit status {status >> 8}: {process.stderr.read()[-1500:]}')
@@ -64,8 +70,28 @@ def run_cell(workload: str, algorithm: str, workers: int) -> dict:
 
 
 def main(argv):
-  del argv
-  sizes = [int(p) for p in _WORKERS.value]
+  cli.no_positionals(argv)
+  sizes = cli.int_list(_WORKERS.value, '--workers', minimum=8)
+  errors.require(all(p % 8 == 0 for p in sizes), '--workers', ','.join(_WORKERS.value),
+                 'must be multiples of 8 (the runs have 8 CPU devices)')
+  for flag, value in (('--batch', _BATCH.value), ('--seeds', _SEEDS.value)):
+    errors.require_int(value, flag, 1)
+  errors.require_int(_STEPS.value, '--steps', 40, why='the steady rate is read from metrics rows, one every 10 steps')
+  errors.require(_LEARNING_RATE.value > 0, '--learning_rate', _LEARNING_RATE.value, 'must be > 0')
+  algorithms = [a.strip() for a in _ALGORITHMS.value.split(';') if a.strip()]
+  errors.require(bool(algorithms), '--algorithms', _ALGORITHMS.value,
+                 'must name one or more config arguments, separated by semicolons')
+  from waitless.experiments.comparison import plan as compare_plan
+  for workload in _WORKLOADS.value:  # each cell's config, before the first run: a typo is news now
+    path = os.path.join(ROOT, 'waitless', 'experiments', 'configs', f'{workload}.py')
+    errors.require(os.path.isfile(path), '--workloads', workload,
+                   'must name config files in waitless/experiments/configs/')
+    module = compare_plan.load_config_module(path)
+    for algorithm in algorithms:
+      try:
+        module.get_config(algorithm)
+      except errors.ConfigError as e:
+        raise errors.ConfigError('--algorithms', algorithm, str(e)) from None
   print(f'{_SEEDS.value} seeds as replicas, {_BATCH.value} examples per worker, {_STEPS.value} iterations, 8 CPU '
         f'devices; us per worker-iteration (x P={sizes[0]}'"'"'s), process wall s, peak MB')
   for workload in _WORKLOADS.value:
@@ -82,4 +108,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -26,12 +26,12 @@ for _arg in sys.argv:  # before jax initialises: as many host CPU devices as ask
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                                f' --xla_force_host_platform_device_count={_arg.split("=", 1)[1]}')
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
 import optax
 
+from benchmarks import cli
 from waitless.experiments.configs import digits
 from waitless.experiments.harness import block_step as block_step_lib
 from waitless.experiments.harness import inputs as inputs_lib
@@ -74,7 +74,7 @@ def seconds_per_iteration(per_worker_predicate: bool) -> float:
 
 
 def main(argv):
-  del argv
+  cli.no_positionals(argv)
   real = seconds_per_iteration(per_worker_predicate=False)
   select = seconds_per_iteration(per_worker_predicate=True)
   print(f'local SGD H={_LOCAL_STEPS.value}, {_WORKERS.value} workers on {_DEVICES.value} '
@@ -87,4 +87,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

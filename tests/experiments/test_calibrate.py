@@ -28,6 +28,25 @@ class CalibrateTest(absltest.TestCase):
     self.assertRegex(out.stderr.strip(), r'^error: --processes=1 is not allowed: .*2 or more real processes')
     self.assertNotIn('Traceback', out.stderr)
 
+  def test_bad_flags_are_refused_before_any_measurement(self):
+    # Issue 59: a missing --out directory was a FileNotFoundError after minutes of measurements, one collective
+    # size a ValueError after 80 s.
+    tmp = self.create_tempdir().full_path
+    for flags_, message in (
+        ((f'--out={tmp}/missing/profile.json',), f'--out=.*{tmp}/missing does not exist'),
+        ((f'--out={tmp}',), '--out=.* is not allowed: is a directory'),
+        ((f'--out={tmp}/p.json', '--collective_sizes=4096'), r'--collective_sizes=.4096. .*two or more distinct'),
+        ((f'--out={tmp}/p.json', '--collective_sizes=4096,abc'), r'--collective_sizes=.4096,abc. .*integers'),
+        ((f'--out={tmp}/p.json', '--collective_sizes=0,4096'), r'--collective_sizes=.0,4096. .*integers >= 4'),
+        ((f'--out={tmp}/p.json', '--processes=100000'), r'--processes=100000 is not allowed: .* JAX processes need'),
+        ((f'--out={tmp}/p.json', 'extra'), r"unexpected argument\(s\) 'extra'"),
+        ((f'--out={tmp}/p.json', '--config='), "--config='' is not allowed: name a config file")):
+      out = run('--config=experiments/configs/digits.py:sync', *flags_)
+      self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+      self.assertRegex(out.stderr.strip(), f'^error: {message}')
+      self.assertNotIn('Traceback', out.stderr)
+      self.assertLen(out.stderr.strip().splitlines(), 1)
+
   def test_the_docs_example_is_a_profile_every_program_reads(self):
     path = os.path.join(ROOT, 'docs', 'examples', 'this_machine.json')
     self.assertNotIn('this_machine', profiles.names())  # an example of calibrate's output, not a shipped cluster

@@ -576,7 +576,7 @@ class CommandLineTest(parameterized.TestCase):
     # Issue 39: a deleted metrics.jsonl made a run that reached its target "missed the target".
     workdir = self.create_tempdir().full_path
     with open(os.path.join(workdir, compare_runs.SUMMARY_FILE), 'w') as f:
-      json.dump({'steps': 4, 'final_eval_accuracy': 0.9, 'time_to_target': 0.3}, f)
+      json.dump({'steps': 4, 'final_eval_accuracy': 0.9, 'time_to_target': 0.4}, f)
     if rows is not None:
       with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
         f.writelines(json.dumps(r) + '\n' for r in rows)
@@ -587,6 +587,31 @@ class CommandLineTest(parameterized.TestCase):
     with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:  # consistent: read
       f.write(json.dumps({'step': 4, 'sim_time': 0.4, 'eval_accuracy': 0.9}) + '\n')
     self.assertLen(statistics.read_run(run)['rows'], 1)
+
+  def test_a_finished_run_whose_log_has_a_gap_or_other_figures_is_refused_by_name(self):
+    # Issue 59: sync's seed-0 log without its rows of step <= 60 (what a resume left) moved its time to target
+    # from 0.169 to 0.393 and flipped the best entry, exit 0.
+    workdir = self.create_tempdir().full_path
+    evals = [(s, s / 100, min(0.5 + s / 100, 0.99), 1.0 - s / 200) for s in range(10, 101, 10)]
+    config = digits.get_config('sync')  # log_every 10, eval_every 50, target accuracy 0.9
+    run = compare_plan.PlannedRun('sync', (), 0, workdir, config)
+    _write_run(workdir, evals)
+    self.assertLen(statistics.read_run(run)['rows'], 10)
+    _write_run(workdir, evals, summary=False, rows=[r for r in statistics.read_run(run)['rows'] if r['step'] > 60])
+    with self.assertRaisesRegex(metrics_io.CutLog, f'^{re.escape(workdir)}/metrics.jsonl has no rows for steps '
+                                r'10-60 \(6 rows\) .*remove that run\'s workdir'):
+      statistics.read_run(run)
+    for field, value, message in (('time_to_target', 0.2, 'first evaluation at accuracy >= 0.9 is at time 0.4, '
+                                   'summary.json says time_to_target 0.2'),
+                                  ('sim_time', 2.0, 'its time is 1.0 in its last row, summary.json says 2.0'),
+                                  ('final_eval_loss', 0.1, 'final_eval_loss is 0.5 in its last row')):
+      _write_run(workdir, evals)
+      summary = json.load(open(os.path.join(workdir, 'summary.json')))
+      summary[field] = value
+      with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+        json.dump(summary, f)
+      with self.assertRaisesRegex(metrics_io.CutLog, re.escape(message)):
+        statistics.read_run(run)
 
   def test_a_torn_summary_or_failure_record_is_an_unfinished_run(self):
     workdir = self.create_tempdir().full_path

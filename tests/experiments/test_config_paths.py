@@ -30,5 +30,21 @@ class ResolveArgvTest(absltest.TestCase):
     self.assertIn('--algorithms=all', argv)
 
 
+class ParseFlagsTest(absltest.TestCase):
+
+  def test_an_empty_config_or_a_directory_is_one_line(self):
+    # Issue 59: `--config=` printed "Configuration is not available ... Is a directory".
+    import subprocess
+    import sys
+    for value, message in (('', "--config='' is not allowed: name a config file"),
+                           (':sync', "--config=':sync' is not allowed: name a config file"),
+                           ('experiments/configs', 'is a directory, not a config file')):
+      result = subprocess.run([sys.executable, '-m', 'waitless.experiments.simulate', f'--config={value}'], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+      self.assertEqual(result.returncode, 2, result.stderr)
+      self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+      self.assertIn(message, result.stderr)
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -75,10 +75,21 @@ class ConfigArgTest(parameterized.TestCase):
       ('unknown_key', 'sync,bogus=1', 'unknown key'),
       ('unknown_path', 'sync,optimizer.bogus=1', 'unknown key'),
       ('not_key_value', 'sync,workers', 'expected key=value'),
-      ('wrong_type', 'sync,workers=eight', 'must be of type int'))
+      ('wrong_type', 'sync,workers=eight', 'must be of type int'),
+      # Issue 59: a key given twice was accepted, the last winning.
+      ('key_twice', 'wagma,workers=8,workers=16', r'sets workers twice \(workers=8 and workers=16\): give it once'),
+      ('algorithm_key_twice', 'local_sgd,local_steps=2,algorithm.local_steps=3', 'sets algorithm.local_steps twice'),
+      ('field_twice', 'sync,stragglers.rate=2.0,stragglers.rate=3.0', 'sets stragglers.rate twice'))
   def test_bad_arguments(self, arg, message):
     with self.assertRaisesRegex(errors.ConfigError, message):
       digits.get_config(arg)
+
+  def test_an_entry_replaces_the_common_pairs_it_names_but_not_its_own(self):
+    config = arguments.entry_config(digits.get_config, 'ksync,k=2,workers=8', (('optimizer.learning_rate', '0.5'),),
+                                    ['workers=4', 'devices=4'])
+    self.assertEqual((config.workers, config.devices, config.algorithm.k), (8, 4, 2))
+    with self.assertRaisesRegex(errors.ConfigError, 'sets algorithm.k twice'):
+      arguments.entry_config(digits.get_config, 'ksync,k=2,k=3', (), ['workers=4'])
 
   @parameterized.named_parameters(*[(f'{module.__name__.split(".")[-1]}_{name}', module, name)
                                     for module in (digits, synthetic) for name in registry.names()])

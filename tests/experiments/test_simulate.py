@@ -2,13 +2,19 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
 from waitless import config_errors as errors
+from waitless import machine
+from waitless.cluster import factory as cluster_factory
 from waitless.cluster import registry
 from waitless.data import registry as data_registry
 from waitless.experiments import simulate
@@ -70,11 +76,57 @@ class SimulateTest(parameterized.TestCase):
       simulate.simulate(config, iterations=5, nbytes=1.0)
 
 
+class LimitsTest(parameterized.TestCase):
+  """Issue 59: simulate validated less than main (tracebacks, another field named) and had no upper bound on
+  workers (imagenet sync at 2^30 workers grew until killed; WAGMA at 32,768 built an 8.6 GB P x P table)."""
+
+  @parameterized.named_parameters(
+      ('zero_workers', 'sync,workers=0', 'workers=0 is not allowed: must be an integer >= 1'),
+      ('negative_workers', 'sync,workers=-1', 'workers=-1 is not allowed: must be an integer >= 1'),
+      ('zero_devices', 'sync,devices=0', 'devices=0 is not allowed: must be an integer >= 1'),
+      ('not_a_multiple', 'sync,workers=8,devices=3', 'workers=8 is not allowed: must be a multiple of devices=3'),
+      ('wagma_zero_workers', 'wagma,workers=0', 'workers=0 is not allowed'))
+  def test_the_layout_is_checked_as_main_checks_it(self, arg, message):
+    with self.assertRaisesRegex(errors.ConfigError, f'^{re.escape(message)}'):
+      simulate.simulate(digits.get_config(arg), iterations=5, nbytes=1.0)
+
+  def test_a_clock_larger_than_the_memory_is_refused_before_it_is_built(self):
+    config = digits.get_config('sync,workers=1073741824,devices=1')
+    with mock.patch.object(machine, 'available_memory_bytes', return_value=16 * 10**9), \
+         mock.patch.object(cluster_factory, 'validate', side_effect=AssertionError('built')):
+      with self.assertRaisesRegex(errors.ConfigError, r'^workers=1073741824 is not allowed: the simulated clock of '
+                                  r'1073741824 workers .* needs about .* GB, more than .* \(16 GB available\)'):
+        simulate.simulate(config, iterations=5, nbytes=1.0)
+    config = digits.get_config('wagma,workers=65536,devices=1')
+    with mock.patch.object(machine, 'available_memory_bytes', return_value=4 * 10**9), \
+         mock.patch.object(cluster_factory, 'validate', side_effect=AssertionError('built')):
+      with self.assertRaisesRegex(errors.ConfigError, '^--block=1000 is not allowed: .* or a smaller --block'):
+        simulate.simulate(config, iterations=2000, nbytes=1.0)
+
+  def test_wagma_at_32768_workers_fits_in_a_few_hundred_megabytes(self):
+    result = simulate.simulate(digits.get_config('wagma,workers=32768,devices=1'), iterations=20, nbytes=1.0,
+                               block=10)
+    self.assertEqual((result['workers'], result['iterations']), (32768, 20))
+
+
 class CommandLineTest(parameterized.TestCase):
 
   def _run(self, *args):
     return subprocess.run([sys.executable, '-m', 'waitless.experiments.simulate', *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)
+
+  def test_a_signal_is_one_line(self):
+    # Issue 59's principle: Ctrl-C and SIGTERM are one line (a KeyboardInterrupt traceback, a silent 143 before).
+    for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+      process = subprocess.Popen([sys.executable, '-m', 'waitless.experiments.simulate',
+                                  '--config=experiments/configs/digits.py:wagma,workers=1024,devices=1',
+                                  '--iterations=100000000', '--model_bytes=1'], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+      time.sleep(8)  # past its imports: simulating
+      process.send_signal(sig)
+      out, err = process.communicate(timeout=60)
+      self.assertEqual(process.returncode, status, err[-2000:])
+      self.assertEqual((out, err), ('', f'stopped by {sig.name}: nothing simulated is printed; rerun to simulate\n'))
 
   def test_prints_one_json_object(self):
     out = self._run('--config=experiments/configs/digits.py:local_sgd', '--iterations=40')

@@ -128,7 +128,10 @@ class TrainTest(parameterized.TestCase):
       # 61 GB of thread views: refused from the state's shapes (disk or memory), before anything is allocated.
       ('state_too_large', 'lap_sgd,threads=100000',
        '(workdir .* MB free but two checkpoints of this run need|workers=8 is not allowed: this run needs about)'),
-      ('more_workers_than_data', 'sync,workers=1000,devices=8', 'workers=1000 is not allowed: 1437 training'))
+      ('more_workers_than_data', 'sync,workers=1000,devices=8', 'workers=1000 is not allowed: 1437 training'),
+      # Issue 59: the clock's host memory, estimated before anything is allocated (it grew until killed).
+      ('clock_too_large', 'sync,workers=1073741824,devices=8',
+       'workers=1073741824 is not allowed: the simulated clock of 1073741824 workers'))
   def test_bad_config_is_one_line_and_exit_2(self, arg, message):
     result = _main([f'--config=experiments/configs/digits.py:{arg}', f'--workdir={self.create_tempdir().full_path}'])
     self.assertEqual(result.returncode, 2, result.stderr)

@@ -50,6 +50,7 @@ from waitless import config_errors as errors
 from waitless.cluster import calibration
 from waitless.cluster import profiles
 from waitless.experiments import config_paths
+from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import measure
 from waitless.experiments.harness import tasks
 
@@ -109,7 +110,9 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   """
   errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
                      '(one CPU device each, started here over loopback)')
-  errors.require(bool(out), '--out', out, 'the profile JSON to write')
+  check_processes(processes)
+  check_out(out)  # before the measurements: a path that cannot be written is news now, not minutes later
+  check_collective_sizes(collective_sizes, processes)
   errors.require_int(rounds, '--rounds', 1)
   errors.require_int(repeats, '--repeats', 1)
   errors.require_int(harness_steps, '--harness_steps', 20)
@@ -149,10 +152,61 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                        harness.loads),
   }
   profiles.parse(profile, out)  # what it writes, it can read
-  with open(out, 'w') as f:
-    json.dump(profile, f, indent=1)
-    f.write('\n')
+  atomic_files.write_text(out, json.dumps(profile, indent=1) + '\n')  # a kill leaves the old profile or the new
   return profile
+
+
+def check_out(out) -> None:
+  """Raises ConfigError naming --out unless it names a file this program can write: its directory exists and is
+  writable, and it is not a directory (an existing profile is read and extended)."""
+  errors.require(bool(out), '--out', out, 'the profile JSON to write')
+  directory = os.path.dirname(os.path.abspath(out))
+  errors.require(not os.path.isdir(out), '--out', out, 'is a directory: name the profile JSON to write')
+  errors.require(os.path.isdir(directory), '--out', out, f'its directory {directory} does not exist')
+  errors.require(os.access(directory, os.W_OK | os.X_OK), '--out', out, f'its directory {directory} is not writable')
+  if os.path.exists(out):
+    try:
+      profiles.read(out)
+    except (ValueError, OSError) as e:  # ConfigError is a ValueError
+      raise errors.ConfigError('--out', out, f'exists and is not a profile this program can extend ({e})') from e
+
+
+PROCESS_RESIDENT_BYTES = 400e6  # a JAX process of the harness or the collectives' mesh (Python, JAX, its program)
+
+
+def check_processes(processes: int) -> None:
+  """--processes JAX processes must fit in this machine's memory (each about `PROCESS_RESIDENT_BYTES`)."""
+  from waitless import machine
+  available = machine.available_memory_bytes()
+  need = processes * PROCESS_RESIDENT_BYTES
+  errors.require(available is None or need <= 0.8 * available, '--processes', processes,
+                 f'{processes} JAX processes need about {machine.gigabytes(need)}, more than this machine has '
+                 f'({machine.gigabytes(available or 0)} available, {machine.cpu_count()} CPUs)')
+
+
+def parse_collective_sizes(values: list[str]) -> list[int]:
+  """--collective_sizes as integers; ConfigError naming the flag for one that is not."""
+  try:
+    return [int(v) for v in values]
+  except ValueError:
+    raise errors.ConfigError('--collective_sizes', ','.join(values),
+                             'must be integers (bytes per collective)') from None
+
+
+def check_collective_sizes(sizes: list[int], processes: int) -> None:
+  """Two or more distinct sizes >= 4 bytes (the fit of latency and bandwidth needs two volumes), each small enough
+  that `processes` processes hold a few buffers of it in this machine's memory."""
+  from waitless import machine
+  shown = ','.join(map(str, sizes))
+  errors.require(all(errors.is_int(s) and s >= 4 for s in sizes), '--collective_sizes', shown,
+                 'must be integers >= 4 (bytes per collective)')
+  errors.require(len(set(sizes)) >= 2, '--collective_sizes', shown,
+                 'must hold two or more distinct sizes: the latency and the bandwidth are fitted from them')
+  available = machine.available_memory_bytes()
+  need = 4 * processes * max(sizes)  # each process: its buffer, the result and the transfers'
+  errors.require(available is None or need <= 0.5 * available, '--collective_sizes', shown,
+                 f'the largest needs about {machine.gigabytes(need)} over {processes} processes, more than half the '
+                 f'{machine.gigabytes(available or 0)} available')
 
 
 def main(argv):
@@ -165,7 +219,7 @@ def main(argv):
   try:
     profile = calibrate(_CONFIG.value, config_arg, overrides, _PROCESSES.value, _OUT.value, _NAME.value, _ROUNDS.value,
                         _REPEATS.value, _HARNESS_STEPS.value, _HARNESS_M.value,
-                        [int(s) for s in _COLLECTIVE_SIZES.value])
+                        parse_collective_sizes(_COLLECTIVE_SIZES.value))
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -175,4 +229,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=lambda argv: flags.FLAGS(config_paths.resolve_argv(argv)))
+  app.run(main, flags_parser=lambda argv: config_paths.parse_flags(argv, _CONFIG))  # a bad --config: one line

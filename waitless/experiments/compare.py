@@ -109,6 +109,8 @@ def _compare(argv_config: str, root: str) -> dict[str, Any]:
                  'and every seed reports: leave it 0')
   if _TARGET_LOSS.value is not None:
     errors.require_number(_TARGET_LOSS.value, '--target_loss', 'must be a finite number > 0', lambda v: v > 0)
+  if shared_flags.MAX_REPLICAS.value is not None:  # checked again where the programs are planned; news now
+    errors.require_int(shared_flags.MAX_REPLICAS.value, '--max_replicas', 1)
   devices = shared_flags.CONFIG.value.devices
   shared_flags.force_host_devices(devices)  # before anything starts a JAX backend
   path, _, arg = argv_config.partition(':')

@@ -29,7 +29,7 @@ def config_flag() -> flags.FlagHolder:
 def resolve(path: str) -> str:
   """`path` if it exists, else the package's file of that relative name, else `path` unchanged (config_flags
   then reports it missing)."""
-  if os.path.exists(path) or os.path.isabs(path):
+  if not path or os.path.exists(path) or os.path.isabs(path):  # '' is no file (not the package's directory)
     return path
   for base in (os.path.dirname(_PACKAGE), _PACKAGE):
     candidate = os.path.join(base, path)
@@ -55,6 +55,22 @@ def _resolve_value(value: str) -> str:
   return resolve(path) + colon + arg
 
 
+def _check_config_file(argv: list[str], flag: str = 'config') -> None:
+  """Raises ValueError (one line naming the flag) for a `--config=` whose file part is empty or a directory:
+  config_flags would say 'Configuration is not available ... Is a directory'."""
+  prefix = f'--{flag}='
+  for i, word in enumerate(argv):
+    value = word[len(prefix):] if word.startswith(prefix) else (
+        argv[i + 1] if word == f'--{flag}' and i + 1 < len(argv) else None)
+    if value is None:
+      continue
+    path = value.partition(':')[0]
+    if not path or os.path.isdir(path):
+      raise ValueError(f'--{flag}={value!r} is not allowed: '
+                       + ('name a config file' if not path else f'{path} is a directory, not a config file')
+                       + ', e.g. --config=experiments/configs/digits.py:sync')
+
+
 def _one_line(message: str) -> str:
   """The last line of a (possibly traceback-laden) message, without its exception class prefix."""
   lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
@@ -66,7 +82,9 @@ def parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
   """absl's parser for a program with a `--config` flag (`config`): a bad one (unknown algorithm, unknown key, a
   value of the wrong type, a missing file) is one line, exit 2."""
   try:
-    argv = flags.FLAGS(resolve_argv(argv))
+    argv = resolve_argv(argv)
+    _check_config_file(argv)
+    argv = flags.FLAGS(argv)
     if config.value is not None:
       config.value.get('workers')  # config_flags defers load errors to the first access
   except Exception as e:

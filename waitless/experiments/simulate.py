@@ -16,6 +16,8 @@ The time rule is the algorithm's own (`cluster.registry.time_rule(config)`).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from typing import Any, Optional
@@ -29,6 +31,7 @@ from waitless import config_errors as errors
 from waitless.cluster import registry
 from waitless.cluster import clock as clock_lib
 from waitless.cluster import factory as cluster_factory
+from waitless.cluster import limits
 from waitless.cluster import network as network_lib
 from waitless.cluster import stacks
 from waitless.experiments import config_paths
@@ -59,6 +62,14 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     errors.ConfigError: a bad config field (before anything runs).
   """
   spec = registry.get(config.algorithm.name)
+  limits.check_workers(config, ray=config.get('runtime') == 'ray')  # before any field reads P
+  if iterations is not None:
+    errors.require_int(iterations, '--iterations', 1)
+  errors.require_int(block, '--block', 1)
+  # What the clock will hold, before anything (the straggler model, the rule) allocates per worker.
+  steps = iterations if iterations is not None else config.get('num_steps')
+  limits.check_clock_memory(config, min(block, steps) if errors.is_int(steps) and steps >= 1 else block, '--block',
+                            block_value=block)
   cost = cluster_factory.validate(config)
   errors.require(config.stragglers.kind != cluster_factory.MEASURED, 'stragglers.kind',
                  cluster_factory.MEASURED, 'a measured run has no simulated clock to simulate; give a compute model '
@@ -70,7 +81,6 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     config = duration.resolve_num_steps(config, data_registry.make_dataset(config).train_size)
   iterations = config.num_steps if iterations is None else iterations
   errors.require_int(iterations, 'iterations', 1)
-  errors.require_int(block, 'block', 1)
   nbytes = model_bytes(config) if nbytes is None else float(nbytes)
   errors.require_number(nbytes, 'model_bytes', 'must be a number >= 0', lambda v: v >= 0)
   clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes, cost)
@@ -118,7 +128,18 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   }
 
 
+def _stopped(signum, frame) -> None:
+  """Ctrl-C or SIGTERM: one line, exit 130 or 143 (simulate prints its JSON only at the end: nothing is lost)."""
+  del frame
+  sys.stdout.flush()
+  sys.stderr.write(f'stopped by {signal.Signals(signum).name}: nothing simulated is printed; rerun to simulate\n')
+  sys.stderr.flush()
+  os._exit(143 if signum == signal.SIGTERM else 130)
+
+
 def main(argv):
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, _stopped)
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if _CONFIG.value is None:

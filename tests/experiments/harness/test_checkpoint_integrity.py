@@ -88,6 +88,22 @@ class CheckpointIntegrityTest(parameterized.TestCase):
     self.assertEqual(test_train._strip_wall(metrics_io.read_rows(crashed)),
                      test_train._strip_wall(metrics_io.read_rows(full)))
 
+  def test_every_checkpoint_corrupt_is_said_before_the_run_trains_again_from_step_0(self):
+    # Issue 59: "trying the previous one" twice, then a silent retraining from step 0.
+    config = _config()
+    crashed = self.create_tempdir().full_path
+    with self.assertRaises(preemption.Preempted):  # checkpoints 10 and 20
+      train.train_and_evaluate(config, crashed, stop_requests=test_preemption.StopAt(15))
+    for step in ('10', '20'):
+      _garble_meta(os.path.join(crashed, 'checkpoints', step))
+    with self.assertLogs('waitless', level='WARNING') as logs:
+      train.train_and_evaluate(config, crashed)
+    warnings = [r.getMessage() for r in logs.records if r.levelname == 'WARNING']
+    self.assertLen(warnings, 3)
+    self.assertRegex(warnings[2], f'^{crashed}: no readable checkpoint is left \\(unreadable: step\\(s\\) 10, 20, '
+                     'moved to corrupt_checkpoints/\\): the run trains again from step 0$')
+    self.assertEqual(sorted(os.listdir(os.path.join(crashed, 'corrupt_checkpoints'))), ['10', '20'])
+
   def test_flipped_bytes_in_incompressible_data_are_caught_by_the_checksum(self):
     # Orbax stores incompressible floats raw and checks only its index: flipped data bytes read back as other
     # numbers (issue 39: a run restored them, and diverged two steps later).

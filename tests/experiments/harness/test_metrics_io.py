@@ -178,3 +178,86 @@ class TrainingRunTest(parameterized.TestCase):
 
 if __name__ == '__main__':
   absltest.main()
+
+
+CADENCE = (10, 50, 200)  # log_every, eval_every, num_steps
+
+
+def _log(workdir, steps):
+  with open(os.path.join(workdir, metrics_io.METRICS_FILE), 'w') as f:
+    f.writelines(json.dumps({'step': s, 'sim_time': s / 100}) + '\n' for s in steps)
+
+
+def _lines(workdir):
+  with open(os.path.join(workdir, metrics_io.METRICS_FILE)) as f:
+    return f.read().splitlines(keepends=True)
+
+
+class ResumedLogTest(absltest.TestCase):
+  """Issue 59: a resume kept only the rows before the first damaged line, and said nothing."""
+
+  def _resume(self, workdir, keep=100):
+    writer = metrics_io.MetricsWriter(workdir, keep_through_step=keep, cadence=CADENCE)
+    writer.close()
+    return writer, [r['step'] for r in metrics_io.read_rows(workdir)]
+
+  def test_a_damaged_line_is_skipped_and_named_the_rows_after_it_kept(self):
+    workdir = self.create_tempdir().full_path
+    _log(workdir, range(10, 131, 10))
+    lines = _lines(workdir)
+    lines[2] = lines[2][:7] + '\x00garbage\n'  # line 3, the row of step 30
+    with open(os.path.join(workdir, metrics_io.METRICS_FILE), 'w') as f:
+      f.writelines(lines)
+    writer, steps = self._resume(workdir)
+    self.assertEqual(steps, [10, 20, 40, 50, 60, 70, 80, 90, 100])
+    self.assertLen(writer.problems, 2)
+    self.assertRegex(writer.problems[0], r'metrics.jsonl: line\(s\) 3 are not metrics rows')
+    self.assertRegex(writer.problems[1], 'has no rows for steps 30 up to the checkpoint at step 100')
+    self.assertEqual(writer.gaps, 'no rows for steps 30')
+
+  def test_a_cut_or_deleted_log_is_named_with_the_rows_it_lacks(self):
+    workdir = self.create_tempdir().full_path
+    _log(workdir, range(10, 51, 10))  # cut: the rows of 60..100 are gone
+    writer, steps = self._resume(workdir)
+    self.assertEqual(steps, [10, 20, 30, 40, 50])
+    self.assertEqual(writer.gaps, 'no rows for steps 60-100 (5 rows)')
+    os.remove(os.path.join(workdir, metrics_io.METRICS_FILE))
+    writer, steps = self._resume(workdir)
+    self.assertEqual((steps, writer.gaps), ([], 'no rows for steps 10-100 (10 rows)'))
+
+  def test_the_checkpoints_row_cut_mid_line_is_named(self):
+    workdir = self.create_tempdir().full_path
+    _log(workdir, range(10, 101, 10))
+    lines = _lines(workdir)
+    with open(os.path.join(workdir, metrics_io.METRICS_FILE), 'w') as f:
+      f.writelines(lines[:-1] + [lines[-1][:9]])
+    writer, steps = self._resume(workdir)
+    self.assertEqual(steps[-1], 90)
+    self.assertEqual(writer.gaps, 'no rows for steps 100')
+
+  def test_a_kill_after_the_checkpoint_is_no_news(self):
+    workdir = self.create_tempdir().full_path
+    _log(workdir, range(10, 121, 10))
+    with open(os.path.join(workdir, metrics_io.METRICS_FILE), 'a') as f:
+      f.write('{"step": 130, "sim_ti')  # the line a kill cut, after the checkpoint at 100
+    writer, steps = self._resume(workdir)
+    self.assertEqual((steps, writer.problems, writer.gaps), (list(range(10, 101, 10)), [], None))
+
+  def test_a_row_missing_after_the_resume_is_a_gap(self):
+    workdir = self.create_tempdir().full_path
+    writer = metrics_io.MetricsWriter(workdir, keep_through_step=None, cadence=CADENCE)
+    for step in (10, 20, 40):
+      writer.write({'step': step, 'sim_time': 0.1})
+    writer.close()
+    self.assertEqual(writer.gaps, 'no row for step 30 (the next row is at step 40)')
+
+  def test_logged_steps_and_gaps(self):
+    self.assertEqual(list(metrics_io.logged_steps(200, 30, 50, 200)),
+                     [30, 50, 60, 90, 100, 120, 150, 180, 200])
+    self.assertEqual(list(metrics_io.logged_steps(35, 10, 50, 35)), [10, 20, 30, 35])
+    self.assertIsNone(metrics_io.log_gaps([10, 20, 30, 35], 35, 10, 50, 35))
+    self.assertEqual(metrics_io.log_gaps([10, 30, 20], 30, 10, 50, 30), 'step 20 follows step 30')
+    self.assertEqual(metrics_io.log_gaps([10, 15, 20], 20, 10, 50, 30), 'rows at steps the run does not log (15)')
+    self.assertEqual(metrics_io.log_gaps([], 70, 10, 50, 100), 'no rows for steps 10-70 (7 rows)')
+    self.assertEqual(metrics_io.log_gaps([20, 40, 60, 80], 80, 10, 50, 100),
+                     'no rows for steps 10, 30, 50 and 1 more ranges')

@@ -47,13 +47,40 @@ def activation_times(finished: np.ndarray, latency: float) -> np.ndarray:
   return out[..., :p]
 
 
-@functools.lru_cache(maxsize=4)
-def hypercube_hops(workers: int) -> np.ndarray:
-  """int16 (P, P): popcount(i XOR k), the hypercube distance."""
-  index = np.arange(workers)
-  x = index[:, None] ^ index[None, :]
-  hops = np.zeros(x.shape, np.int16)
-  while x.any():
-    hops += (x & 1).astype(np.int16)
-    x = x >> 1
-  return hops
+def hops_from(sources, workers: int, ignore: int = 0) -> np.ndarray:
+  """int16 (..., P): popcount((k XOR i) & ~ignore) for each source k in `sources` (an int or an array of them)
+  and every worker i < P: the hypercube distance from k, the bits of `ignore` not counted.
+
+  Only the rows that are needed, O(P) each: a dense (P, P) table would be 8.6 GB at P = 32,768 (issue 59).
+  """
+  k = np.asarray(sources, np.int64)
+  return np.bitwise_count((k[..., None] ^ np.arange(workers, dtype=np.int64)) & ~np.int64(ignore)).astype(np.int16)
+
+
+@functools.lru_cache(maxsize=8)
+def eccentricity(workers: int) -> np.ndarray:
+  """int64 (P,): max over k < P of popcount(i XOR k), the hops of the farthest worker from each worker i.
+
+  Max-plus relaxation on the next power of two with the missing workers at -inf, one pass per dimension (as
+  `activation_times` with min): E_i = max over the subsets S of the dimensions of f(i XOR S) + |S|, f = 0 on
+  workers, -inf elsewhere. O(P log P), no (P, P) table.
+  """
+  size = 1 << max(workers - 1, 0).bit_length()
+  out = np.where(np.arange(size) < workers, 0.0, -np.inf)
+  index = np.arange(size)
+  bit = 1
+  while bit < size:
+    out = np.maximum(out, out[index ^ bit] + 1)
+    bit <<= 1
+  out = out[:workers].astype(np.int64)
+  out.flags.writeable = False  # cached: shared by every call
+  return out
+
+
+@functools.lru_cache(maxsize=1024)
+def hops_row(source: int, workers: int, ignore: int = 0) -> np.ndarray:
+  """`hops_from(source, workers, ignore)` for one source, cached (read-only): a rule asks for the same few
+  sources' rows block after block."""
+  row = hops_from(source, workers, ignore)
+  row.flags.writeable = False
+  return row

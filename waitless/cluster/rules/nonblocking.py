@@ -142,7 +142,7 @@ class NonBlocking(base.TimeRule):
     for k in range(1, m):  # np.cumsum's additions, plane by plane
       np.add(elapsed[k - 1], elapsed[k], out=elapsed[k])
     a = float(self.activation_latency_s)
-    eccentricity = activation_lib.hypercube_hops(p).max(axis=1).tolist()
+    eccentricity = activation_lib.eccentricity(p).tolist()
     comm, communicated = self._communication(clock)
     # The events that spread as messages: all m done (fastest), one done after the deadline (deadline).
     news = elapsed[-1] if self.trigger == 'fastest' else elapsed[0]

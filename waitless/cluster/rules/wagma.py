@@ -8,7 +8,6 @@ rule charges the full overlap of the exchange with the gradient that their order
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional, TYPE_CHECKING
 
 import numpy as np
@@ -36,14 +35,15 @@ def group_reduce(values: np.ndarray, masks: list[int], op=np.maximum) -> np.ndar
   return out
 
 
-@functools.lru_cache(maxsize=16)
-def _group_hops(workers: int, masks: tuple[int, ...]) -> np.ndarray:
-  """int16 (P, P): max over j in the group of i (i XOR any of `masks`) of popcount(j XOR k), at [k, i]."""
+def _group_hops(first, workers: int, masks: tuple[int, ...]) -> np.ndarray:
+  """int16 (..., P): max over j in the group of i (i XOR any of `masks`) of popcount(j XOR k), for each k in
+  `first` and every worker i: the hops from k to i's group's farthest member (the masks' bits, then the rest)."""
   spread = 0
   for mask in masks:
     spread |= mask
-  outside = np.arange(workers) & ~spread
-  return activation_lib.hypercube_hops(workers)[np.ix_(outside, outside)] + np.int16(len(masks))
+  if np.ndim(first) == 0:  # one iteration's first worker: a cached row
+    return activation_lib.hops_row(int(first), workers, spread) + np.int16(len(masks))
+  return activation_lib.hops_from(first, workers, ignore=spread) + np.int16(len(masks))
 
 
 def _pair_views(buffer: np.ndarray, bit: int):
@@ -196,7 +196,6 @@ class WaitAvoidingGroups(base.TimeRule):
     group_time = clock.network.allreduce(clock.model_bytes, s)
     a, wait_avoiding = float(self.activation_latency_s), self.wait_avoiding
     masks = {int(t): wagma.group_masks(int(t), p, s, self.group_patterns) for t in np.unique(patterns[~global_average])}
-    group_hops = {t: _group_hops(p, tuple(m)) for t, m in masks.items()} if wait_avoiding else {}
     relax_buffer, group_buffer = np.empty(p), np.empty(p)
     relax = []
     bit = 1
@@ -232,7 +231,7 @@ class WaitAvoidingGroups(base.TimeRule):
           quick.append(k)
           quick_worker.append(first)
           quick_min.append(ladder[0])
-          done = np.array([x + group_time for x in ladder]).take(group_hops[pattern][first])
+          done = np.array([x + group_time for x in ladder]).take(_group_hops(first, p, tuple(masks[pattern])))
           np.maximum(c, done, out=end)
           start = end
           continue
@@ -263,10 +262,10 @@ class WaitAvoidingGroups(base.TimeRule):
         ladder[:, h] = ladder[:, h - 1] + a
       first = np.asarray(quick_worker)
       rows = np.arange(len(quick))[:, None]
-      activation[quick] = ladder[rows, activation_lib.hypercube_hops(p)[first]]
+      activation[quick] = ladder[rows, activation_lib.hops_from(first, p)]
       for t in np.unique(patterns[quick]):
         of_t = patterns[quick] == t
-        joined[quick[of_t]] = ladder[rows[of_t], group_hops[int(t)][first[of_t]]]
+        joined[quick[of_t]] = ladder[rows[of_t], _group_hops(first[of_t], p, tuple(masks[int(t)]))]
     group = ~global_average[:, None]
     if wait_avoiding:
       fresh = ~group | (posted <= activation)

@@ -65,13 +65,22 @@ def read_run(run: PlannedRun) -> dict[str, Any]:
   """The run's rows and summary (None while unfinished) and its status.
 
   Raises:
-    metrics_io.CutLog: the run finished but its metrics.jsonl is cut, missing or disagrees with summary.json.
+    metrics_io.CutLog: the run finished but its metrics.jsonl is cut, missing, has a gap or disagrees with
+      summary.json (`metrics_io.check_finished_log`), or a stopped run's log has a gap.
   """
   summary = atomic_files.read_json(os.path.join(run.workdir, SUMMARY_FILE))
   status = run_status(run.workdir)
   rows = metrics_io.read_rows(run.workdir, complete=status == 'finished')
+  config = run.config  # None: a test's run without one (its rows only checked against summary.json)
+  cadence = None if config is None else (int(config.log_every), int(config.eval_every))
   if status == 'finished':
-    metrics_io.check_finished_log(run.workdir, rows, summary)
+    metrics_io.check_finished_log(run.workdir, rows, summary, cadence,
+                                  None if config is None else config.target_accuracy)
+  elif status is not None and rows and config is not None:  # stopped for good (diverged, stalled): up to its end
+    gaps = metrics_io.log_gaps([r['step'] for r in rows], rows[-1]['step'], *cadence, int(run.config.num_steps))
+    if gaps is not None:
+      raise metrics_io.CutLog(f'{os.path.join(run.workdir, metrics_io.METRICS_FILE)} has {gaps}: its figures would '
+                              "come from a log with a gap; remove that run's workdir and rerun the comparison")
   return {'rows': rows, 'summary': summary, 'status': status}
 
 

@@ -156,6 +156,15 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
     if key != 'name' and key in algorithm:
       algorithm[key] = value
   config.algorithm = algorithm
+  given: dict[str, str] = {}  # field path -> the part that set it
+  for part in parts[1:]:
+    key = part.partition('=')[0].strip()
+    if key == 'stragglers':  # presets compose (each sets its fields; conflicting ones are refused by name)
+      continue
+    path = resolve_key(config, key)
+    if '=' in part and path in given:  # the last would win silently: which one was meant?
+      raise errors.ConfigError('config argument', arg, f'sets {path} twice ({given[path]} and {part}): give it once')
+    given[path] = part
   for part in _apply_straggler_presets(config, parts[1:]):
     if '=' not in part:
       raise errors.ConfigError('config argument', part, 'expected key=value')
@@ -294,7 +303,15 @@ def entry_config(get_config: Callable[[str], ml_collections.ConfigDict], entry: 
   'ALGORITHM,<common_pairs>,<entry pairs>,<point>', then each `--config.PATH` of `overrides` that the entry or
   the point does not name (a bare key names `resolve_key`'s path)."""
   name, *entry_pairs = split_arg(entry)
-  config = get_config(','.join([name, *common_pairs, *entry_pairs, *(f'{k}={v}' for k, v in point)]))
+  # The entry's pairs replace the common ones they name, and the point's the entry's (a repeat inside one of
+  # them is still refused by `apply_arg`).
+  base = get_config(name)
+  groups = [list(common_pairs), list(entry_pairs), [f'{k}={v}' for k, v in point]]
+  for i, later in enumerate(groups[1:], 1):
+    named = {resolve_key(base, p.partition('=')[0].strip()) for p in later}
+    for j in range(i):
+      groups[j] = [p for p in groups[j] if resolve_key(base, p.partition('=')[0].strip()) not in named]
+  config = get_config(','.join([name, *(p for group in groups for p in group)]))
   keys = [k.strip() for k, _ in point] + [p.split('=', 1)[0].strip() for p in entry_pairs]
   _apply_overrides(config, overrides or {}, {resolve_key(config, k) for k in keys})
   return config

@@ -1,7 +1,8 @@
 """Where measurements go: `metrics.jsonl` (one JSON object per logged step) and TensorBoard event files.
 
 Only process 0 writes. On resume the log is cut back to the restored step, so the file of a resumed run has
-exactly the rows of an uninterrupted one.
+exactly the rows of an uninterrupted one. A damaged line is skipped, never the end of the log: the rows after it
+are kept, and rows the log lacks are named (`log_gaps`), by the resumed run and by a comparison that reads it.
 
 The event files are written here, without TensorFlow (tensorboard's own `EventFileWriter` imports TensorFlow on
 first use, and tensorboardX imports torch, comet_ml and PIL whenever they are installed). An event file is a
@@ -22,7 +23,7 @@ import os
 import socket
 import struct
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple, Optional
 
 import google_crc32c
 from tensorboard.compat.proto import event_pb2
@@ -114,9 +115,20 @@ class CutLog(ValueError):
 _RETRAIN = "remove that run's workdir and rerun the comparison to train it again"
 
 
-def check_finished_log(workdir: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-  """Raises CutLog (one line naming the file) unless the rows of a finished run end where its `summary` says:
-  at its last step, with its final evaluation."""
+def _same(a, b) -> bool:
+  """Two figures of one run written by one process, one through metrics.jsonl and one through summary.json."""
+  a, b = (None if x is None or not math.isfinite(float(x)) else float(x) for x in (a, b))  # NaN: null in a row
+  if a is None or b is None:
+    return a is None and b is None
+  return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+
+
+def check_finished_log(workdir: str, rows: list[dict[str, Any]], summary: dict[str, Any],
+                       cadence: Optional[tuple[int, int]] = None, target_accuracy: Optional[float] = None) -> None:
+  """Raises CutLog (one line naming the file) unless the rows of a finished run are those its `summary` says:
+  ending at its last step with its final evaluation and time; with `cadence` = (log_every, eval_every), every
+  row the run writes is there, once, in order (`log_gaps`); with `target_accuracy` (the run's config's), the
+  first evaluation at the target is at summary.json's `time_to_target`."""
   path = os.path.join(workdir, METRICS_FILE)
   steps = summary.get('steps')
   if not rows:
@@ -124,34 +136,132 @@ def check_finished_log(workdir: str, rows: list[dict[str, Any]], summary: dict[s
   if steps is not None and rows[-1].get('step') != steps:
     raise CutLog(f'{path} ends at step {rows[-1].get("step")} but summary.json says the run finished at step '
                  f'{steps}: {_RETRAIN}')
+  if cadence is not None and steps is not None:
+    gaps = log_gaps([r['step'] for r in rows], steps, cadence[0], cadence[1], steps)
+    if gaps is not None:
+      raise CutLog(f'{path} has {gaps} (it logs every {cadence[0]} steps and evaluates every {cadence[1]}): its '
+                   f'figures would come from a log with a gap; {_RETRAIN}')
   evals = [r for r in rows if r.get('eval_accuracy') is not None]
   final = summary.get('final_eval_accuracy')
   if final is not None and (not evals or evals[-1]['eval_accuracy'] != final):
     last = f'{evals[-1]["eval_accuracy"]} at step {evals[-1]["step"]}' if evals else 'none'
     raise CutLog(f'{path} disagrees with summary.json: its last eval accuracy is {last}, summary.json says '
                  f'{final}: {_RETRAIN}')
+  for field, logged in (('final_eval_loss', evals[-1].get('eval_loss') if evals else None),
+                        ('time', time_of(rows[-1]))):
+    said = time_of(summary) if field == 'time' else summary.get(field)
+    if said is not None and not _same(logged, said):
+      name = 'its time' if field == 'time' else field
+      raise CutLog(f'{path} disagrees with summary.json: {name} is {logged} in its last row, summary.json says '
+                   f'{said}: {_RETRAIN}')
+  if target_accuracy is not None and 'time_to_target' in summary:
+    hit = next((time_of(r) for r in evals if r['eval_accuracy'] >= target_accuracy), None)
+    if not _same(hit, summary['time_to_target']):
+      raise CutLog(f'{path} disagrees with summary.json: its first evaluation at accuracy >= {target_accuracy} is '
+                   f'at time {hit}, summary.json says time_to_target {summary["time_to_target"]}: {_RETRAIN}')
+
+
+class Log(NamedTuple):
+  """A metrics.jsonl as read: its rows, and the numbers of the lines that are not rows (not a JSON object with an
+  integer `step`). `cut_end`: the last of them is the file's last line and lacks its newline, as a kill leaves
+  the line it was writing."""
+  rows: list[dict[str, Any]]
+  damaged: list[int]
+  cut_end: bool = False
+
+
+def _row(line: str) -> Optional[dict[str, Any]]:
+  try:
+    row = json.loads(line)
+  except ValueError:
+    return None
+  if not isinstance(row, dict) or not isinstance(row.get('step'), int) or isinstance(row['step'], bool):
+    return None
+  return row
+
+
+def read_log(workdir: str) -> Log:
+  """Every row of `workdir`'s metrics.jsonl, a damaged line anywhere skipped (and named in `damaged`): the rows
+  after it are as valid as those before."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return Log([], [])
+  rows, damaged, cut_end = [], [], False
+  with open(path, errors='replace') as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      row = _row(line)
+      if row is None:
+        damaged.append(number)
+        cut_end = not line.endswith('\n')
+      else:
+        rows.append(row)
+        cut_end = False
+  return Log(rows, damaged, cut_end)
 
 
 def read_rows(workdir: str, complete: bool = False) -> list[dict[str, Any]]:
-  """The rows of `workdir`'s metrics.jsonl. A line cut by a kill ends the log (everything after it is newer than
-  any checkpoint, and a resume cuts it away); `complete=True` (a finished run, whose log must be whole) raises
-  CutLog there instead."""
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
-  rows = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      line = line.strip()
-      if line:
-        try:
-          rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-          if complete:
-            raise CutLog(f'{path} is cut at line {number} although its run finished: its figures would be '
-                         f'incomplete; {_RETRAIN}') from e
-          break
-  return rows
+  """The rows of `workdir`'s metrics.jsonl; a damaged line (a kill cut the last one, or the file was damaged) is
+  skipped, the rows after it kept. `complete=True` (a finished run, whose log must be whole) raises CutLog at the
+  first damaged line instead."""
+  log = read_log(workdir)
+  if complete and log.damaged:
+    path = os.path.join(workdir, METRICS_FILE)
+    raise CutLog(f'{path} is cut at line {log.damaged[0]} although its run finished: its figures would be '
+                 f'incomplete; {_RETRAIN}')
+  return log.rows
+
+
+def logged_steps(through: int, log_every: int, eval_every: int, num_steps: int) -> Iterator[int]:
+  """The steps of the rows a run writes up to step `through`, in order: every multiple of `log_every` and of
+  `eval_every`, and `num_steps` (both runtimes log there: the lock-step loop's blocks never cross those
+  boundaries, the Ray driver logs update by update)."""
+  step = next_logged_step(0, log_every, eval_every, num_steps)
+  while step is not None and step <= through:
+    yield step
+    step = next_logged_step(step, log_every, eval_every, num_steps)
+
+
+def next_logged_step(after: int, log_every: int, eval_every: int, num_steps: int) -> Optional[int]:
+  """The step of the row a run writes after the one at step `after` (None: `after` is its last)."""
+  following = min((after // log_every + 1) * log_every, (after // eval_every + 1) * eval_every, num_steps)
+  return following if following > after else None
+
+
+def _ranges(steps: list[int], noun: str) -> str:
+  shown = []
+  for first, last, count in steps[:3]:
+    shown.append(f'{first}' if count == 1 else f'{first}-{last} ({count} rows)')
+  more = f' and {len(steps) - 3} more ranges' if len(steps) > 3 else ''
+  return f'{noun} {", ".join(shown)}{more}'
+
+
+def log_gaps(steps: list[int], through: int, log_every: int, eval_every: int, num_steps: int) -> Optional[str]:
+  """None when `steps` (a log's, in file order) are exactly the steps the run logs up to `through`
+  (`logged_steps`); else what is wrong, in a few words: the missing steps (as ranges of the rows the run writes),
+  a step logged twice or out of order, a step the run never logs."""
+  for a, b in zip(steps, steps[1:]):
+    if b <= a:
+      return f'step {b} follows step {a}'
+  present = set(steps)
+  missing, run = [], None  # [first, last, count] runs of consecutive missing rows
+  expected = 0
+  for step in logged_steps(through, log_every, eval_every, num_steps):
+    expected += 1
+    if step in present:
+      run = None
+      continue
+    if run is None:
+      run = [step, step, 0]
+      missing.append(run)
+    run[1], run[2] = step, run[2] + 1
+  if missing:
+    return _ranges(missing, 'no rows for steps')
+  if len(present) != expected:
+    extra = sorted(present - set(logged_steps(through, log_every, eval_every, num_steps)))
+    return f'rows at steps the run does not log ({", ".join(map(str, extra[:3]))}{"..." if len(extra) > 3 else ""})'
+  return None
 
 
 def _json_safe(value):
@@ -171,14 +281,37 @@ class MetricsWriter:
   FLUSH_EVERY_S = 1.0
 
   def __init__(self, workdir: str, keep_through_step: int | None, enabled: bool = True,
-               time_field: str = TIME_FIELDS[0]):
+               time_field: str = TIME_FIELDS[0], cadence: Optional[tuple[int, int, int]] = None):
     """Starts a fresh log, or keeps the rows with step <= `keep_through_step` of an earlier one; `time_field`:
-    the rows' time (`TIME_FIELDS`), the name of the second TensorBoard run."""
+    the rows' time (`TIME_FIELDS`), the name of the second TensorBoard run.
+
+    A resumed log keeps every valid row up to its step: a damaged line is skipped, and with `cadence` =
+    (log_every, eval_every, num_steps) the rows kept are checked against those the run writes (`log_gaps`).
+    What is wrong is in `problems` (one line each, for the run to say), and `gaps` stays set while the log
+    misses rows."""
     self._enabled = enabled
+    self.problems: list[str] = []
+    self.gaps: Optional[str] = None
+    self._cadence = cadence
     if not enabled:
       return
     path = os.path.join(workdir, METRICS_FILE)
-    kept = [] if keep_through_step is None else [r for r in read_rows(workdir) if r['step'] <= keep_through_step]
+    kept = []
+    if keep_through_step is not None:
+      log = read_log(workdir)
+      kept = [r for r in log.rows if r['step'] <= keep_through_step]
+      damaged = log.damaged[:-1] if log.cut_end else log.damaged  # the line a kill cut: newer than any checkpoint
+      if damaged:
+        lines = ', '.join(map(str, damaged[:5])) + (f' and {len(damaged) - 5} more' if len(damaged) > 5 else '')
+        self.problems.append(f'{path}: line(s) {lines} are not metrics rows (damaged): skipped, the rows around '
+                             'them kept')
+      if cadence is not None:
+        self.gaps = log_gaps([r['step'] for r in kept], keep_through_step, *cadence)
+        if self.gaps is not None:
+          self.problems.append(f'{path} has {self.gaps} up to the checkpoint at step {keep_through_step} the run '
+                               'resumes from: those rows are lost, and a comparison refuses this run (remove the '
+                               'workdir to train it again with a whole log)')
+    self._last_step = keep_through_step or 0
     atomic_files.write_text(path, ''.join(json.dumps(row) + '\n' for row in kept))
     self._file = open(path, 'a')
     self._flushed = time.monotonic()
@@ -196,6 +329,11 @@ class MetricsWriter:
     if not self._enabled:
       return
     row = {k: _json_safe(v) for k, v in row.items()}
+    if self._cadence is not None and self.gaps is None:  # the row the run writes next, else a gap from here
+      expected = next_logged_step(self._last_step, *self._cadence)
+      if expected != row['step']:
+        self.gaps = f'no row for step {expected} (the next row is at step {row["step"]})'
+    self._last_step = row['step']
     self._file.write(json.dumps(row) + '\n')
     summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v))
                                          for k, v in row.items()

@@ -5,8 +5,9 @@ window those rows reduce (`window.Window`), orbax checkpoints (`checkpointing`) 
 loop (`loop.py`) and the Ray driver (`ray_runtime/driver.py`) differ only in how updates arrive and how time is
 read; each hands the recorder its measurements, and the recorder
 
-- resumes: the rows up to the restored step are kept, the window, first time at the target and last evaluation
-  come back from the checkpoint's meta;
+- resumes: every valid row up to the restored step is kept (a damaged line is skipped and named), rows the log
+  lacks up to that step are named in one line, and again when the run finishes; the window, first time at the
+  target and last evaluation come back from the checkpoint's meta;
 - stops a run whose training loss is not finite (`TrainingDiverged`, naming the step and the checkpoint kept);
 - writes a row every `log_every` steps and at each evaluation, with ONE time field named after the clock that
   produced it: `sim_time` for the simulated cluster's clock, `measured_time` for a measured run (`TIME_FIELDS`);
@@ -108,8 +109,12 @@ class RunRecorder:
 
   def open(self, resumed_step: int = 0) -> None:
     """Starts the metrics files: a fresh log, or the rows up to `resumed_step` of an earlier one."""
+    counts = [self.config.get(field) for field in ('log_every', 'eval_every', 'num_steps')]
+    cadence = tuple(int(c) for c in counts) if all(c is not None for c in counts) else None
     self.writer = metrics_io.MetricsWriter(self.workdir, keep_through_step=resumed_step or None,
-                                           enabled=self.writes, time_field=self.time_field)
+                                           enabled=self.writes, time_field=self.time_field, cadence=cadence)
+    for problem in self.writer.problems:  # rows lost before this resume: said, never silent
+      log.warning('%s', problem)
 
   def wall(self, now: Optional[float] = None) -> float:
     """Wall-clock seconds of this run at `now` (a `time.time()`; default: now), counted over its resumes."""
@@ -176,6 +181,9 @@ class RunRecorder:
     }
     if self.writes and self.workdir is not None:
       atomic_files.write_json(os.path.join(self.workdir, SUMMARY_FILE), self.summary, indent=2)
+    if self.writer is not None and self.writer.gaps is not None:
+      log.warning('%s: finished, but its %s has %s: a comparison refuses this run', self.workdir,
+                  metrics_io.METRICS_FILE, self.writer.gaps)
     return self.summary
 
   def stall(self, error: Exception, step: int, first: bool) -> None:
@@ -201,9 +209,13 @@ def restore_common_step(recorders: list[RunRecorder], like_state: Any) -> Option
   Raises:
     ValueError: the runs have checkpoints but no step in common.
   """
+  unreadable: dict[str, list[int]] = {}  # workdir -> the steps moved aside
   while True:
     steps = [set(r.checkpointer.all_steps()) for r in recorders]
     if not any(steps):
+      for workdir, lost in unreadable.items():  # said: a run that starts over must not look like a resume
+        log.warning('%s: no readable checkpoint is left (unreadable: step(s) %s, moved to corrupt_checkpoints/): '
+                    'the run trains again from step 0', workdir, ', '.join(map(str, sorted(lost))))
       return None
     common = set.intersection(*steps)
     if not common:
@@ -213,5 +225,8 @@ def restore_common_step(recorders: list[RunRecorder], like_state: Any) -> Option
     step = max(common)
     restored = [r.checkpointer.restore_step(step, like_state, checkpointing.quarantine_step(r.workdir))
                 for r in recorders]
+    for r, x in zip(recorders, restored):
+      if x is None:
+        unreadable.setdefault(r.workdir, []).append(step)
     if all(x is not None for x in restored):
       return step, restored

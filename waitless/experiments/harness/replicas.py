@@ -115,18 +115,13 @@ def saved_steps(workdir: str) -> list[int]:
 
 def available_memory_bytes(device) -> Optional[int]:
   """Memory free for new buffers on `device`: the accelerator's own (`memory_stats`), or the host's available
-  memory for a CPU device; None when unknown."""
+  memory for a CPU device (`machine.available_memory_bytes`: MemAvailable, a cgroup's limit, `ulimit -v`); None
+  when unknown."""
   stats = device.memory_stats() if device.platform != 'cpu' else None
   if stats and 'bytes_limit' in stats:
     return int(stats['bytes_limit'] - stats.get('bytes_in_use', 0))
-  try:
-    with open('/proc/meminfo') as f:
-      for line in f:
-        if line.startswith('MemAvailable:'):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return None
+  from waitless import machine
+  return machine.available_memory_bytes()
 
 
 # A replica's state is held about this many times over at once: the state, the block's new state (the step

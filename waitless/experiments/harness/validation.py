@@ -12,6 +12,7 @@ from waitless import config_errors as errors
 from waitless.algorithms import optimizers
 from waitless.cluster import registry
 from waitless.cluster import factory as cluster_factory
+from waitless.cluster import limits
 from waitless.data import registry as data_registry
 from waitless.experiments.harness import duration
 from waitless.experiments.harness import measured_time
@@ -79,9 +80,12 @@ def validate(config: ml_collections.ConfigDict) -> cluster_factory.Effective:
     errors.ConfigError: naming the first bad field, its value and what is allowed.
   """
   spec = registry.get(config.algorithm.name)
-  for field in ('workers', 'devices', 'batch_size', 'microbatches', 'eval_batch_size'):
+  limits.check_workers(config, ray=ray_config.is_ray(config))  # on Ray every learner has its own device
+  for field in ('batch_size', 'microbatches', 'eval_batch_size'):
     errors.require_int(config[field], field, 1)
   _check_counts(config)
+  # The clock's host memory: the loop draws a block of steps_per_call iterations ahead of the one running.
+  limits.check_clock_memory(config, 2 * config.steps_per_call, 'steps_per_call', block_value=config.steps_per_call)
   errors.require_int(config.seed, 'seed', 0, SEED_MAX, 'the compiled programs take the seed as an int32')
   errors.require_number(config.target_accuracy, 'target_accuracy', 'must be a number in (0, 1]',
                         lambda v: 0 < v <= 1)
@@ -90,8 +94,6 @@ def validate(config: ml_collections.ConfigDict) -> cluster_factory.Effective:
                         lambda v: v >= 0)
   errors.require_number(config.progress_every_s, 'progress_every_s', 'must be a number of seconds > 0',
                         lambda v: v > 0)
-  errors.require(config.workers % config.devices == 0 or ray_config.is_ray(config), 'workers', config.workers,
-                 f'must be a multiple of devices={config.devices}')  # on Ray every learner has its own device
   errors.require(config.batch_size % config.microbatches == 0, 'microbatches', config.microbatches,
                  f'must divide batch_size={config.batch_size}')
   opt = config.optimizer

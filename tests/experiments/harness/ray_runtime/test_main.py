@@ -61,10 +61,17 @@ class BadInputTest(parameterized.TestCase):
        r'^error: debug_crash_learner=.7:3. .*learner I in 0..3'),
       ('ray_flag_without_ray', 'async', ('--ray_address=127.0.0.1:6379',),
        r'^error: --ray_address=.* for runtime=ray runs only'),
+      ('malformed_address', 'async,runtime=ray', ('--ray_address=garbage',),
+       r'^error: --ray_address=garbage is not allowed: must be HOST:PORT'),
       ('address_that_does_not_answer', 'async,runtime=ray', ('--ray_address=127.0.0.1:9',),
        r'^error: --ray_address=127.0.0.1:9 does not answer within'),
       ('more_workers_than_the_cluster_has', 'async,runtime=ray,workers=4,ray.worker_cpus=8.0', (),
-       r'^error: workers=4 .* need 32 CPUs, the Ray cluster has'))
+       r'^error: workers=4 .* need 32 CPUs .*this machine has \d+'),
+      # Issue 59: with the default ray.worker_cpus (a share of the CPUs) nothing was ever refused: 64 learners
+      # on a 2-core laptop started 64 processes of about 400 MB. Refused from the machine's memory, before Ray.
+      ('more_learners_than_the_memory_holds', 'kasync,runtime=ray,workers=1024,batch_size=1,microbatches=1', (),
+       r'^error: workers=1024 is not allowed: 1024 learners and the server are 1025 processes of about .* GB '
+       r'each on a local Ray: .* GB with its daemons, more than this machine has \(.* GB available, \d+ CPUs\)'))
   def test_one_line_status_2(self, config_arg, flags, pattern):
     workdir = self.create_tempdir().full_path
     start = time.time()
@@ -76,6 +83,54 @@ class BadInputTest(parameterized.TestCase):
     self.assertNotIn('Traceback', proc.stderr)
     self.assertLess(time.time() - start, 60)
     self.assertFalse(os.path.exists(os.path.join(workdir, 'checkpoints')))
+
+
+class LocalMachineTest(absltest.TestCase):
+  """The learners' processes against this machine's memory and CPUs, before a local Ray starts (issue 59)."""
+
+  def test_learners_memory_and_cpus_are_checked_with_their_figures(self):
+    from waitless import config_errors
+    from waitless.experiments.configs import digits
+    from waitless.experiments.harness.ray_runtime import driver
+    config = digits.get_config('kasync,runtime=ray,workers=64')
+    with self.assertRaisesRegex(config_errors.ConfigError, r'^workers=64 is not allowed: 64 learners and the server '
+                                r'are 65 processes of about 0.4 GB each on a local Ray: 26.5 GB with its daemons, '
+                                r'more than this machine has \(16 GB available, 2 CPUs\)'):
+      driver.check_local_machine(config, 0.0, available=16 * 10**9, cpus=2)
+    driver.check_local_machine(digits.get_config('kasync,runtime=ray,workers=4'), 1e6, available=16 * 10**9, cpus=2)
+    config = digits.get_config('kasync,runtime=ray,workers=4,ray.worker_cpus=1.0')
+    with self.assertRaisesRegex(config_errors.ConfigError, r'^workers=4 .* need 4 CPUs .* this machine has 2'):
+      driver.check_local_machine(config, 0.0, available=16 * 10**9, cpus=2)
+
+
+class LearnerDeathLineTest(absltest.TestCase):
+  """Issue 59: the driver's line for a dead learner was cut mid-word ("The task may o)"), and the raylet's own
+  "Task ... failed" lines were printed beside it."""
+
+  def test_the_reason_is_cut_at_a_word_never_inside_one(self):
+    from waitless.experiments.harness.ray_runtime import driver
+    error = RuntimeError('The actor died unexpectedly before finishing this task\n\tclass_name: LearnerActor\n'
+                         + 'The worker process has died and the task may or may not have run: ' * 5)
+    reason = driver.short_reason(error)
+    self.assertLessEqual(len(reason), 160)
+    self.assertTrue(reason.endswith('...'), reason)
+    self.assertIn(reason[:-3].rsplit(' ', 1)[-1], error.args[0].split())  # the last word is whole
+    self.assertEqual(driver.short_reason(RuntimeError('Short. Second sentence.')), 'Short')
+    self.assertEqual(driver.short_reason(RuntimeError()), 'RuntimeError')
+
+  def test_the_raylets_messages_go_to_the_workdir(self):
+    import contextlib
+    import io
+    from ray._private import worker as ray_worker
+    from waitless.experiments.harness.ray_runtime import driver
+    path = os.path.join(self.create_tempdir().full_path, driver.RAYLET_MESSAGES)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+      with driver.raylet_messages_to(path):
+        ray_worker.print_to_stdstream({'lines': ['Task LearnerActor.work failed.'], 'pid': 'raylet',
+                                       'is_err': False}, ignore_prefix=False)
+    self.assertEqual(out.getvalue(), '')
+    self.assertRegex(open(path).read(), r'^\d\d:\d\d:\d\d Task LearnerActor.work failed.\n$')
 
 
 class ClusterTest(absltest.TestCase):

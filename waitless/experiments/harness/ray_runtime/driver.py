@@ -38,6 +38,7 @@ from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import preemption
 from waitless.experiments.harness import recorder as recorder_lib
 from waitless.experiments.harness import setup
+from waitless.experiments.harness import tasks
 from waitless.experiments.harness import workdir as workdir_lib
 from waitless.experiments.harness import workdir_lock
 from waitless.experiments.harness.ray_runtime import arrivals as arrivals_lib
@@ -54,6 +55,7 @@ RUNTIME = 'ray'
 REPORTS = {'k': 'mean', 'max_staleness': 'max', 'discarded': 'sum', 'update_s': 'mean'}
 CONNECT_TIMEOUT_S = 15.0
 POLL_S = 0.05
+RAYLET_MESSAGES = 'ray_messages.log'  # the raylet's own error messages (`raylet_messages_to`)
 START_TIMEOUT_S = 600.0  # actors start, import JAX and compile: minutes on a busy cluster
 
 
@@ -73,6 +75,46 @@ def _own_signal_handlers():
     if threading.current_thread() is threading.main_thread():
       for sig, handler in kept.items():
         signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def raylet_messages_to(path: str):
+  """Ray's driver prints the raylet's error messages (a worker that died, 'Task ... failed. There are N retries
+  remaining') on its standard streams, beside the driver's own line for the same event: while this is open they
+  are appended to `path` instead. Ray's private `print_to_stdstream` is wrapped (looked up by the listener at
+  every message); where a Ray version has none, its messages are printed as before."""
+  from ray._private import worker as ray_worker
+  original = getattr(ray_worker, 'print_to_stdstream', None)
+  if original is None:
+    yield
+    return
+
+  def route(data, ignore_prefix):
+    if data.get('pid') != 'raylet':
+      return original(data, ignore_prefix)
+    try:
+      with open(path, 'a') as f:
+        f.writelines(f'{time.strftime("%H:%M:%S")} {line}\n' for line in data.get('lines', []))
+    except OSError:
+      return original(data, ignore_prefix)
+
+  ray_worker.print_to_stdstream = route
+  try:
+    yield
+  finally:
+    ray_worker.print_to_stdstream = original
+
+
+def short_reason(error: BaseException, limit: int = 160) -> str:
+  """An exception's message in at most `limit` characters for one line: its first sentence or line, cut at a word
+  boundary with '...' (never mid-word: Ray's actor errors run to several lines)."""
+  text = ' '.join(str(error).split())
+  if not text:
+    return type(error).__name__
+  sentence = text.split('. ')[0].rstrip('.')
+  if len(sentence) <= limit:
+    return sentence
+  return sentence[:limit - 3].rsplit(' ', 1)[0] + '...'
 
 
 def start_local(**options) -> None:
@@ -96,6 +138,9 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
     return True
   if address != 'auto':
     host, _, port = address.rpartition(':')
+    if not port.isdigit() or not 0 < int(port) < 65536:
+      raise ray_config.RayUnavailable(f'--ray_address={address} is not allowed: must be HOST:PORT of the Ray '
+                                      "cluster's head (e.g. 127.0.0.1:6379), or auto")
     try:
       with socket.create_connection((host or '127.0.0.1', int(port)), timeout=timeout_s):
         pass
@@ -124,16 +169,64 @@ def resources(config) -> dict[str, float]:
   return {'worker_cpus': float(cpus), 'worker_gpus': float(r.worker_gpus), 'server_cpus': float(r.server_cpus)}
 
 
-def check_resources(config, wanted: dict[str, float]) -> None:
-  """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and P learners."""
+def check_resources(config, wanted: dict[str, float], model_bytes: Optional[float] = None) -> None:
+  """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and P learners: their
+  CPUs and GPUs, and (`model_bytes` given) their processes' memory against the cluster's `memory` resource."""
   import ray
   total = ray.cluster_resources()
   p = config.workers
+  if model_bytes is not None and total.get('memory'):
+    from waitless import machine
+    need = actors_memory_bytes(config, model_bytes)
+    errors.require(need <= total['memory'], 'workers', p,
+                   f'{p} learners and the server are {p + 1} processes of about '
+                   f'{machine.gigabytes(need / (p + 1))} each, {machine.gigabytes(need)} in all, more than the Ray '
+                   f'cluster\'s memory ({machine.gigabytes(total["memory"])}): use fewer workers')
   for kind, need in (('CPU', p * wanted['worker_cpus'] + wanted['server_cpus']), ('GPU', p * wanted['worker_gpus'])):
     have = float(total.get(kind, 0.0))
     errors.require(need <= have + 1e-9, 'workers', p,
                    f'{p} learners and the server need {need:g} {kind}s, the Ray cluster has {have:g}: use fewer '
                    f'workers, or smaller ray.worker_{kind.lower()}s / ray.server_cpus (fractions share a device)')
+
+
+# A learner actor is a process of its own: Python, JAX and its compiled step, about 400 MB resident for the digits
+# model (issue 59: 64 learners on a 2-core laptop took about 26 GB); the model, its gradient and the optimizer's
+# state come on top. The server is one more such process, and a local Ray's own daemons (raylet, GCS, workers'
+# pool) about half a gigabyte.
+ACTOR_RESIDENT_BYTES = 400e6
+MODEL_COPIES_PER_ACTOR = 4
+RAY_DAEMONS_BYTES = 500e6
+MEMORY_SHARE = 0.8  # of the memory available: the driver (the evaluation, the checkpoints) needs the rest
+
+
+def actors_memory_bytes(config, model_bytes: float) -> float:
+  """Memory a run's actors hold: P learners and the server, each `ACTOR_RESIDENT_BYTES` plus its model copies."""
+  return (config.workers + 1) * (ACTOR_RESIDENT_BYTES + MODEL_COPIES_PER_ACTOR * model_bytes)
+
+
+def check_local_machine(config, model_bytes: float, available: Optional[int] = None,
+                        cpus: Optional[int] = None) -> None:
+  """Raises errors.ConfigError naming `workers` when a local Ray on this machine cannot hold the server and P
+  learners: their processes' memory (`actors_memory_bytes` and Ray's daemons) against what the machine has
+  (`machine.available_memory_bytes`), and their CPUs when `ray.worker_cpus` is set (`machine.cpu_count`, which
+  Ray counts too). Before any Ray process starts."""
+  from waitless import machine
+  available = machine.available_memory_bytes() if available is None else available
+  cpus = machine.cpu_count() if cpus is None else cpus
+  p, r = config.workers, config.ray
+  need = actors_memory_bytes(config, model_bytes) + RAY_DAEMONS_BYTES
+  errors.require(available is None or need <= MEMORY_SHARE * available, 'workers', p,
+                 f'{p} learners and the server are {p + 1} processes of about '
+                 f'{machine.gigabytes(ACTOR_RESIDENT_BYTES + MODEL_COPIES_PER_ACTOR * model_bytes)} each on a local '
+                 f'Ray: {machine.gigabytes(need)} with its daemons, more than this machine has '
+                 f'({machine.gigabytes(available or 0)} available, {cpus} CPUs): use fewer workers, or a Ray cluster '
+                 '(--ray_address)')
+  if r.worker_cpus is not None:
+    wanted = p * r.worker_cpus + r.server_cpus
+    errors.require(wanted <= cpus + 1e-9, 'workers', p,
+                   f'{p} learners and the server need {wanted:g} CPUs (ray.worker_cpus={r.worker_cpus:g}, '
+                   f'ray.server_cpus={r.server_cpus:g}), this machine has {cpus}: use fewer workers, or a smaller '
+                   'ray.worker_cpus (fractions share a CPU)')
 
 
 def _runtime_env() -> dict[str, Any]:
@@ -189,18 +282,25 @@ class Driver:
   def train(self, stop_requests: preemption.StopRequests) -> dict[str, Any]:
     import ray  # only a Ray run pays for it
     workdir_lib.check_workdir(self.workdir, self.config)  # a conflict is news before Ray starts
+    model_bytes = float(tasks.model_bytes(self.run.config))  # from shapes: nothing allocated
+    if not self.address:  # a local Ray: this machine holds every actor; refused before any Ray process starts
+      check_local_machine(self.config, model_bytes)
     self.lock = workdir_lock.WorkdirLock(self.workdir)  # one program per workdir
     started = connect(self.address)
     actors = []
+    quiet = contextlib.ExitStack()  # the raylet's messages into the workdir while this run's actors live
+    quiet.enter_context(raylet_messages_to(os.path.join(self.workdir, RAYLET_MESSAGES)))
     try:
       wanted = resources(self.config)
-      check_resources(self.config, wanted)  # before the workdir is written: nothing of this run exists yet
+      check_resources(self.config, wanted, model_bytes)  # before the workdir is written: nothing of this run exists yet
       like = jax.device_get(setup.init_state(self.run))
       self.num_params = setup.param_count_and_bytes(like.params)[0] // self.config.workers
       state, meta = self.prepare_workdir(like)
       self.step = int(meta.get('step', 0))
       self.recorder.open(resumed_step=self.step)
       self.events = events_lib.EventLog(self.workdir, keep_through_step=self.step or None)
+      for problem in self.events.problems:  # lost before this resume: said, never silent
+        log.warning('%s', problem)
       if self.step >= self.num_steps:  # killed after its last checkpoint, before its summary
         return self.finish()
       env = _runtime_env()
@@ -225,6 +325,7 @@ class Driver:
         ray.kill(actor, no_restart=True)
       if started:
         ray.shutdown()
+      quiet.close()
 
   def wait_until_ready(self, server, learners, timeout_s: float = START_TIMEOUT_S) -> None:
     """Waits until every actor has started and compiled; one line (exit 2) when the cluster's free resources
@@ -269,7 +370,7 @@ class Driver:
   def learner_died(self, i: int, error: Exception) -> None:
     """One line; a learner past its restarts is lost, and a run that needs more learners than are left stops."""
     self.deaths[i] += 1
-    reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+    reason = short_reason(error)
     if self.deaths[i] <= self.config.ray.max_restarts:
       waits = ' (the synchronous update waits for it)' if self.policy.waits else ''
       log.warning('learner %d died at step %d (%s); Ray restarts it (%d of %d) and it fetches its view again%s', i,

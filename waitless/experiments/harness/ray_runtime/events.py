@@ -41,26 +41,55 @@ def from_json(line: dict, microbatches: int) -> arrivals_lib.Update:
 
 
 def read(workdir: str) -> list[dict]:
-  """The log's lines (a last line cut short by a kill is dropped)."""
+  """The log's lines; a damaged one (a last line cut short by a kill, or one damaged on disk) is skipped, the
+  lines after it kept."""
+  return _read(workdir)[0]
+
+
+def _read(workdir: str) -> tuple[list[dict], list[int], bool]:
+  """(lines, numbers of the damaged lines, whether the last damaged one is the file's unterminated last line)."""
   path = os.path.join(workdir, EVENTS_FILE)
-  lines = []
-  with open(path) as f:
-    for text in f:
+  lines, damaged, cut_end = [], [], False
+  with open(path, errors='replace') as f:
+    for number, text in enumerate(f, 1):
+      if not text.strip():
+        continue
       try:
-        lines.append(json.loads(text))
+        line = json.loads(text)
       except ValueError:
-        break
-  return lines
+        line = None
+      if not isinstance(line, dict) or not isinstance(line.get('step'), int):
+        damaged.append(number)
+        cut_end = not text.endswith('\n')
+        continue
+      lines.append(line)
+      cut_end = False
+  return lines, damaged, cut_end
 
 
 class EventLog:
   """Appends updates to `events.jsonl`; a resumed run first cuts it back to its checkpoint's step."""
 
   def __init__(self, workdir: str, keep_through_step: Optional[int]):
+    """Starts a fresh log, or keeps every valid line up to `keep_through_step`: what is wrong with them (damaged
+    lines, updates missing, one line each) is in `problems` for the run to say; the replay needs every update."""
     path = os.path.join(workdir, EVENTS_FILE)
     kept = []
-    if keep_through_step is not None and os.path.exists(path):
-      kept = [line for line in read(workdir) if line['step'] <= keep_through_step]
+    self.problems: list[str] = []
+    if keep_through_step is not None:
+      lines, damaged, cut_end = _read(workdir) if os.path.exists(path) else ([], [], False)
+      kept = [line for line in lines if line['step'] <= keep_through_step]
+      damaged = damaged[:-1] if cut_end else damaged  # the line a kill cut: newer than any checkpoint
+      if damaged:
+        self.problems.append(f'{path}: line(s) {", ".join(map(str, damaged[:5]))}'
+                             f'{" and more" if len(damaged) > 5 else ""} are not events (damaged): skipped')
+      steps = [line['step'] for line in kept]
+      if steps != list(range(1, keep_through_step + 1)):
+        missing = sorted(set(range(1, keep_through_step + 1)) - set(steps))
+        what = (f'lacks the updates of steps {missing[0]}..{missing[-1]} ({len(missing)} of them)' if missing
+                else 'holds an update twice or out of order')
+        self.problems.append(f'{path} {what} up to the checkpoint at step {keep_through_step}: the run goes on, but '
+                             'its replay cannot reproduce the parameters')
     atomic_files.write_text(path, ''.join(json.dumps(line) + '\n' for line in kept))
     self._file = open(path, 'a')
 
