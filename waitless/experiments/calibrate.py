@@ -39,6 +39,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 
@@ -118,10 +119,8 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                  f'must divide batch_size={config.batch_size}')
   key = profiles.model_key(config)
   doc = profiles.read(out) if os.path.isfile(out) else {}
-  compute_fits, sizes = measure.compute_fits(config, rounds, repeats)
-  with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
-    harness = measure.harness_rounds(config_arg, flags_, processes, rounds, harness_steps, harness_m, tmp)
-    rows = measure.collective_rows(processes, collective_sizes, rounds, tmp)
+  compute_fits, sizes, harness, rows = _measure(config, config_arg, flags_, processes, rounds, repeats, harness_steps,
+                                                harness_m, collective_sizes)
   batch = config.batch_size
   overheads, hosts = calibration.fit_harness(harness.single_s, harness_m,
                                              [t.no_collective_s for t in harness.collectives], batch,
@@ -153,6 +152,28 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
     json.dump(profile, f, indent=1)
     f.write('\n')
   return profile
+
+
+def _interrupted(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
+
+
+def _measure(config, config_arg, flags_, processes, rounds, repeats, harness_steps, harness_m, collective_sizes):
+  """The measurements (`measure.compute_fits`, `harness_rounds`, `collective_rows`). Ctrl-C, SIGINT or SIGTERM stop
+  them in one line, status 130, once every process they started is gone (`measure.run_processes`)."""
+  previous = signal.signal(signal.SIGTERM, _interrupted)
+  try:
+    compute_fits, sizes = measure.compute_fits(config, rounds, repeats)
+    with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
+      harness = measure.harness_rounds(config_arg, flags_, processes, rounds, harness_steps, harness_m, tmp)
+      rows = measure.collective_rows(processes, collective_sizes, rounds, tmp)
+  except KeyboardInterrupt:
+    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
+    sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  return compute_fits, sizes, harness, rows
 
 
 def main(argv):
