@@ -113,7 +113,7 @@ class BedTest(absltest.TestCase):
     with bed_lib.Bed.create(bed_lib.Spec(cpus=(0.3, 1.0), rate_mbit=50), bed_id=f'{os.getpid()}t') as bed:
       self.assertLen(_leftovers(bed.id), 6)  # 3 namespaces (2 hosts, the switch), 2 cgroups, the state file
       with open(os.path.join(bed.cgroups[0], 'cpu.cfs_quota_us')) as f:
-        self.assertEqual(int(f.read()), 30000)
+        self.assertEqual(int(f.read()), 3000)  # 0.3 x the 10 ms period
       # A busy loop of 1 s wall-clock on host 0 gets at most its 0.3 core (plus the scheduler's slack).
       busy = ('import time\nt, s = time.process_time(), time.time()\nwhile time.time() - s < 1: pass\n'
               'print(time.process_time() - t)')

@@ -45,7 +45,7 @@ CGROUP_CPU = '/sys/fs/cgroup/cpu'
 NETNS_DIR = '/var/run/netns'
 ADDRESS_BASE = '10.77.0.'  # host i: ADDRESS_BASE + (i + 1); only inside the bed's namespaces
 PREFIX_LEN = 24
-PERIOD_US = 100_000
+PERIOD_US = 10_000  # a short period: a quota throttles in 10 ms slices, not 100 ms ones (steadier iterations)
 
 
 class Unavailable(RuntimeError):
@@ -201,17 +201,16 @@ class Bed:
 
   def popen(self, host: int, argv: Sequence[str], **kwargs) -> subprocess.Popen:
     """Starts `argv` on host `host`: in its cgroup, then (nsenter) in its network namespace, in a process group of
-    its own (`start_new_session`), with WAITLESS_HOST_ADDRESS set to the host's address. `kwargs`: Popen's."""
-    cgroup_procs = os.path.join(self.cgroups[host], 'cgroup.procs')
+    its own (`start_new_session`), with WAITLESS_HOST_ADDRESS set to the host's address. `kwargs`: Popen's.
 
-    def join():  # in the child, before exec: every process it starts inherits the cgroup
-      with open(cgroup_procs, 'w') as f:
-        f.write(str(os.getpid()))
-
+    A shell joins the cgroup and execs nsenter, which execs `argv`: no Python runs between fork and exec (a
+    `preexec_fn` would, which a multithreaded launcher such as calibrate's JAX process must not do)."""
     env = dict(kwargs.pop('env', None) or os.environ)
     env['WAITLESS_HOST_ADDRESS'] = address(host)
-    return subprocess.Popen(['nsenter', f'--net={os.path.join(NETNS_DIR, self.namespaces[host])}', '--', *argv],
-                            preexec_fn=join, start_new_session=True, env=env, **kwargs)
+    join = 'echo $$ > "$1" && ns="$2" && shift 2 && exec nsenter --net="$ns" -- "$@"'
+    return subprocess.Popen(['sh', '-c', join, 'sh', os.path.join(self.cgroups[host], 'cgroup.procs'),
+                             os.path.join(NETNS_DIR, self.namespaces[host]), *argv],
+                            start_new_session=True, env=env, **kwargs)
 
   def pids(self, host: int) -> list[int]:
     """The processes now in host `host`'s cgroup."""
