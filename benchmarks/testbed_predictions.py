@@ -52,32 +52,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PERIODIC = ('local_sgd', 'diloco')
 CONDITIONS = ('equal', 'slow')
 
-_PROFILE = flags.DEFINE_string('profile', None, 'The bed\'s profile (calibrate run on the bed at --rate_mbit).')
-_RATE = flags.DEFINE_float('rate_mbit', 174.0, 'Every host link\'s rate per direction, Mbit/s.')
-_HOSTS = flags.DEFINE_integer('hosts', 2, 'Hosts of the bed (2-4).')
-_CPU = flags.DEFINE_float('cpu', 0.8, 'Cores of every host (cgroup quota).')
-_SLOW_CPU = flags.DEFINE_float('slow_cpu', 0.4, 'Cores of the slow host (the last) under the `slow` condition.')
-_CONDITIONS = flags.DEFINE_list('conditions', list(CONDITIONS), 'equal, slow.')
-_ALGORITHMS = flags.DEFINE_list('algorithms', ['sync', 'local_sgd', 'dpsgd'], 'SPMD names, or ray:NAME for the '
-                                'parameter-server family on Ray.')
-_RUNS = flags.DEFINE_integer('runs', 8, 'Real runs per cell (interleaved rounds).')
-_NUM_STEPS = flags.DEFINE_integer('num_steps', 100, 'Iterations per run.')
-_EVAL_EVERY = flags.DEFINE_integer('eval_every', 10, 'Steps between evaluations (and metrics rows).')
-_MICROBATCHES = flags.DEFINE_integer('microbatches', 1, 'm, micro-batches per worker and iteration.')
-_LOCAL_STEPS = flags.DEFINE_integer('local_steps', 4, 'local_sgd, diloco: H.')
-_TARGET = flags.DEFINE_float('target_accuracy', 0.9, 'Evaluation accuracy of the time to target.')
-_WORKLOAD = flags.DEFINE_string('workload', 'experiments/configs/digits.py', 'The config file.')
-_PAIRS = flags.DEFINE_string('pairs', 'batch_size=512', 'Config pairs of the workload (after the algorithm).')
-_OVERRIDES = flags.DEFINE_list('overrides', ['model.hidden_sizes=(512,512)'], 'FIELD=VALUE config overrides.')
-_WORKDIR = flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).')
-_OUT = flags.DEFINE_string('out', '', 'Write the results as JSON here.')
-_TIMEOUT = flags.DEFINE_float('timeout_s', 600, 'A run that takes longer is stopped (the benchmark fails).')
+FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """The flags, in `flag_values`; defined when the script runs, not on import (as `real_run.define_flags`: a
+  test process that imports several benchmarks would define `algorithms`, `runs`, ... twice)."""
+  where = {'flag_values': flag_values}
+  flags.DEFINE_string('profile', None, 'The bed\'s profile (calibrate run on the bed at --rate_mbit).', **where)
+  flags.DEFINE_float('rate_mbit', 174.0, 'Every host link\'s rate per direction, Mbit/s.', **where)
+  flags.DEFINE_integer('hosts', 2, 'Hosts of the bed (2-4).', **where)
+  flags.DEFINE_float('cpu', 0.8, 'Cores of every host (cgroup quota).', **where)
+  flags.DEFINE_float('slow_cpu', 0.4, 'Cores of the slow host (the last) under the `slow` condition.', **where)
+  flags.DEFINE_list('conditions', list(CONDITIONS), 'equal, slow.', **where)
+  flags.DEFINE_list('algorithms', ['sync', 'local_sgd', 'dpsgd'], 'SPMD names, or ray:NAME for the '
+                    'parameter-server family on Ray.', **where)
+  flags.DEFINE_integer('runs', 8, 'Real runs per cell (interleaved rounds).', **where)
+  flags.DEFINE_integer('num_steps', 100, 'Iterations per run.', **where)
+  flags.DEFINE_integer('eval_every', 10, 'Steps between evaluations (and metrics rows).', **where)
+  flags.DEFINE_integer('microbatches', 1, 'm, micro-batches per worker and iteration.', **where)
+  flags.DEFINE_integer('local_steps', 4, 'local_sgd, diloco: H.', **where)
+  flags.DEFINE_float('target_accuracy', 0.9, 'Evaluation accuracy of the time to target.', **where)
+  flags.DEFINE_string('workload', 'experiments/configs/digits.py', 'The config file.', **where)
+  flags.DEFINE_string('pairs', 'batch_size=512', 'Config pairs of the workload (after the algorithm).', **where)
+  flags.DEFINE_list('overrides', ['model.hidden_sizes=(512,512)'], 'FIELD=VALUE config overrides.', **where)
+  flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).', **where)
+  flags.DEFINE_string('out', '', 'Write the results as JSON here.', **where)
+  flags.DEFINE_float('timeout_s', 600, 'A run that takes longer is stopped (the benchmark fails).', **where)
 
 
 def cpus(condition: str) -> list[float]:
-  quotas = [_CPU.value] * _HOSTS.value
+  quotas = [FLAGS.cpu] * FLAGS.hosts
   if condition == 'slow':
-    quotas[-1] = _SLOW_CPU.value
+    quotas[-1] = FLAGS.slow_cpu
   return quotas
 
 
@@ -87,28 +94,28 @@ def split(algorithm: str) -> tuple[str, bool]:
 
 
 def workers(algorithm: str) -> int:
-  return _HOSTS.value - 1 if split(algorithm)[1] else _HOSTS.value
+  return FLAGS.hosts - 1 if split(algorithm)[1] else FLAGS.hosts
 
 
 def pairs(algorithm: str, seed: int) -> str:
   """The config argument's pairs, shared by the real run and its prediction."""
   name, ray = split(algorithm)
-  extra = f',local_steps={_LOCAL_STEPS.value}' if name in PERIODIC else ''
+  extra = f',local_steps={FLAGS.local_steps}' if name in PERIODIC else ''
   p = workers(algorithm)
   placement = f',runtime=ray,workers={p}' if ray else f',workers={p},devices={p}'
-  return (f'{name}{extra}{placement},{_PAIRS.value},microbatches={_MICROBATCHES.value},num_steps={_NUM_STEPS.value},'
-          f'eval_every={_EVAL_EVERY.value},log_every={_EVAL_EVERY.value},checkpoint_every={_NUM_STEPS.value},'
-          f'target_accuracy={_TARGET.value},seed={seed}')
+  return (f'{name}{extra}{placement},{FLAGS.pairs},microbatches={FLAGS.microbatches},num_steps={FLAGS.num_steps},'
+          f'eval_every={FLAGS.eval_every},log_every={FLAGS.eval_every},checkpoint_every={FLAGS.num_steps},'
+          f'target_accuracy={FLAGS.target_accuracy},seed={seed}')
 
 
 def run(algorithm: str, condition: str, seed: int, workdir: str) -> dict:
   """One real run on a bed of its own; its figures. A run finished in `workdir` before is read."""
   if not os.path.isfile(os.path.join(workdir, 'summary.json')):
     name, ray = split(algorithm)
-    config = f'--config={_WORKLOAD.value}:{pairs(algorithm, seed)},stragglers.kind=measured'
+    config = f'--config={FLAGS.workload}:{pairs(algorithm, seed)},stragglers.kind=measured'
     command = [sys.executable, '-m', 'waitless.experiments.testbed', f'--cpus={",".join(map(str, cpus(condition)))}',
-               f'--rate_mbit={_RATE.value}', f'--timeout_s={_TIMEOUT.value}', '--', 'ray' if ray else 'spmd', config,
-               *[f'--config.{o}' for o in _OVERRIDES.value], f'--workdir={workdir}']
+               f'--rate_mbit={FLAGS.rate_mbit}', f'--timeout_s={FLAGS.timeout_s}', '--', 'ray' if ray else 'spmd',
+               config, *[f'--config.{o}' for o in FLAGS.overrides], f'--workdir={workdir}']
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode:
       raise SystemExit(f'{algorithm} ({condition}) failed (status {done.returncode}):\n{done.stdout[-1500:]}'
@@ -125,7 +132,7 @@ def figures(workdir: str) -> dict:
   times = np.array([r['measured_time'] for r in rows], np.float64)
   evals = [{k: r[k] for k in ('step', 'measured_time', 'eval_accuracy')} for r in rows
            if r.get('eval_accuracy') is not None]
-  at, step = (statistics.crossing(evals, 'eval_accuracy', _TARGET.value, True, x=x)[0]
+  at, step = (statistics.crossing(evals, 'eval_accuracy', FLAGS.target_accuracy, True, x=x)[0]
               for x in ('measured_time', 'step'))
   return {'seconds_per_iteration': float(np.median(np.diff(times) / np.diff(steps))),
           'time_to_target': None if at is None else float(at - times[0]),
@@ -139,8 +146,8 @@ def predict(algorithm: str, condition: str, iterations: int = 400) -> float:
   if split(algorithm)[1]:  # the learners live on hosts 1.., the server on host 0
     quotas = quotas[1:]
   factors = ','.join(f'{max(quotas) / q:g}' for q in quotas)
-  command = [sys.executable, '-m', 'waitless.experiments.simulate', f'--config={_WORKLOAD.value}:{pairs(algorithm, 0)}',
-             *[f'--config.{o}' for o in _OVERRIDES.value], f'--config.cluster.profile={_PROFILE.value}',
+  command = [sys.executable, '-m', 'waitless.experiments.simulate', f'--config={FLAGS.workload}:{pairs(algorithm, 0)}',
+             *[f'--config.{o}' for o in FLAGS.overrides], f'--config.cluster.profile={FLAGS.profile}',
              f'--config.stragglers.worker_factors=({factors},)', f'--iterations={iterations}']
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
@@ -169,8 +176,8 @@ def summarize(runs: list[dict], predicted_s: float) -> dict:
 def ranking(cells: dict) -> list[str]:
   """Per condition, the pairs whose real ranges do not overlap, and whether the prediction orders them so."""
   lines = []
-  for condition in _CONDITIONS.value:
-    names = [a for a in _ALGORITHMS.value if (a, condition) in cells and cells[a, condition]['runs'] >= 2]
+  for condition in FLAGS.conditions:
+    names = [a for a in FLAGS.algorithms if (a, condition) in cells and cells[a, condition]['runs'] >= 2]
     for i, a in enumerate(names):
       for b in names[i + 1:]:
         (la, ha), (lb, hb) = cells[a, condition]['range'], cells[b, condition]['range']
@@ -185,9 +192,9 @@ def report(cells: dict, loads: tuple) -> str:
   pct = lambda e: '-' if e is None else f'{100 * e:+.1f}%'
   ms = lambda s: '-' if s is None else f'{1e3 * s:.1f}'
   sec = lambda s: '-' if s is None else f'{s:.2f}'
-  lines = [f'{_HOSTS.value} hosts at {_RATE.value:g} Mbit/s per direction, {_CPU.value:g} CPU each (slow: the last at '
-           f'{_SLOW_CPU.value:g}); {_WORKLOAD.value}:{_PAIRS.value} {" ".join(_OVERRIDES.value)}, m = '
-           f'{_MICROBATCHES.value}, {_NUM_STEPS.value} steps; profile {_PROFILE.value}; median of {_RUNS.value} '
+  lines = [f'{FLAGS.hosts} hosts at {FLAGS.rate_mbit:g} Mbit/s per direction, {FLAGS.cpu:g} CPU each (slow: the last '
+           f'at {FLAGS.slow_cpu:g}); {FLAGS.workload}:{FLAGS.pairs} {" ".join(FLAGS.overrides)}, m = '
+           f'{FLAGS.microbatches}, {FLAGS.num_steps} steps; profile {FLAGS.profile}; median of {FLAGS.runs} '
            f'interleaved runs per cell; load average {loads[0]:.1f} before, {loads[1]:.1f} after', '',
            '| algorithm | hosts | real ms/it (range) | predicted | error | real s to target (range) | predicted | '
            'error |', '|---|---|---|---|---|---|---|---|']
@@ -210,22 +217,22 @@ def main(argv):
   del argv
   from waitless import config_errors as errors
   try:
-    errors.require(bool(_PROFILE.value), '--profile', _PROFILE.value,
+    errors.require(bool(FLAGS.profile), '--profile', FLAGS.profile,
                    'required: the profile calibrate wrote on the bed')
-    errors.require_int(_HOSTS.value, '--hosts', 2, 4)
-    errors.require_int(_RUNS.value, '--runs', 1)
-    for condition in _CONDITIONS.value:
+    errors.require_int(FLAGS.hosts, '--hosts', 2, 4)
+    errors.require_int(FLAGS.runs, '--runs', 1)
+    for condition in FLAGS.conditions:
       errors.require(condition in CONDITIONS, '--conditions', condition, f'one of {", ".join(CONDITIONS)}')
-    predicted = {(a, c): predict(a, c) for c in _CONDITIONS.value for a in _ALGORITHMS.value}  # a bad profile: now
+    predicted = {(a, c): predict(a, c) for c in FLAGS.conditions for a in FLAGS.algorithms}  # a bad profile: now
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  root = _WORKDIR.value or tempfile.mkdtemp(prefix='testbed_predictions_')
+  root = FLAGS.workdir or tempfile.mkdtemp(prefix='testbed_predictions_')
   before = os.getloadavg()[0]
   runs = {key: [] for key in predicted}
-  for round_ in range(_RUNS.value):
-    for condition in _CONDITIONS.value:
-      for algorithm in _ALGORITHMS.value:
+  for round_ in range(FLAGS.runs):
+    for condition in FLAGS.conditions:
+      for algorithm in FLAGS.algorithms:
         slug = f'{algorithm.replace(":", "_")}_{condition}_{round_}'
         runs[algorithm, condition].append(run(algorithm, condition, round_, os.path.join(root, slug)))
         real = runs[algorithm, condition][-1]['seconds_per_iteration']
@@ -234,12 +241,13 @@ def main(argv):
   loads = (before, os.getloadavg()[0])
   cells = {key: summarize(r, predicted[key]) for key, r in runs.items()}
   print(report(cells, loads))
-  if _OUT.value:
-    with open(_OUT.value, 'w') as f:
+  if FLAGS.out:
+    with open(FLAGS.out, 'w') as f:
       json.dump({'cells': [{'algorithm': a, 'condition': c, **v} for (a, c), v in cells.items()],
                  'runs': {f'{a}|{c}': r for (a, c), r in runs.items()}, 'loads': loads, 'workdir': root,
-                 'flags': {f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.argv[0])}}, f, indent=1)
+                 'flags': FLAGS.flag_values_dict()}, f, indent=1)
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -29,6 +29,11 @@ outliers' indices and, for the harness's figures, `load` the load average when e
                 iteration less its micro-batch (overhead_s + B x per_sample_s), clamped at 0, as the processes pay
                 it (on a shared machine each of several processes pays more than one process alone; the
                 collectives' differences cancel that cost)
+Run by the shaped test bed (`python -m waitless.experiments.testbed --cpus=... --rate_mbit=R -- calibrate ...`) it
+runs on host 0 and starts process i of each measurement on host i (its cgroup and namespace), so that its compute,
+host and collective figures are those of the bed's runs, the shaped link measured, nothing assumed; the collectives'
+timing adapts its repetitions to each size's cost and leaves out sizes past `max_call_s` (a few minutes in all).
+Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
 """
