@@ -141,14 +141,15 @@ def figures(workdir: str) -> dict:
 
 def predict(algorithm: str, condition: str, iterations: int = 400) -> float:
   """`python -m waitless.experiments.simulate` of the cell's config on `--profile` (the command a user runs), the
-  slow host a worker factor (the quotas' ratio); its mean seconds per iteration."""
+  slow host a worker factor (the quotas' ratio) of its compute and host work; its mean seconds per iteration."""
   quotas = cpus(condition)
   if split(algorithm)[1]:  # the learners live on hosts 1.., the server on host 0
     quotas = quotas[1:]
   factors = ','.join(f'{max(quotas) / q:g}' for q in quotas)
   command = [sys.executable, '-m', 'waitless.experiments.simulate', f'--config={FLAGS.workload}:{pairs(algorithm, 0)}',
              *[f'--config.{o}' for o in FLAGS.overrides], f'--config.cluster.profile={FLAGS.profile}',
-             f'--config.stragglers.worker_factors=({factors},)', f'--iterations={iterations}']
+             f'--config.stragglers.worker_factors=({factors},)', '--config.cluster.slow_hosts=True',
+             f'--iterations={iterations}']
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
     raise SystemExit(f'simulate of {algorithm} ({condition}) failed (status {done.returncode}): {done.stderr[-1500:]}')
