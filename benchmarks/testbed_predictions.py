@@ -66,7 +66,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float('slow_cpu', 0.4, 'Cores of the slow host (the last) under the `slow` condition.', **where)
   flags.DEFINE_list('conditions', list(CONDITIONS), 'equal, slow.', **where)
   flags.DEFINE_list('algorithms', ['sync', 'local_sgd', 'dpsgd'], 'SPMD names, or ray:NAME for the '
-                    'parameter-server family on Ray.', **where)
+                    'parameter-server family on Ray; +FIELD=VALUE adds an algorithm field (ray:kasync+k=1).', **where)
   flags.DEFINE_integer('runs', 8, 'Real runs per cell (interleaved rounds).', **where)
   flags.DEFINE_integer('num_steps', 100, 'Iterations per run.', **where)
   flags.DEFINE_integer('eval_every', 10, 'Steps between evaluations (and metrics rows).', **where)
@@ -78,6 +78,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_list('overrides', ['model.hidden_sizes=(512,512)'], 'FIELD=VALUE config overrides.', **where)
   flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).', **where)
   flags.DEFINE_string('out', '', 'Write the results as JSON here.', **where)
+  flags.DEFINE_string('figure', '', 'Draw predicted against real (every cell, its range) as a PNG here.', **where)
   flags.DEFINE_float('timeout_s', 600, 'A run that takes longer is stopped (the benchmark fails).', **where)
 
 
@@ -89,8 +90,9 @@ def cpus(condition: str) -> list[float]:
 
 
 def split(algorithm: str) -> tuple[str, bool]:
-  """(name, on Ray)."""
-  return (algorithm[4:], True) if algorithm.startswith('ray:') else (algorithm, False)
+  """(the config argument's algorithm and its pairs, on Ray): `ray:kasync+k=1` -> ('kasync,k=1', True)."""
+  name = algorithm.replace('+', ',')
+  return (name[4:], True) if name.startswith('ray:') else (name, False)
 
 
 def workers(algorithm: str) -> int:
@@ -100,7 +102,7 @@ def workers(algorithm: str) -> int:
 def pairs(algorithm: str, seed: int) -> str:
   """The config argument's pairs, shared by the real run and its prediction."""
   name, ray = split(algorithm)
-  extra = f',local_steps={FLAGS.local_steps}' if name in PERIODIC else ''
+  extra = f',local_steps={FLAGS.local_steps}' if name.split(',')[0] in PERIODIC else ''
   p = workers(algorithm)
   placement = f',runtime=ray,workers={p}' if ray else f',workers={p},devices={p}'
   return (f'{name}{extra}{placement},{FLAGS.pairs},microbatches={FLAGS.microbatches},num_steps={FLAGS.num_steps},'
@@ -214,6 +216,27 @@ def report(cells: dict, loads: tuple) -> str:
   return '\n'.join(lines)
 
 
+def draw(cells: dict, path: str) -> None:
+  """Predicted against real ms/it, one point per cell with the real range as its error bar, the +-10% band."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5.5, 5))
+  top = 1e3 * max(max(c['range'][1], c['predicted_s']) for c in cells.values()) * 1.1
+  line = np.array([0, top])
+  ax.plot(line, line, 'k-', lw=0.8)
+  ax.fill_between(line, 0.9 * line, 1.1 * line, color='0.9', label='within 10%')
+  for (algorithm, condition), c in cells.items():
+    real, (lo, hi) = 1e3 * c['real_s'], c['range']
+    ax.errorbar(real, 1e3 * c['predicted_s'], xerr=[[real - 1e3 * lo], [1e3 * hi - real]], fmt='o' if
+                condition == 'equal' else 's', capsize=3, label=f'{algorithm} ({condition})')
+  ax.set(xlim=(0, top), ylim=(0, top), xlabel='real ms/it (median of runs, range)', ylabel='predicted ms/it',
+         title=f'{FLAGS.hosts} hosts, {FLAGS.rate_mbit:g} Mbit/s')
+  ax.legend(fontsize=7, loc='upper left')
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
 def main(argv):
   del argv
   from waitless import config_errors as errors
@@ -242,6 +265,8 @@ def main(argv):
   loads = (before, os.getloadavg()[0])
   cells = {key: summarize(r, predicted[key]) for key, r in runs.items()}
   print(report(cells, loads))
+  if FLAGS.figure:
+    draw(cells, FLAGS.figure)
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
       json.dump({'cells': [{'algorithm': a, 'condition': c, **v} for (a, c), v in cells.items()],
