@@ -34,6 +34,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import Sequence
 
@@ -244,34 +245,31 @@ def _cgroup_pids(cgroup: str) -> list[int]:
     return []
 
 
-def _remove(bed_id: str) -> None:
-  """Removes bed `bed_id`'s processes, cgroups, namespaces and state file, whatever of them exists."""
-  names = [n for n in _our_netns() if n.startswith(f'{PREFIX}{bed_id}-')]
-  cgroups = [os.path.join(CGROUP_CPU, n) for n in os.listdir(CGROUP_CPU) if n.startswith(f'{PREFIX}{bed_id}-')]
-  deadline = time.monotonic() + 10
-  for cgroup in cgroups:
-    while True:
-      pids = _cgroup_pids(cgroup)
-      if not pids:
-        break
-      for pid in pids:
+def _remove(bed_id: str, timeout_s: float = 10.0) -> None:
+  """Removes bed `bed_id`'s processes, cgroups, namespaces and state file, whatever of them exists.
+
+  Every process in its cgroups gets SIGKILL (by pid, again until none is left: one may be forking), then the
+  cgroup goes (a killed process leaves it a moment later). What is still there after `timeout_s` is left with
+  a warning on stderr; the next start removes it (`remove_stale` finds it by its prefix)."""
+  prefix = f'{PREFIX}{bed_id}-'
+  deadline = time.monotonic() + timeout_s
+  for cgroup in [os.path.join(CGROUP_CPU, n) for n in os.listdir(CGROUP_CPU) if n.startswith(prefix)]:
+    while time.monotonic() < deadline:
+      for pid in _cgroup_pids(cgroup):
         with contextlib.suppress(ProcessLookupError):
           os.kill(pid, signal.SIGKILL)
-      if time.monotonic() > deadline:
+      try:
+        os.rmdir(cgroup)
         break
-      time.sleep(0.05)
-    with contextlib.suppress(FileNotFoundError):
-      for _ in range(100):  # a killed process leaves its cgroup a moment after SIGKILL
-        try:
-          os.rmdir(cgroup)
-          break
-        except OSError as e:
-          if not isinstance(e, FileNotFoundError) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            continue
-          raise
-  for name in sorted(names, key=lambda n: n.endswith('-sw')):  # the hosts, then the switch
-    _run('ip', 'netns', 'del', name, check=False)
+      except FileNotFoundError:
+        break
+      except OSError:  # EBUSY: a process has not left it yet
+        time.sleep(0.05)
+    else:
+      print(f'[testbed] warning: {cgroup} still holds processes {_cgroup_pids(cgroup)}; the next start removes it',
+            file=sys.stderr)
+  for name in sorted((n for n in _our_netns() if n.startswith(prefix)), key=lambda n: n.endswith('-sw')):
+    _run('ip', 'netns', 'del', name, check=False)  # the hosts, then the switch; their links and qdiscs go too
   with contextlib.suppress(FileNotFoundError):
     os.remove(os.path.join(STATE_DIR, f'{bed_id}.json'))
 
@@ -292,7 +290,8 @@ def remove_stale() -> list[str]:
       try:
         with open(os.path.join(STATE_DIR, name)) as f:
           state = json.load(f)
-        living = _start_time(state['launcher_pid']) == state['launcher_start'] is not None
+        started = _start_time(state['launcher_pid'])  # the pid and its start time: the same launcher, alive
+        living = started is not None and started == state['launcher_start']
       except (OSError, ValueError, KeyError, TypeError):
         living = False
       bed_id = name[:-len('.json')]
