@@ -58,6 +58,7 @@ from waitless.cluster import profiles
 from waitless.experiments import config_paths
 from waitless.experiments.harness import measure
 from waitless.experiments.harness import tasks
+from waitless.experiments.harness.testbed import placement
 
 _CONFIG = config_paths.config_flag()
 flags.declare_key_flag('config')
@@ -89,7 +90,7 @@ def network_figures(rows: dict, rounds: int, processes: int, harness: measure.Ha
   harness_where = (f'{SOURCE}: {processes} processes of the harness on measured time, one worker each, nobody '
                    f'slowed, the {model} model ({nbytes:.0f} bytes): sync, D-PSGD and local SGD that never averages; '
                    f'the collective\'s time per iteration less the bandwidth term of the micro-benchmark, per message')
-  where = (f'{SOURCE}: {processes} processes x 1 CPU device, jax.distributed over loopback (gloo), sizes '
+  where = (f'{SOURCE}: {processes} processes x 1 CPU device, jax.distributed over {placement.links()} (gloo), sizes '
            f'{sorted({row[2] for row in rows["allreduce"]})} bytes'
            + (f', {fit.dropped} of {sum(map(len, rows.values()))} timings below the noise dropped' if fit.dropped
               else ''))
@@ -145,7 +146,8 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
       'version': profiles.VERSION, 'name': name,
       'description': (f'{platform.node() or "this machine"}: {os.cpu_count()} CPU cores, '
                       f'{platform.processor() or platform.machine()}, calibrated '
-                      f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'),
+                      f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'
+                      + placement.bed_description()),
       'compute': compute,
       'network': network_figures(rows, rounds, processes, harness, tasks.model_bytes(config), key),
       'host_s': figure(hosts, f'{SOURCE}: {processes}-process local SGD of the harness that never averages, m = 1, '

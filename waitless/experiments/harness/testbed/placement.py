@@ -45,3 +45,22 @@ def popen(host: int, argv: Sequence[str], **kwargs) -> subprocess.Popen:
 def coordinator_host() -> str:
   bed = current()
   return '127.0.0.1' if bed is None else bed_lib.address(0)
+
+
+def _rate(bed: bed_lib.Bed) -> str:
+  return f'{bed.spec.rate_mbit:g} Mbit/s per direction' if bed.spec.rate_mbit else 'unshaped'
+
+
+def links() -> str:
+  """What the processes' collectives cross, for a profile's sources."""
+  bed = current()
+  return 'loopback' if bed is None else f'the test bed\'s links ({_rate(bed)}, tbf)'
+
+
+def bed_description() -> str:
+  """'' off the bed; else what the bed is, for a profile's description."""
+  bed = current()
+  if bed is None:
+    return ''
+  quotas = ', '.join(f'{c:g}' for c in bed.spec.cpus)
+  return f'; on the shaped test bed: {bed.spec.hosts} hosts of {quotas} CPU (cgroup quotas), links {_rate(bed)}'
