@@ -47,6 +47,8 @@ _CPUS = flags.DEFINE_list('cpus', ['0.8', '0.8'], 'Per host (2-4 hosts), the cor
 _RATE = flags.DEFINE_float('rate_mbit', None, 'Every host link\'s rate per direction, Mbit/s (unset: unshaped).')
 _BURST = flags.DEFINE_integer('burst_bytes', None, 'tbf\'s bucket (default: max(2 x mtu, rate x 1 ms)).')
 _MTU = flags.DEFINE_integer('mtu', 9000, 'The links\' MTU (tbf\'s bucket must hold a packet).')
+_WEIGHT = flags.DEFINE_integer('cpu_weight', None, 'The hosts\' cpu.shares (unset: 1024, a plain process\'s); '
+                               'higher reserves their quotas on a machine with other work, at its expense.')
 _LEARNERS = flags.DEFINE_integer('learners_per_host', 1, 'ray: learner slots on each host but host 0.')
 _GRACE = flags.DEFINE_float('grace_s', 5.0, 'Seconds between SIGINT/SIGTERM and SIGKILL of the run\'s processes.')
 _TIMEOUT = flags.DEFINE_float('timeout_s', None, 'Stop the run after this many seconds (status 124).')
@@ -59,7 +61,8 @@ def spec_from_flags() -> bed_lib.Spec:
     cpus = tuple(float(c) for c in _CPUS.value)
   except ValueError:
     raise errors.ConfigError('--cpus', ','.join(_CPUS.value), 'one number of cores per host, e.g. 0.8,0.4') from None
-  return bed_lib.Spec(cpus=cpus, rate_mbit=_RATE.value, burst_bytes=_BURST.value, mtu=_MTU.value)
+  return bed_lib.Spec(cpus=cpus, rate_mbit=_RATE.value, burst_bytes=_BURST.value, mtu=_MTU.value,
+                      cpu_weight=_WEIGHT.value)
 
 
 def describe(bed: bed_lib.Bed) -> str:

@@ -85,7 +85,8 @@ class SpecTest(absltest.TestCase):
   def test_bad_specs_name_the_flag(self):
     for kwargs, flag in ((dict(cpus=(0.8,)), '--cpus'), (dict(cpus=(0.8,) * 5), '--cpus'),
                          (dict(cpus=(0.8, 0.0)), '--cpus'), (dict(cpus=(1, 1), rate_mbit=-1), '--rate_mbit'),
-                         (dict(cpus=(1, 1), burst_bytes=1000), '--burst_bytes'), (dict(cpus=(1, 1), mtu=100), '--mtu')):
+                         (dict(cpus=(1, 1), burst_bytes=1000), '--burst_bytes'), (dict(cpus=(1, 1), mtu=100), '--mtu'),
+                         (dict(cpus=(1, 1), cpu_weight=1), '--cpu_weight')):
       with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
         with self.assertRaisesRegex(errors.ConfigError, f'^{flag}='):
           bed_lib.Spec(**kwargs)
@@ -110,10 +111,13 @@ class BedTest(absltest.TestCase):
   """Real beds; every test checks that nothing is left."""
 
   def test_build_shape_quota_and_remove(self):
-    with bed_lib.Bed.create(bed_lib.Spec(cpus=(0.3, 1.0), rate_mbit=50), bed_id=f'{os.getpid()}t') as bed:
+    spec = bed_lib.Spec(cpus=(0.3, 1.0), rate_mbit=50, cpu_weight=4096)
+    with bed_lib.Bed.create(spec, bed_id=f'{os.getpid()}t') as bed:
       self.assertLen(_leftovers(bed.id), 6)  # 3 namespaces (2 hosts, the switch), 2 cgroups, the state file
       with open(os.path.join(bed.cgroups[0], 'cpu.cfs_quota_us')) as f:
         self.assertEqual(int(f.read()), 3000)  # 0.3 x the 10 ms period
+      with open(os.path.join(bed.cgroups[1], 'cpu.shares')) as f:
+        self.assertEqual(int(f.read()), 4096)
       # A busy loop of 1 s wall-clock on host 0 gets at most its 0.3 core (plus the scheduler's slack).
       busy = ('import time\nt, s = time.process_time(), time.time()\nwhile time.time() - s < 1: pass\n'
               'print(time.process_time() - t)')

@@ -63,12 +63,16 @@ class Spec:
     burst_bytes: tbf's bucket; None: max(2 x mtu, rate x 1 ms).
     mtu: of every link (tbf's burst must hold a packet).
     latency_ms: tbf's queue, as the time a packet may wait (a full queue drops).
+    cpu_weight: the hosts' cgroups' cpu.shares (None: the kernel's 1024, a plain process's weight). A quota caps a
+      host's CPU; on a machine with other work it gets its quota only if its weight wins it: a higher weight
+      reserves it, at the other work's expense.
   """
   cpus: tuple[float, ...]
   rate_mbit: float | None = None
   burst_bytes: int | None = None
   mtu: int = 9000
   latency_ms: float = 200.0
+  cpu_weight: int | None = None
 
   def __post_init__(self):
     errors.require(2 <= len(self.cpus) <= 4, '--cpus', ','.join(map(str, self.cpus)),
@@ -78,6 +82,8 @@ class Spec:
     if self.rate_mbit is not None:
       errors.require_number(self.rate_mbit, '--rate_mbit', 'must be a rate in Mbit/s > 0', lambda v: v > 0)
     errors.require_int(self.mtu, '--mtu', 1280, 65535)
+    if self.cpu_weight is not None:
+      errors.require_int(self.cpu_weight, '--cpu_weight', 2, 262144, why='cgroup v1 cpu.shares')
     if self.burst_bytes is not None:
       errors.require_int(self.burst_bytes, '--burst_bytes', self.mtu + 100,
                          why=f'tbf\'s bucket must hold the largest packet (mtu {self.mtu})')
@@ -89,6 +95,8 @@ class Spec:
   @property
   def burst(self) -> int:
     """tbf's bucket in bytes."""
+    if self.cpu_weight is not None:
+      errors.require_int(self.cpu_weight, '--cpu_weight', 2, 262144, why='cgroup v1 cpu.shares')
     if self.burst_bytes is not None:
       return self.burst_bytes
     return int(max(2 * self.mtu, (self.rate_mbit or 0) * 1e6 / 8 * 1e-3))
@@ -161,7 +169,7 @@ class Bed:
   def _write_state(self) -> None:
     os.makedirs(STATE_DIR, exist_ok=True)
     state = {'id': self.id, 'launcher_pid': os.getpid(), 'launcher_start': _start_time(os.getpid()),
-             'cpus': list(self.spec.cpus), 'rate_mbit': self.spec.rate_mbit}
+             'cpus': list(self.spec.cpus), 'rate_mbit': self.spec.rate_mbit, 'cpu_weight': self.spec.cpu_weight}
     path = os.path.join(STATE_DIR, f'{self.id}.json')
     with open(path + '.tmp', 'w') as f:
       json.dump(state, f)
@@ -192,6 +200,9 @@ class Bed:
         f.write(str(PERIOD_US))
       with open(os.path.join(self.cgroups[i], 'cpu.cfs_quota_us'), 'w') as f:
         f.write(str(max(1000, int(round(spec.cpus[i] * PERIOD_US)))))
+      if spec.cpu_weight is not None:
+        with open(os.path.join(self.cgroups[i], 'cpu.shares'), 'w') as f:
+          f.write(str(spec.cpu_weight))
 
   def destroy(self) -> None:
     """Stops every process in the bed's cgroups (SIGKILL, by pid), removes the cgroups, namespaces (and with them
