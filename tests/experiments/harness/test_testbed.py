@@ -106,6 +106,40 @@ class SpecTest(absltest.TestCase):
                                  '--num_processes=3', '--process_id=2'])
 
 
+class WatchTest(absltest.TestCase):
+  """`runs.watch` on plain processes (runs everywhere)."""
+
+  def _start(self, script: str) -> subprocess.Popen:
+    return subprocess.Popen(['sh', '-c', script], start_new_session=True)
+
+  def test_a_failure_stops_the_others_and_gives_its_status(self):
+    procs = [self._start('sleep 30'), self._start('sleep 0.3; exit 3')]
+    begin = time.monotonic()
+    self.assertEqual(runs.watch(procs, grace_s=2, log=lambda _: None), 3)
+    self.assertLess(time.monotonic() - begin, 10)
+    self.assertEqual(procs[0].returncode, -signal.SIGTERM)
+
+  def test_stop_sends_sigint_then_130(self):
+    stop = runs.Stop()
+    procs = [self._start('trap "exit 0" INT; while true; do sleep 0.1; done')]
+    time.sleep(0.5)  # the shell's trap is set
+    stop.requested.set()
+    self.assertEqual(runs.watch(procs, stop, grace_s=5, log=lambda _: None), 130)
+    self.assertEqual(procs[0].returncode, 0)  # it saw SIGINT (its trap), not SIGKILL
+
+  def test_sigkill_after_grace(self):
+    stop = runs.Stop()
+    procs = [self._start('trap "" INT TERM; while true; do sleep 0.1; done')]
+    time.sleep(0.5)
+    stop.requested.set()
+    self.assertEqual(runs.watch(procs, stop, grace_s=0.5, log=lambda _: None), 130)
+    self.assertEqual(procs[0].returncode, -signal.SIGKILL)
+
+  def test_timeout(self):
+    procs = [self._start('sleep 30')]
+    self.assertEqual(runs.watch(procs, grace_s=1, timeout_s=0.3, log=lambda _: None), 124)
+
+
 @absltest.skipIf(UNAVAILABLE is not None, f'no test bed here: {UNAVAILABLE}')
 class BedTest(absltest.TestCase):
   """Real beds; every test checks that nothing is left."""
