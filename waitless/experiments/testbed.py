@@ -95,14 +95,17 @@ def run_mode(bed: bed_lib.Bed, mode: str, args: list[str], stop: runs.Stop) -> i
           'Ctrl-C removes it', flush=True)
     stop.requested.wait(_TIMEOUT.value)
     return 130 if stop.requested.is_set() else 0
-  # ray: the nodes run (in the foreground, `--block`) while the driver runs; the bed's cleanup stops what is left
+  # ray: the nodes run (in the foreground, `--block`) while the driver runs; the bed's cleanup stops what is left.
+  # The bed's Ray is its own: token authentication off for all of it (`ray start` would otherwise take up a token
+  # file another Ray left in ~/.ray, which the driver, its mode unset, does not send).
+  env = dict(os.environ, RAY_AUTH_MODE='disabled')
   with tempfile.TemporaryDirectory(prefix=f'wltb{bed.id}') as tmp:
     for i in range(hosts):
-      bed.popen(i, runs.ray_node_argv(hosts, i, _LEARNERS.value, os.path.join(tmp, f'h{i}')),
+      bed.popen(i, runs.ray_node_argv(hosts, i, _LEARNERS.value, os.path.join(tmp, f'h{i}')), env=env,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    status = runs.watch([bed.popen(0, runs.ray_wait_argv(hosts))], **watch)
+    status = runs.watch([bed.popen(0, runs.ray_wait_argv(hosts), env=env)], **watch)
     if status == 0:
-      status = runs.watch([bed.popen(0, runs.ray_driver_argv(args))], **watch)
+      status = runs.watch([bed.popen(0, runs.ray_driver_argv(args), env=env)], **watch)
     print(f'[testbed] links: {json.dumps(bed.qdisc_stats())}', flush=True)
     bed.destroy()  # the Ray daemons are in the hosts' cgroups: stopped before their temporary directory goes
     return status
