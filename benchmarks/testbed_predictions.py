@@ -114,7 +114,8 @@ def run(algorithm: str, condition: str, seed: int, workdir: str) -> dict:
   """One real run on a bed of its own; its figures. A run finished in `workdir` before is read."""
   if not os.path.isfile(os.path.join(workdir, 'summary.json')):
     name, ray = split(algorithm)
-    config = f'--config={FLAGS.workload}:{pairs(algorithm, seed)},stragglers.kind=measured'
+    measured = '' if ray else ',stragglers.kind=measured'  # a Ray run's time is always measured
+    config = f'--config={FLAGS.workload}:{pairs(algorithm, seed)}{measured}'
     command = [sys.executable, '-m', 'waitless.experiments.testbed', f'--cpus={",".join(map(str, cpus(condition)))}',
                f'--rate_mbit={FLAGS.rate_mbit}', f'--timeout_s={FLAGS.timeout_s}', '--', 'ray' if ray else 'spmd',
                config, *[f'--config.{o}' for o in FLAGS.overrides], f'--workdir={workdir}']
