@@ -26,6 +26,7 @@ from waitless.experiments.harness.testbed import bed as bed_lib
 
 COORDINATOR_PORT = 12355  # inside the bed's namespaces: nothing else listens there
 RAY_PORT = 6379
+SERVER_RESOURCE = 'waitless_server'  # ray_runtime/driver.py's: the node that has it holds the server
 
 
 def spmd_argv(args: Sequence[str], hosts: int, host: int, port: int = COORDINATOR_PORT) -> list[str]:
@@ -93,14 +94,22 @@ def ray_node_argv(hosts: int, host: int, cpus: int, temp_dir: str) -> list[str]:
   common = ['--block', f'--node-ip-address={bed_lib.address(host)}', '--disable-usage-stats',
             '--object-store-memory=100000000', f'--temp-dir={temp_dir}']
   if host == 0:
-    return [ray, 'start', '--head', f'--port={RAY_PORT}', '--num-cpus=0', '--include-dashboard=false', *common]
+    return [ray, 'start', '--head', f'--port={RAY_PORT}', '--num-cpus=0', '--include-dashboard=false',
+            f'--resources={{"{SERVER_RESOURCE}": 1}}', *common]  # the server actor goes here (driver.py)
   return [ray, 'start', f'--address={bed_lib.address(0)}:{RAY_PORT}', f'--num-cpus={cpus}', *common]
 
 
 WAIT_FOR_NODES = '''
 import sys, time, ray
-ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)
 deadline = time.monotonic() + float(sys.argv[3])
+while True:  # the head's GCS may not answer yet: a host at a fraction of a core starts it in seconds
+  try:
+    ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)
+    break
+  except (ConnectionError, RuntimeError) as e:
+    if time.monotonic() > deadline:
+      sys.exit('the Ray head at %s does not answer after %s s: %s' % (sys.argv[1], sys.argv[3], e))
+    time.sleep(1.0)
 while sum(n['Alive'] for n in ray.nodes()) < int(sys.argv[2]):
   if time.monotonic() > deadline:
     sys.exit('the Ray cluster has %d of %s nodes after %s s' % (sum(n['Alive'] for n in ray.nodes()), sys.argv[2],
