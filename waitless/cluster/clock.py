@@ -30,10 +30,11 @@ What a rule may use (see `cluster/rules/`):
   clock.lost_workers      how many workers fail and never come back
 
 The host's serial work per iteration (`host_s`, a cluster profile's figure or `cluster.host_s`) is charged here,
-in one place, not by the rules: after every iteration each worker's clock moves `host_s` on (the next
-iteration's work starts that much later), so a lock-step iteration takes compute + collectives + host_s; and no
-iteration ends less than `host_s` after the previous one, which is what the parameter-server family pays (its
-rules keep in-flight jobs in `rule_state`, which the shift does not reach: the server's host work per update).
+in one place, not by the rules: after every iteration each worker's clock moves `host_s` on (times its host
+factor, `cluster.slow_hosts`: a slower host CPU; the next iteration's work starts that much later), so a lock-step
+iteration takes compute + collectives + host_s; and no iteration ends less than `host_s` after the previous one,
+which is what the parameter-server family pays (its rules keep in-flight jobs in `rule_state`, which the shift
+does not reach: the server's host work per update).
 With host_s > 0 every rule runs one iteration at a time (`iterate`; its vectorised block is the same by contract).
 """
 
@@ -124,9 +125,13 @@ class Clock:
   def __init__(self, *, workers: int, rule: 'TimeRule', compute: compute_lib.ComputeModel,
                network: network_lib.Network, model_bytes: float, seed: int,
                delay: Optional[faults.RandomDelay] = None, failure: Optional[faults.Failure] = None,
-               host_s: float = 0.0):
+               host_s: float = 0.0, host_factors: Optional[np.ndarray] = None):
     self.workers = workers
     self.host_s = float(host_s)  # seconds of host work added to every worker's clock after each iteration
+    # (P,) multipliers of each worker's host work: a slower host CPU does its host work slower too
+    # (`cluster.slow_hosts`); ones by default.
+    self.host_factors = (np.ones(workers) if host_factors is None else
+                         np.asarray(host_factors, np.float64).reshape(workers))
     self.rule = rule
     self.compute = compute
     # For calls that merge several micro-batches (`per_call` > 1): the per-sample model and each worker's
@@ -304,7 +309,7 @@ class Clock:
       it = self.rule.iterate(self, self.iteration)
       self._check_measurements(it.measurements)
       if self.host_s:
-        self.times += self.host_s
+        self.times += self.host_s * self.host_factors
       latest = float(self.times.max())
       if not np.isfinite(latest):
         raise self._stalled()

@@ -176,6 +176,8 @@ def _validate_cluster(config: ml_collections.ConfigDict, kind: str) -> None:
   c = config.cluster
   errors.require_number(c.host_s, 'cluster.host_s', 'must be a number >= 0 (seconds per iteration)',
                         lambda v: v >= 0)
+  errors.require(isinstance(c.get('slow_hosts', False), bool), 'cluster.slow_hosts', c.get('slow_hosts'),
+                 'must be True or False')
   explicit = c.explicit
   errors.require(isinstance(explicit, (list, tuple)) and all(f in profiles.PROFILE_FIELDS for f in explicit),
                  'cluster.explicit', explicit, f'must be a tuple of fields among {", ".join(profiles.PROFILE_FIELDS)}')
@@ -333,4 +335,5 @@ def make_clock(config: ml_collections.ConfigDict, rule: rules_base.TimeRule, mod
   delay, failure = make_faults(cost.stragglers, p, config.seed)
   return clock_lib.Clock(
       workers=p, rule=rule, compute=make_compute(cost.stragglers, p), network=cost.network,
-      model_bytes=model_bytes, seed=config.seed, delay=delay, failure=failure, host_s=cost.host_s)
+      model_bytes=model_bytes, seed=config.seed, delay=delay, failure=failure, host_s=cost.host_s,
+      host_factors=slow_factors(cost.stragglers, p) if config.cluster.get('slow_hosts', False) else None)

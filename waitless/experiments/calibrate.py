@@ -29,6 +29,11 @@ outliers' indices and, for the harness's figures, `load` the load average when e
                 iteration less its micro-batch (overhead_s + B x per_sample_s), clamped at 0, as the processes pay
                 it (on a shared machine each of several processes pays more than one process alone; the
                 collectives' differences cancel that cost)
+Run by the shaped test bed (`python -m waitless.experiments.testbed --cpus=... --rate_mbit=R -- calibrate ...`) it
+runs on host 0 and starts process i of each measurement on host i (its cgroup and namespace), so that its compute,
+host and collective figures are those of the bed's runs, the shaped link measured, nothing assumed; the collectives'
+timing adapts its repetitions to each size's cost and leaves out sizes past `max_call_s` (a few minutes in all).
+Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
 """
@@ -39,6 +44,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 
@@ -53,6 +59,7 @@ from waitless.experiments import config_paths
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import measure
 from waitless.experiments.harness import tasks
+from waitless.experiments.harness.testbed import placement
 
 _CONFIG = config_paths.config_flag()
 flags.declare_key_flag('config')
@@ -84,7 +91,7 @@ def network_figures(rows: dict, rounds: int, processes: int, harness: measure.Ha
   harness_where = (f'{SOURCE}: {processes} processes of the harness on measured time, one worker each, nobody '
                    f'slowed, the {model} model ({nbytes:.0f} bytes): sync, D-PSGD and local SGD that never averages; '
                    f'the collective\'s time per iteration less the bandwidth term of the micro-benchmark, per message')
-  where = (f'{SOURCE}: {processes} processes x 1 CPU device, jax.distributed over loopback (gloo), sizes '
+  where = (f'{SOURCE}: {processes} processes x 1 CPU device, jax.distributed over {placement.links()} (gloo), sizes '
            f'{sorted({row[2] for row in rows["allreduce"]})} bytes'
            + (f', {fit.dropped} of {sum(map(len, rows.values()))} timings below the noise dropped' if fit.dropped
               else ''))
@@ -121,10 +128,8 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                  f'must divide batch_size={config.batch_size}')
   key = profiles.model_key(config)
   doc = profiles.read(out) if os.path.isfile(out) else {}
-  compute_fits, sizes = measure.compute_fits(config, rounds, repeats)
-  with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
-    harness = measure.harness_rounds(config_arg, flags_, processes, rounds, harness_steps, harness_m, tmp)
-    rows = measure.collective_rows(processes, collective_sizes, rounds, tmp)
+  compute_fits, sizes, harness, rows = _measure(config, config_arg, flags_, processes, rounds, repeats, harness_steps,
+                                                harness_m, collective_sizes)
   batch = config.batch_size
   overheads, hosts = calibration.fit_harness(harness.single_s, harness_m,
                                              [t.no_collective_s for t in harness.collectives], batch,
@@ -144,7 +149,8 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
       'version': profiles.VERSION, 'name': name,
       'description': (f'{platform.node() or "this machine"}: {os.cpu_count()} CPU cores, '
                       f'{platform.processor() or platform.machine()}, calibrated '
-                      f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'),
+                      f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'
+                      + placement.bed_description()),
       'compute': compute,
       'network': network_figures(rows, rounds, processes, harness, tasks.model_bytes(config), key),
       'host_s': figure(hosts, f'{SOURCE}: {processes}-process local SGD of the harness that never averages, m = 1, '
@@ -207,6 +213,28 @@ def check_collective_sizes(sizes: list[int], processes: int) -> None:
   errors.require(available is None or need <= 0.5 * available, '--collective_sizes', shown,
                  f'the largest needs about {machine.gigabytes(need)} over {processes} processes, more than half the '
                  f'{machine.gigabytes(available or 0)} available')
+
+
+def _interrupted(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
+
+
+def _measure(config, config_arg, flags_, processes, rounds, repeats, harness_steps, harness_m, collective_sizes):
+  """The measurements (`measure.compute_fits`, `harness_rounds`, `collective_rows`). Ctrl-C, SIGINT or SIGTERM stop
+  them in one line, status 130, once every process they started is gone (`measure.run_processes`)."""
+  previous = signal.signal(signal.SIGTERM, _interrupted)
+  try:
+    compute_fits, sizes = measure.compute_fits(config, rounds, repeats)
+    with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
+      harness = measure.harness_rounds(config_arg, flags_, processes, rounds, harness_steps, harness_m, tmp)
+      rows = measure.collective_rows(processes, collective_sizes, rounds, tmp)
+  except KeyboardInterrupt:
+    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
+    sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  return compute_fits, sizes, harness, rows
 
 
 def main(argv):

@@ -125,6 +125,10 @@ def cluster_config() -> ml_collections.ConfigDict:
   # forms); a shipped name (cluster.profiles.names()) or the path of a profile JSON (experiments.calibrate).
   c.profile = ''
   c.host_s = 0.0     # seconds of serial host work per iteration, added to every iteration by the clock
+  # True: a slow worker (stragglers' worker_factors, slow_factor) is a slower host CPU, so its host work per
+  # iteration is host_s x its factor too (the shaped test bed's CPU quotas); False: only its compute is slower
+  # (a slower accelerator on an equal host).
+  c.slow_hosts = False
   # The fields the user set (flags, the config argument's pairs) that win over the profile's values
   # (cluster.profiles.PROFILE_FIELDS); the programs fill it (configs/arguments.py:mark_explicit), a config file
   # may too.

@@ -40,6 +40,7 @@ log = logging.getLogger('waitless')
 ENV_COORDINATOR = 'JAX_COORDINATOR_ADDRESS'
 ENV_NUM_PROCESSES = 'JAX_NUM_PROCESSES'
 ENV_PROCESS_ID = 'JAX_PROCESS_ID'
+ENV_HOST_ADDRESS = 'WAITLESS_HOST_ADDRESS'  # this host's address, where the hostname's is not its own (the test bed)
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
 DEFAULT_INITIALIZATION_TIMEOUT_S = 300
@@ -122,8 +123,9 @@ def settings_from(coordinator_address: str | None = None, num_processes: int | N
                   heartbeat_timeout_s=heartbeat_timeout_s, initialization_timeout_s=initialization_timeout_s)
 
 
-def _bind_gloo_to_loopback() -> None:
-  """Makes the CPU backend's gloo collectives listen on 127.0.0.1 (by default they use the hostname's address).
+def _bind_gloo(hostname: str) -> None:
+  """Makes the CPU backend's gloo collectives listen on `hostname` (by default they use the hostname's address):
+  127.0.0.1 for a local run, the host's own address on the test bed (whose namespaces do not hold the machine's).
 
   Uses JAX internals (the CPU backend factory); if they moved, gloo keeps its default address.
   """
@@ -134,12 +136,12 @@ def _bind_gloo_to_loopback() -> None:
 
     def make_cpu_client():
       collectives = _jax.make_gloo_tcp_collectives(
-          distributed_client=jax_distributed.global_state.client, hostname='127.0.0.1')
+          distributed_client=jax_distributed.global_state.client, hostname=hostname)
       return xla_bridge.make_cpu_client(collectives=collectives)
 
     xla_bridge.register_backend_factory('cpu', make_cpu_client, priority=0, fail_quietly=False)
   except (ImportError, AttributeError, TypeError) as e:  # pragma: no cover - depends on the JAX version
-    log.warning('could not bind CPU collectives to loopback (%s); gloo uses the hostname\'s address', e)
+    log.warning('could not bind CPU collectives to %s (%s); gloo uses the hostname\'s address', hostname, e)
 
 
 class JoinError(RuntimeError):
@@ -182,8 +184,11 @@ def initialize(settings: Settings | None) -> int:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise JoinError(f'cannot join the multi-process run at {settings.coordinator_address or "(auto-detected)"} '
                     f'within {settings.initialization_timeout_s}s: {first}') from e
-  if settings.loopback and jax.config.jax_cpu_collectives_implementation == 'gloo':
-    _bind_gloo_to_loopback()
+  if jax.config.jax_cpu_collectives_implementation == 'gloo':
+    if settings.loopback:
+      _bind_gloo('127.0.0.1')
+    elif os.environ.get(ENV_HOST_ADDRESS):  # a host of the test bed (harness/testbed): its address in its namespace
+      _bind_gloo(os.environ[ENV_HOST_ADDRESS])
   count = process_count()
   log.info('process %d of %d joined the run (coordinator %s)', process_index(), count,
            settings.coordinator_address or 'auto-detected')

@@ -10,9 +10,11 @@ Real hardware only; `cluster/calibration.py` fits what it measures, `experiments
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +38,8 @@ from waitless.experiments.harness import inputs as inputs_lib
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import validation
+from waitless.experiments.harness.testbed import placement
+from waitless.experiments.harness.testbed import runs
 from waitless.models import registry as model_registry
 
 log = logging.getLogger(__name__)
@@ -224,19 +228,22 @@ def compute_fits(config: ml_collections.ConfigDict, rounds: int, repeats: int) -
 
 def harness_seconds_per_iteration(config_arg: str, flags_: list[str], algorithm: str, microbatches: int, steps: int,
                                   workdir: str, processes: int = 1) -> float:
-  """Median measured seconds per iteration of a run of the harness (rows after the first) on `processes` local
-  processes, one worker and one CPU device each (`launch/multiprocess_cpu.sh` for more than one); `algorithm`:
-  its name and pairs; `flags_`: the `--config.FIELD=VALUE` flags calibrate was given."""
+  """Median measured seconds per iteration of a run of the harness (rows after the first) on `processes`
+  processes, one worker and one CPU device each (jax.distributed for more than one, as `launch/multiprocess_cpu.sh`
+  joins them; on the test bed's hosts when calibrate runs on one); `algorithm`: its name and pairs; `flags_`: the
+  `--config.FIELD=VALUE` flags calibrate was given."""
   path, _, arg = config_arg.partition(':')
   pairs = ','.join([algorithm] + [p for p in arg.split(',')[1:] if p] + [
       'stragglers.kind=measured', f'workers={processes}', f'devices={processes}', f'microbatches={microbatches}',
       f'num_steps={steps}', f'eval_every={steps}', 'log_every=10', f'checkpoint_every={steps}', 'cluster.profile=""'])
-  program = ([sys.executable, '-m', 'waitless.experiments.main'] if processes == 1 else
-             ['bash', os.path.join(ROOT, 'launch', 'multiprocess_cpu.sh'), str(processes)])
-  done = subprocess.run(program + [f'--config={path}:{pairs}', f'--workdir={workdir}', *flags_], cwd=ROOT,
-                        capture_output=True, text=True, check=False)
-  if done.returncode:
-    raise SystemExit(f'the harness run failed (status {done.returncode}): {done.stderr[-2000:]}')
+  config = [f'--config={path}:{pairs}', f'--workdir={workdir}', *flags_]
+  main = [sys.executable, '-m', 'waitless.experiments.main', *config]
+  if processes == 1:
+    run_processes([main], workdir + '.logs', 'the harness run')
+  else:
+    address = f'{placement.coordinator_host()}:{distributed.free_port()}'
+    run_processes([main + [f'--coordinator_address={address}', f'--num_processes={processes}', f'--process_id={i}']
+                   for i in range(processes)], workdir + '.logs', 'the harness run')
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   steps_ = np.array([r['step'] for r in rows], np.float64)
@@ -285,17 +292,61 @@ def harness_rounds(config_arg: str, flags_: list[str], processes: int, rounds: i
 
 
 def collective_rows(processes: int, sizes: list[int], rounds: int, tmp: str) -> dict:
-  """The rows of `harness/collective_timing.py`, run on `processes` local processes joined over loopback."""
+  """The rows of `harness/collective_timing.py`, run on `processes` processes joined over loopback (or over the
+  test bed's links when calibrate runs on one)."""
   out = os.path.join(tmp, 'collectives.json')
-  address = f'127.0.0.1:{distributed.free_port()}'
+  address = f'{placement.coordinator_host()}:{distributed.free_port()}'
   command = [sys.executable, '-m', 'waitless.experiments.harness.collective_timing', f'--coordinator_address={address}',
              f'--num_processes={processes}', f'--out={out}', f'--sizes={",".join(map(str, sizes))}',
              f'--rounds={rounds}']
-  procs = [subprocess.Popen(command + [f'--process_id={i}'], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True) for i in range(processes)]
-  failed = [(p.wait(), p.stderr.read()) for p in procs]
-  bad = [(rc, err) for rc, err in failed if rc]
-  if bad:
-    raise SystemExit(f'the collectives\' processes failed (status {bad[0][0]}): {bad[0][1][-2000:]}')
+  run_processes([command + [f'--process_id={i}'] for i in range(processes)], tmp, 'the collectives\' processes')
   with open(out) as f:
     return json.load(f)
+
+
+GRACE_S = 10.0  # between SIGINT to the children's process groups and SIGKILL
+
+
+def run_processes(argvs: Sequence[Sequence[str]], logs: str, what: str) -> None:
+  """Runs process i of `argvs` (on the test bed's host i when calibrate runs on one: `testbed/placement.py`), each
+  in a process group of its own, its output in `logs`/process_I.log; returns when all succeeded.
+
+  One that fails stops the others and raises SystemExit with its output's tail. If this process is interrupted
+  (KeyboardInterrupt, or SIGTERM turned into one by `experiments.calibrate`) every group gets SIGINT (a harness run
+  stops as on Ctrl-C), SIGKILL after `GRACE_S`, and the interruption is re-raised once none of them is left: no
+  child outlives its launcher, none writes into a directory it removes.
+  """
+  os.makedirs(logs, exist_ok=True)
+  paths = [os.path.join(logs, f'process_{i}.log') for i in range(len(argvs))]
+  procs = []
+  try:
+    for i, argv in enumerate(argvs):
+      with open(paths[i], 'w') as log_file:
+        procs.append(placement.popen(i, list(argv), cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT))
+    status = runs.watch(procs, grace_s=GRACE_S, log=log.info)
+  except BaseException:
+    _stop_groups(procs)
+    raise
+  if status:
+    failed = next((i for i, p in enumerate(procs) if p.returncode and p.returncode > 0),
+                  next(i for i, p in enumerate(procs) if p.returncode))
+    with open(paths[failed]) as f:
+      tail = f.read()[-2000:]
+    raise SystemExit(f'{what} failed (process {failed}, status {procs[failed].returncode}): {tail}')
+
+
+def _stop_groups(procs: Sequence[subprocess.Popen]) -> None:
+  """SIGINT to every running child's process group, SIGKILL to those left after GRACE_S; waits for all."""
+  def signal_all(sig):
+    for proc in procs:
+      if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+          os.killpg(proc.pid, sig)
+
+  signal_all(signal.SIGINT)
+  deadline = time.monotonic() + GRACE_S
+  while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  signal_all(signal.SIGKILL)
+  for proc in procs:
+    proc.wait()

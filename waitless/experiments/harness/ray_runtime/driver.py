@@ -157,6 +157,9 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
   return False
 
 
+SERVER_RESOURCE = 'waitless_server'  # a custom Ray resource: the node that has it holds the server actor
+
+
 def resources(config) -> dict[str, float]:
   """What each actor reserves: {'worker_cpus', 'worker_gpus', 'server_cpus'}; worker_cpus unset shares the
   cluster's CPUs among the learners (at most 1 each)."""
@@ -304,8 +307,11 @@ class Driver:
       if self.step >= self.num_steps:  # killed after its last checkpoint, before its summary
         return self.finish()
       env = _runtime_env()
+      # A cluster may say where the server goes: a node holding SERVER_RESOURCE (the test bed's host 0); else
+      # Ray places it (a 0-CPU actor can land on any node).
+      pinned = {'resources': {SERVER_RESOURCE: 1e-3}} if ray.cluster_resources().get(SERVER_RESOURCE) else {}
       server = ray.remote(server_lib.ServerActor).options(
-          num_cpus=wanted['server_cpus'], max_restarts=0, runtime_env=env).remote(
+          num_cpus=wanted['server_cpus'], max_restarts=0, runtime_env=env, **pinned).remote(
               self.config, state, self.step, meta.get('positions'), meta.get('adasync'), self.recorder.time)
       learners = [ray.remote(worker_lib.LearnerActor).options(
           num_cpus=wanted['worker_cpus'], num_gpus=wanted['worker_gpus'], max_restarts=self.config.ray.max_restarts,

@@ -1,0 +1,68 @@
+"""`benchmarks/testbed_predictions.py` without a bed: a run's figures from its files (median s/it after the first
+row, the time to target from the end of that row), a cell's summary (median, range, the predicted time to target
+as predicted s/it x the real steps) and the ranking check."""
+
+import json
+import os
+import tempfile
+from unittest import mock
+
+from absl import flags
+from absl.testing import absltest
+
+from benchmarks import testbed_predictions as tp
+
+# 10 steps a row: the first row slow (first executions), then 20 ms per iteration; accuracy crosses 0.9 at step 30.
+ROWS = [{'step': 10, 'measured_time': 0.5, 'eval_accuracy': 0.5},
+        {'step': 20, 'measured_time': 0.7, 'eval_accuracy': 0.8},
+        {'step': 30, 'measured_time': 0.9, 'eval_accuracy': 0.9},
+        {'step': 40, 'measured_time': 1.1, 'eval_accuracy': 0.95}]
+
+
+class TestbedPredictionsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    values = flags.FlagValues()  # its own flags: another benchmark's test defines `algorithms` in the global ones
+    tp.define_flags(values)
+    values.mark_as_parsed()
+    self.enter_context(mock.patch.object(tp, 'FLAGS', values))
+
+  def test_figures(self):
+    with tempfile.TemporaryDirectory() as workdir:
+      with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in ROWS))
+      got = tp.figures(workdir)
+    self.assertAlmostEqual(got['seconds_per_iteration'], 0.02)
+    self.assertAlmostEqual(got['time_to_target'], 0.4)  # 0.9 s at step 30, from the end of the first row (0.5 s)
+    self.assertAlmostEqual(got['steps_to_target'], 20)
+
+  def test_summarize(self):
+    runs = [{'seconds_per_iteration': s, 'time_to_target': 20 * s, 'steps_to_target': 20} for s in (0.02, 0.03, 0.025)]
+    got = tp.summarize(runs, 0.0275)
+    self.assertAlmostEqual(got['real_s'], 0.025)
+    self.assertEqual(got['range'], (0.02, 0.03))
+    self.assertAlmostEqual(got['error'], 0.1)
+    self.assertAlmostEqual(got['predicted_target_s'], 0.55)
+    self.assertAlmostEqual(got['target_error'], 0.1)
+
+  def test_a_missed_target_counts_as_infinite(self):
+    runs = [{'seconds_per_iteration': 0.02, 'time_to_target': None, 'steps_to_target': None}] * 2 + [
+        {'seconds_per_iteration': 0.02, 'time_to_target': 0.4, 'steps_to_target': 20}]
+    got = tp.summarize(runs, 0.02)
+    self.assertIsNone(got['real_target_s'])
+    self.assertIsNone(got['predicted_target_s'])
+
+  def test_ranking_judges_separated_pairs_only(self):
+    cell = lambda lo, hi, predicted: {'range': (lo, hi), 'predicted_s': predicted, 'runs': 8}
+    cells = {('sync', 'equal'): cell(0.08, 0.09, 0.08), ('local_sgd', 'equal'): cell(0.02, 0.03, 0.03),
+             ('dpsgd', 'equal'): cell(0.085, 0.11, 0.07)}
+    tp.FLAGS.algorithms, tp.FLAGS.conditions = ['sync', 'local_sgd', 'dpsgd'], ['equal']
+    lines = tp.ranking(cells)
+    self.assertEqual(lines, ['equal: local_sgd < sync: same order', 'equal: local_sgd < dpsgd: same order'])
+    cells['local_sgd', 'equal'] = cell(0.02, 0.03, 0.09)
+    self.assertIn('REVERSED', tp.ranking(cells)[0])
+
+
+if __name__ == '__main__':
+  absltest.main()
