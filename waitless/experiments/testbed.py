@@ -72,20 +72,33 @@ def describe(bed: bed_lib.Bed) -> str:
   return f'[testbed] {bed.id}: {hosts}; links {rate}, mtu {spec.mtu}'
 
 
-def run_mode(bed: bed_lib.Bed, mode: str, args: list[str], stop: runs.Stop) -> int:
-  """Runs `mode` with `args` on `bed`; returns the exit status."""
-  hosts = bed.spec.hosts
-  watch = dict(stop=stop, grace_s=_GRACE.value, timeout_s=_TIMEOUT.value)
-  if mode == 'spmd':
-    validate = subprocess.run([sys.executable, '-m', 'waitless.experiments.main', *args, f'--num_processes={hosts}',
-                               '--validate_only'], check=False)
-    if validate.returncode:
-      return validate.returncode
-    procs = [bed.popen(i, runs.spmd_argv(args, hosts, i)) for i in range(hosts)]
-    return runs.watch(procs, **watch)
+def check_mode(spec: bed_lib.Spec, mode: str, args: list[str]) -> int:
+  """The mode's arguments checked before the bed is built: 0, or the exit status of a refusal (one line printed).
+  A quota sum above the machine's cores is allowed (each host's quota still caps it) but said: the hosts then
+  share the cores and a host need not get its quota."""
+  hosts = spec.hosts
+  cores = os.cpu_count() or 1
+  if sum(spec.cpus) > cores:
+    print(f'[testbed] warning: the quotas sum to {sum(spec.cpus):g} cores on a {cores}-core machine: a host may get '
+          'less than its quota', file=sys.stderr, flush=True)
   if mode == 'exec':
     errors.require(len(args) >= 2 and args[0].isdigit() and int(args[0]) < hosts, 'exec', ' '.join(args),
                    f'give a host 0..{hosts - 1} and a command')
+  if mode == 'spmd':
+    validate = subprocess.run([sys.executable, '-m', 'waitless.experiments.main', *args, f'--num_processes={hosts}',
+                               '--validate_only'], check=False)
+    return validate.returncode
+  return 0
+
+
+def run_mode(bed: bed_lib.Bed, mode: str, args: list[str], stop: runs.Stop) -> int:
+  """Runs `mode` with `args` on `bed` (checked by `check_mode`); returns the exit status."""
+  hosts = bed.spec.hosts
+  watch = dict(stop=stop, grace_s=_GRACE.value, timeout_s=_TIMEOUT.value)
+  if mode == 'spmd':
+    procs = [bed.popen(i, runs.spmd_argv(args, hosts, i)) for i in range(hosts)]
+    return runs.watch(procs, **watch)
+  if mode == 'exec':
     return runs.watch([bed.popen(int(args[0]), args[1:])], **watch)
   if mode == 'calibrate':
     env = dict(os.environ, **{placement.ENV_TESTBED: bed.id})
@@ -121,6 +134,9 @@ def main(argv):
     signal.signal(sig, lambda *_: stop.requested.set())
   try:
     spec = spec_from_flags()
+    refused = check_mode(spec, mode, args)
+    if refused:
+      sys.exit(refused)
     bed = bed_lib.Bed.create(spec)
   except (errors.ConfigError, bed_lib.Unavailable) as e:
     print(f'error: {e}', file=sys.stderr)

@@ -91,6 +91,21 @@ class SpecTest(absltest.TestCase):
         with self.assertRaisesRegex(errors.ConfigError, f'^{flag}='):
           bed_lib.Spec(**kwargs)
 
+  def test_a_quota_above_the_machines_cores_is_refused(self):
+    with mock.patch.object(os, 'cpu_count', return_value=2):
+      with self.assertRaisesRegex(errors.ConfigError, "^--cpus=.*cannot exceed this machine's 2 cores"):
+        bed_lib.Spec(cpus=(3, 1))
+      bed_lib.Spec(cpus=(2, 2))  # each within the machine: allowed (check_mode says the sum oversubscribes)
+
+  def test_the_modes_arguments_are_refused_before_any_bed_is_built(self):
+    for args in (['exec', '7', 'true'], ['exec', '1']):
+      with self.subTest(args=args):
+        result = subprocess.run([sys.executable, '-m', 'waitless.experiments.testbed', '--cpus=0.5,0.5', '--', *args],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertRegex(result.stderr, r"^error: exec='.*' is not allowed: give a host 0\.\.1 and a command\n$")
+        self.assertNotIn('[testbed]', result.stdout)  # refused before the bed's line: no bed was built
+
   def test_burst_holds_two_packets_at_least(self):
     self.assertEqual(bed_lib.Spec(cpus=(1, 1), rate_mbit=10).burst, 18000)
     self.assertEqual(bed_lib.Spec(cpus=(1, 1), rate_mbit=1000).burst, 125000)  # 1 ms at the rate

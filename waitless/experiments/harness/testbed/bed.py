@@ -77,8 +77,11 @@ class Spec:
   def __post_init__(self):
     errors.require(2 <= len(self.cpus) <= 4, '--cpus', ','.join(map(str, self.cpus)),
                    'one CPU quota per host, 2 to 4 hosts')
+    cores = os.cpu_count() or 1
     for c in self.cpus:
       errors.require_number(c, '--cpus', 'every quota must be a number of cores > 0, e.g. 0.8', lambda v: v > 0)
+      errors.require(c <= cores, '--cpus', ','.join(map(str, self.cpus)),
+                     f'a host\'s quota cannot exceed this machine\'s {cores} cores')
     if self.rate_mbit is not None:
       errors.require_number(self.rate_mbit, '--rate_mbit', 'must be a rate in Mbit/s > 0', lambda v: v > 0)
     errors.require_int(self.mtu, '--mtu', 1280, 65535)
