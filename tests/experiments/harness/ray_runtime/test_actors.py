@@ -20,12 +20,12 @@ import pytest
 from waitless.experiments.harness import checkpointing
 from waitless.experiments.harness import metrics_io
 from waitless.experiments.harness import preemption
-from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
 from waitless.experiments.harness.ray_runtime import driver
 from waitless.experiments.harness.ray_runtime import events
 from waitless.experiments.harness.ray_runtime import pieces
 from waitless.experiments.harness.ray_runtime import ray_config
+from waitless.experiments.harness.ray_runtime import server as server_lib
 from waitless.experiments.harness.ray_runtime import worker
 from tests import harness
 from tests.algorithms.parameter_server_reference import replay
@@ -44,16 +44,18 @@ def tearDownModule():
 
 
 def trajectory_from_workdir(config, workdir) -> harness.Trajectory:
-  """The replay's view of a finished Ray run: its event log, and the state of its last checkpoint."""
+  """The replay's view of a finished Ray run: its event log, and the server's state of its last checkpoint (W;
+  the views lived in the learners' processes: the replay checks W, which every view's gradient went into)."""
   run = pieces.build(config)
-  initial = jax.device_get(setup.init_state(run))
+  initial = server_lib.initial_state(run)
   lines = events.read(workdir)
   updates = [events.from_json(line, config.microbatches) for line in lines]
   manager = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
   state, _ = manager.restore(manager.latest_step(), initial)
   manager.close()
   state = step_lib.TrainState(*state)
-  return harness.Trajectory(run=run, initial_params=initial.params, params=[jax.device_get(state.params)],
+  first = jax.tree.map(lambda x: np.asarray(x)[None], initial.params)
+  return harness.Trajectory(run=run, initial_params=first, params=[],
                             positions=[u.positions for u in updates], schedules=[u.schedule for u in updates],
                             losses=np.zeros((len(updates), config.workers)), final_state=state)
 

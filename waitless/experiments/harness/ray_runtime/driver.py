@@ -293,8 +293,8 @@ class Driver:
     try:
       wanted = resources(self.config)
       check_resources(self.config, wanted, model_bytes)  # before the workdir is written: nothing of this run exists yet
-      like = jax.device_get(setup.init_state(self.run))
-      self.num_params = setup.param_count_and_bytes(like.params)[0] // self.config.workers
+      like = server_lib.initial_state(self.run)  # the server's state: one model
+      self.num_params = setup.param_count_and_bytes(like.params)[0]
       state, meta = self.prepare_workdir(like)
       self.step = int(meta.get('step', 0))
       self.recorder.open(resumed_step=self.step)
