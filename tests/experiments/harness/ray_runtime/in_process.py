@@ -37,7 +37,8 @@ def run(config, means, seed: int = 0, starts=None):
   time = SimulatedTime()
   server = server_lib.Server(config, clock=time)
   initial = jax.tree.map(lambda x: np.repeat(x[None], config.workers, axis=0), server.core.current)
-  learners = [worker.Learner(config, i) for i in range(config.workers)]
+  program = worker.Program(config)  # one process hosting every learner, as a learner process hosts several
+  learners = [worker.Learner(config, i, program=program) for i in range(config.workers)]
   rng = np.random.default_rng(seed)
   heap, waiting = [], []
   server.start()
