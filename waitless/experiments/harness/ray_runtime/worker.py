@@ -131,8 +131,9 @@ class LearnerActor:
   `Learner` (data stream, view, position, random stream) on the process's one `Program`.
 
   `work(server)` loops until the run stops: every learner has one call to the server in flight (its fetch, then
-  its pushes); whichever reply comes first, that learner computes its next job (one at a time: the process's
-  device) and pushes it. Learners of one process therefore share its CPU as learners of one machine would.
+  its pushes); the learners whose replies have come compute their next jobs, each once per round, the one that
+  waited longest first (one at a time: the process's device), and push them. Learners of one process therefore
+  share its CPU as learners of one machine would.
   """
 
   def __init__(self, config, learners, hooks: DebugHooks = NO_HOOKS):
@@ -156,15 +157,18 @@ class LearnerActor:
   def work(self, server) -> int:
     """Fetch, compute, push for every hosted learner until the server says stop; returns the jobs computed."""
     import ray  # only inside a Ray worker process
-    pending = {server.fetch.remote(i): i for i in self.learners}
+    pending = {server.fetch.remote(i): i for i in self.learners}  # oldest call first
     while pending:
-      [ref], _ = ray.wait(list(pending), num_returns=1)
-      i = pending.pop(ref)
-      reply = ray.get(ref)
-      if reply.stop:
-        continue
-      if self._crash is not None and i == self._crash[0] and reply.version >= self._crash[1]:
-        os._exit(1)  # TEST-ONLY (--debug_crash_learner): the process dies as a kill -9 would end it
-      job = self.learners[i].compute(reply.params, reply.position, reply.version)
-      pending[server.push.remote(i, reply.version, reply.position, *job)] = i
+      ray.wait(list(pending), num_returns=1)
+      ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+      ready = set(ready)
+      for ref in [ref for ref in pending if ref in ready]:  # each ready learner once, longest waiting first
+        i = pending.pop(ref)
+        reply = ray.get(ref)
+        if reply.stop:
+          continue
+        if self._crash is not None and i == self._crash[0] and reply.version >= self._crash[1]:
+          os._exit(1)  # TEST-ONLY (--debug_crash_learner): the process dies as a kill -9 would end it
+        job = self.learners[i].compute(reply.params, reply.position, reply.version)
+        pending[server.push.remote(i, reply.version, reply.position, *job)] = i
     return sum(learner.jobs for learner in self.learners.values())
