@@ -2,8 +2,10 @@
 
   python -m benchmarks.ray_stragglers [--seeds=3 --scenarios=slowed,delayed --out=ray_stragglers.json]
 
-P = 4 learner actors on a local Ray train the digits MLP (batch 16 per job, SGD at learning rate 0.1 without
-momentum for every algorithm: one setting, so that the rows differ only in the server's rule). Every learner
+P = 4 learners (`--workers`; several per learner process, as the run's plan places them: a process's learners
+compute, and sleep, one after another, so a slowed learner slows its process) on a local Ray train the digits
+MLP (batch 16 per job, SGD at learning rate 0.1 without momentum for every algorithm: one setting, so that the
+rows differ only in the server's rule). Every learner
 sleeps `--base_s` per job on top of its real compute (TEST-ONLY emulated compute, `worker.DebugHooks.base_s`: on a
 2-core machine, four learners' real compute would mostly measure their contention for the cores, not the
 rules), and
@@ -55,6 +57,7 @@ from waitless.experiments.harness.ray_runtime import ray_config
 from waitless.experiments.harness.ray_runtime import worker
 
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per (algorithm, scenario).')
+_WORKERS = flags.DEFINE_integer('workers', 4, 'Learners P (the plan places them: several per process).')
 _SCENARIOS = flags.DEFINE_list('scenarios', ['slowed', 'delayed'], 'slowed, delayed.')
 _ALGORITHMS = flags.DEFINE_list('algorithms', ['sync', 'ksync,k=3', 'kasync,k=2', 'async', 'ringmaster'],
                                 'Config arguments (the digits workload on the Ray runtime).')
@@ -69,14 +72,13 @@ _FIGURE = flags.DEFINE_string('figure', '', 'PNG of the tables: real and predict
 _FROM_JSON = flags.DEFINE_string('from_json', '', 'Print the tables (and draw --figure) from an earlier --out '
                                  'instead of running.')
 
-WORKERS = 4
 SLOW_LEARNER = 3
 # Server updates per run: enough for every algorithm to reach the targets (an async update takes one job).
 STEPS = {'sync': 150, 'ksync': 200, 'kasync': 300, 'async': 600, 'ringmaster': 600}
 
 
 def config_for(arg: str, seed: int):
-  config = digits.get_config(f'{arg},runtime=ray,workers={WORKERS}')
+  config = digits.get_config(f'{arg},runtime=ray,workers={_WORKERS.value}')
   config.seed = seed
   config.num_steps = STEPS[config.algorithm.name]
   config.optimizer.learning_rate, config.optimizer.momentum = 0.1, 0.0
@@ -215,7 +217,7 @@ def print_tables(results: list[dict]) -> None:
   for scenario in list(dict.fromkeys(r['scenario'] for r in results)):
     slowdown = (f'learner {SLOW_LEARNER} +{_SLOW_S.value * 1e3:g} ms' if scenario == 'slowed'
                 else f'one learner per job index +{_DELAY_S.value * 1e3:g} ms')
-    print(f'\n{scenario}: {WORKERS} learners, base {_BASE_S.value * 1e3:g} ms per job, {slowdown}; '
+    print(f'\n{scenario}: {_WORKERS.value} learners, base {_BASE_S.value * 1e3:g} ms per job, {slowdown}; '
           f'{len({r["seed"] for r in results})} seeds, median [min, max]')
     print(f'| algorithm | ms per update | predicted | predicted / real | time to acc >= {_TARGET_ACCURACY.value} (s) '
           f'| predicted | time to loss <= {_TARGET_LOSS.value} (s) | final acc |')

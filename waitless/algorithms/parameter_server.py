@@ -126,6 +126,17 @@ def staleness_factor(server, view, c: float, eta_max: float, learning_rate: floa
   return eta_j / learning_rate
 
 
+def server_step(inner: optax.GradientTransformation, total, count, inner_state, model):
+  """The server's step on its one model W from the update's gradient total: U((sum_i lambda_i n_i g_i) / count).
+
+  What every form of the server runs: the emulator's per-worker update (after its all-reduce, `total` the worker
+  sum) and the Ray runtime's server (`total` summed over the pushes it took, on its one copy of W). Returns
+  (updates to W, the inner optimizer's new state).
+  """
+  g = jax.tree.map(lambda s: s / jnp.maximum(count, 1).astype(s.dtype), total)
+  return inner.update(g, inner_state, model)
+
+
 def parameter_server(inner: optax.GradientTransformation, axis_name: collectives.AxisName = None,
                      adaptive_lr_c: float = 0.0, eta_max: float = 0.0, learning_rate: float = 1.0,
                      gradient_sums: bool = False,
@@ -194,11 +205,10 @@ def parameter_server(inner: optax.GradientTransformation, axis_name: collectives
     weighted = grads if weight is None else jax.tree.map(lambda g: weight * g, grads)  # n_i g_i (x lambda_i)
     total, count = collectives.worker_sum_and_count(
         weighted, done, axis_name, host_total=None if schedule is None else schedule.microbatches_total)
-    g = jax.tree.map(lambda s: s / jnp.maximum(count, 1).astype(s.dtype), total)
     if fresh_views:  # the view is W: W + U(g) is the new view
-      updates, inner_state = inner.update(g, state.inner, params)
+      updates, inner_state = server_step(inner, total, count, state.inner, params)
       return updates, ParameterServerState(server=None, inner=inner_state)
-    updates, inner_state = inner.update(g, state.inner, server)
+    updates, inner_state = server_step(inner, total, count, state.inner, server)
     new_server = optax.apply_updates(server, updates)
 
     refresh = True if schedule is None else schedule.refresh_view
@@ -240,11 +250,15 @@ ADAPTIVE_LR_DEFAULTS = {'adaptive_lr_c': 0.0, 'eta_max': 0.0}  # staleness-adapt
 GRADIENT_SUMS = True
 
 
-def build(config: ml_collections.ConfigDict, inner, axis_name, fresh_views: bool = False):
+def adaptive_lr(config: ml_collections.ConfigDict) -> tuple[float, Any, Any]:
+  """(C, eta_max, eta) of the staleness-adaptive learning rate (C = 0: off); eta_max unset is eta."""
   a = config.algorithm
-  c = float(a.get('adaptive_lr_c', 0.0))
   lr = config.optimizer.learning_rate  # may be a traced replica hyper-parameter (`spec`)
-  eta_max = float(a.get('eta_max', 0.0)) or lr
+  return float(a.get('adaptive_lr_c', 0.0)), float(a.get('eta_max', 0.0)) or lr, lr
+
+
+def build(config: ml_collections.ConfigDict, inner, axis_name, fresh_views: bool = False):
+  c, eta_max, lr = adaptive_lr(config)
   return parameter_server(inner, axis_name=axis_name, adaptive_lr_c=c, eta_max=eta_max, learning_rate=lr,
                           gradient_sums=GRADIENT_SUMS, fresh_views=fresh_views)
 

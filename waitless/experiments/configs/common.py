@@ -139,7 +139,9 @@ def cluster_config() -> ml_collections.ConfigDict:
 def ray_config() -> ml_collections.ConfigDict:
   """`config.ray`: what each actor of a `runtime=ray` run asks of the Ray cluster."""
   c = ml_collections.ConfigDict()
-  c.worker_cpus = config_dict.placeholder(float)  # CPUs each learner reserves; unset: the cluster's CPUs shared (<= 1)
+  c.worker_cpus = config_dict.placeholder(float)  # CPUs each learner process reserves; unset: the CPUs shared (<= 1)
+  # Learners each learner process hosts; unset: planned from the CPUs and memory (ray_runtime/plan.py)
+  c.learners_per_process = config_dict.placeholder(int)
   c.worker_gpus = 0.0     # GPUs each learner actor reserves (1: one GPU per learner, Ray sets CUDA_VISIBLE_DEVICES)
   c.server_cpus = 0.0     # CPUs the server actor reserves (0: it runs beside the learners)
   c.max_restarts = 3      # times Ray restarts a learner actor that died before the run gives it up

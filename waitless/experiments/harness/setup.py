@@ -174,6 +174,14 @@ def init_state(run_or_group) -> step_lib.TrainState:
   return _init_state(run_or_group, _model_init)
 
 
+def init_model(run: Run) -> tuple[Any, Any]:
+  """One copy of the initial (params, model state) from the seed: the row `init_state` gives every worker (a
+  parameter server's one model, a learner's first view), without the P copies."""
+  example = jax.tree.map(lambda x: np.asarray(x)[None], run.dataset.example)
+  variables = _model_init(run.model, run.layout.platform)(run.config.seed, run.task.model_inputs(example))
+  return variables['params'], {k: v for k, v in variables.items() if k != 'params'}
+
+
 def _init_state(run_or_group, model_init_for) -> step_lib.TrainState:
   """`init_state`, the model initialised by `model_init_for(model, platform)(seed, inputs)`."""
   group = as_group(run_or_group)

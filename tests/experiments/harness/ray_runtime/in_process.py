@@ -31,20 +31,21 @@ def run(config, means, seed: int = 0, starts=None):
   """Trains `config` to its num_steps on the in-process server; learner i's jobs take Exp(mean = means[i]) s,
   and it starts (fetches) at `starts[i]` seconds (default: all at 0).
 
-  Returns the `server.Server` (its `records` hold every update) and the initial host params (P, ...).
+  Returns the `server.Server` (its `records` hold every update), the initial host params (P, ...) and the
+  `worker.Learner`s (each holds its view).
   """
   time = SimulatedTime()
   server = server_lib.Server(config, clock=time)
-  initial = jax.device_get(server.core.state.params)
-  learners = [worker.Learner(config, i) for i in range(config.workers)]
+  initial = jax.tree.map(lambda x: np.repeat(x[None], config.workers, axis=0), server.core.current)
+  program = worker.Program(config)  # one process hosting every learner, as a learner process hosts several
+  learners = [worker.Learner(config, i, program=program) for i in range(config.workers)]
   rng = np.random.default_rng(seed)
   heap, waiting = [], []
   server.start()
 
   def start(i, fetch=False):
     reply = server.fetch(i) if fetch else server.reply(i)
-    grad_sum, loss_sum, model_state = learners[i].compute(reply.params, reply.position)
-    job = (reply.version, reply.position, grad_sum, loss_sum, model_state)
+    job = (reply.version, reply.position, *learners[i].compute(reply.params, reply.position, reply.version))
     heapq.heappush(heap, (time.now + rng.exponential(means[i]), i, job))
 
   for i in range(config.workers):
@@ -54,9 +55,8 @@ def run(config, means, seed: int = 0, starts=None):
     if job is None:
       start(i, fetch=True)
       continue
-    version, position, grad_sum, loss_sum, model_state = job
     before = server.version
-    outcome = server.push(i, version, position, grad_sum, loss_sum, model_state)
+    outcome = server.push(i, *job)
     if server.version > before:
       for w in waiting + [i]:
         start(w)
@@ -65,15 +65,26 @@ def run(config, means, seed: int = 0, starts=None):
       waiting.append(i)
     else:
       start(i)
-  return server, initial
+  return server, initial, learners
 
 
-def trajectory(server, initial_params, records=None) -> harness.Trajectory:
-  """The replay's view of a Ray run: its schedules and positions per update, the final views and state."""
+def trajectory(server, initial_params, learners, records=None) -> harness.Trajectory:
+  """The replay's view of a Ray run: its schedules and positions per update, the learners' final views (each
+  held by its learner) and the server's state."""
   records = server.records if records is None else records
-  state = server.core.state
+  state = server.core.host_state()
+  views = []
+  for i, learner in enumerate(learners):
+    view = learner.view
+    if learner.view_version != server.arrivals.view_version[i]:
+      # K-sync, K-batch-sync: a job of the cancelled round, discarded when it arrives; its learner fetches W then,
+      # the schedules' view already.
+      assert server.arrivals.policy.current_only and server.arrivals.view_version[i] == server.version, i
+      view = server.core.current
+    views.append(view)
+  views = jax.tree.map(lambda *rows: np.stack(rows), *views)
   return harness.Trajectory(
-      run=server.core.run, initial_params=initial_params, params=[jax.device_get(state.params)],
+      run=server.core.run, initial_params=initial_params, params=[views],
       positions=[r.update.positions for r in records], schedules=[r.update.schedule for r in records],
       losses=np.zeros((len(records), server.config.workers)), final_state=state)
 

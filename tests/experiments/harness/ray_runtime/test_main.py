@@ -65,13 +65,17 @@ class BadInputTest(parameterized.TestCase):
        r'^error: --ray_address=garbage is not allowed: must be HOST:PORT'),
       ('address_that_does_not_answer', 'async,runtime=ray', ('--ray_address=127.0.0.1:9',),
        r'^error: --ray_address=127.0.0.1:9 does not answer within'),
-      ('more_workers_than_the_cluster_has', 'async,runtime=ray,workers=4,ray.worker_cpus=8.0', (),
-       r'^error: workers=4 .* need 32 CPUs .*this machine has \d+'),
+      ('more_workers_than_the_cluster_has',
+       'async,runtime=ray,workers=4,ray.worker_cpus=8.0,ray.learners_per_process=1', (),
+       r'^error: ray.learners_per_process=1 .* need 32 CPUs .*this machine has \d+'),
       # Issue 59: with the default ray.worker_cpus (a share of the CPUs) nothing was ever refused: 64 learners
-      # on a 2-core laptop started 64 processes of about 400 MB. Refused from the machine's memory, before Ray.
-      ('more_learners_than_the_memory_holds', 'kasync,runtime=ray,workers=1024,batch_size=1,microbatches=1', (),
-       r'^error: workers=1024 is not allowed: 1024 learners and the server are 1025 processes of about .* GB '
-       r'each on a local Ray: .* GB with its daemons, more than this machine has \(.* GB available, \d+ CPUs\)'))
+      # on a 2-core laptop started 64 processes of about 400 MB. Issue 58: a process hosts several learners, so
+      # the plan counts processes; one learner per process for 1,024 learners is refused before Ray.
+      ('more_processes_than_the_memory_holds',
+       'kasync,runtime=ray,workers=1024,batch_size=1,microbatches=1,ray.learners_per_process=1', (),
+       r'^error: ray.learners_per_process=1 is not allowed: 1024 learners in 1024 processes of 1 and the server are '
+       r'1025 processes of about 0.4 GB each and 1025 models. copies, .* GB in all, more than this machine has '
+       r'\(.* GB available, \d+ CPUs\)'))
   def test_one_line_status_2(self, config_arg, flags, pattern):
     workdir = self.create_tempdir().full_path
     start = time.time()
@@ -86,21 +90,35 @@ class BadInputTest(parameterized.TestCase):
 
 
 class LocalMachineTest(absltest.TestCase):
-  """The learners' processes against this machine's memory and CPUs, before a local Ray starts (issue 59)."""
+  """The learner processes against this machine's memory and CPUs, before a local Ray starts (issues 58, 59)."""
 
-  def test_learners_memory_and_cpus_are_checked_with_their_figures(self):
+  def test_many_learners_share_few_processes_and_a_plan_that_does_not_fit_is_one_line(self):
     from waitless import config_errors
     from waitless.experiments.configs import digits
     from waitless.experiments.harness.ray_runtime import driver
-    config = digits.get_config('kasync,runtime=ray,workers=64')
-    with self.assertRaisesRegex(config_errors.ConfigError, r'^workers=64 is not allowed: 64 learners and the server '
-                                r'are 65 processes of about 0.4 GB each on a local Ray: 26.5 GB with its daemons, '
-                                r'more than this machine has \(16 GB available, 2 CPUs\)'):
+    for workers, per_process in ((64, 32), (256, 128)):  # 2 CPUs: two learner processes (issue 58)
+      plan = driver.check_local_machine(digits.get_config(f'kasync,runtime=ray,workers={workers}'), 4e4,
+                                        available=24 * 10**9, cpus=2)
+      self.assertEqual((plan.processes, plan.per_process), (2, per_process))
+      self.assertEqual(sum(plan.groups(), []), list(range(workers)))
+    config = digits.get_config('kasync,runtime=ray,workers=64,ray.learners_per_process=1')
+    with self.assertRaisesRegex(config_errors.ConfigError, r'^ray.learners_per_process=1 is not allowed: 64 learners '
+                                r'in 64 processes of 1 and the server are 65 processes of about 0.4 GB each and 65 '
+                                r'models. copies, 26.5 GB in all, more than this machine has \(16 GB available, 2 '
+                                r'CPUs\)'):
       driver.check_local_machine(config, 0.0, available=16 * 10**9, cpus=2)
-    driver.check_local_machine(digits.get_config('kasync,runtime=ray,workers=4'), 1e6, available=16 * 10**9, cpus=2)
-    config = digits.get_config('kasync,runtime=ray,workers=4,ray.worker_cpus=1.0')
-    with self.assertRaisesRegex(config_errors.ConfigError, r'^workers=4 .* need 4 CPUs .* this machine has 2'):
+    # A model too big for P learners' copies, whatever the processes: refused naming workers.
+    with self.assertRaisesRegex(config_errors.ConfigError, r'^workers=256 is not allowed: 256 learners in 1 process '
+                                r'of 256 .* more than this machine has \(16 GB available, 2 CPUs\)'):
+      driver.check_local_machine(digits.get_config('kasync,runtime=ray,workers=256'), 1e8, available=16 * 10**9,
+                                 cpus=2)
+    config = digits.get_config('kasync,runtime=ray,workers=4,ray.worker_cpus=1.0,ray.learners_per_process=1')
+    with self.assertRaisesRegex(config_errors.ConfigError, r'^ray.learners_per_process=1 .* need 4 CPUs .* this '
+                                r'machine has 2'):
       driver.check_local_machine(config, 0.0, available=16 * 10**9, cpus=2)
+    plan = driver.check_local_machine(digits.get_config('kasync,runtime=ray,workers=5,ray.learners_per_process=2'),
+                                      0.0, available=16 * 10**9, cpus=2)
+    self.assertEqual(plan.groups(), [[0, 1], [2, 3], [4]])
 
 
 class LearnerDeathLineTest(absltest.TestCase):

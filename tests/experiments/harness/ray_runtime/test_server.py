@@ -49,8 +49,8 @@ class ServerReplayTest(parameterized.TestCase):
   def test_replay_gives_the_same_parameters(self, arg, variant, overrides):
     with jax.enable_x64(True):
       config = f64_config(arg, **overrides)
-      server, initial = in_process.run(config, MEANS)
-      traj = in_process.trajectory(server, initial)
+      server, initial, learners = in_process.run(config, MEANS)
+      traj = in_process.trajectory(server, initial, learners)
     self.assertLen(traj.schedules, config.num_steps)
     replay(self, traj, ray_config.server_config(config), variant, block=len(traj.schedules), restarts=True)
     staleness = max(int(s.staleness.max()) for s in traj.schedules)
@@ -72,8 +72,8 @@ class ServerReplayTest(parameterized.TestCase):
     # Real learners start when their actor is up: after some updates. Their first fetch is an event.
     with jax.enable_x64(True):
       config = f64_config(arg)
-      server, initial = in_process.run(config, MEANS, starts=(0.0, 0.0, 3.0, 6.0))
-      traj = in_process.trajectory(server, initial)
+      server, initial, learners = in_process.run(config, MEANS, starts=(0.0, 0.0, 3.0, 6.0))
+      traj = in_process.trajectory(server, initial, learners)
     fetched = [p for r in server.records for p in r.pushes if p.outcome == arrivals.FETCHED]
     if variant == 'ksync':  # fresh views: every view is W_t already, a fetch changes none
       self.assertEmpty(fetched)

@@ -2,17 +2,18 @@
 
 The driver (this process) joins a Ray cluster (`address`; without one it starts a local Ray that stops with the
 run), starts the server actor (`server.ServerActor`: the model, the real arrivals, the algorithm's own update)
-and one learner actor per worker (`worker.LearnerActor`: one device each), waits until every actor compiled,
-starts the measured clock, and lets the learners work. While they do, it drains the server's records into the
-run's recorder (`recorder.RunRecorder`, as the lock-step loop does): a metrics row every `log_every` updates, the
-evaluation of the server model every `eval_every`, an orbax checkpoint every `checkpoint_every` (and at the
-end); and into the event log (`events.py`). The time is `measured_time`, the measured training seconds (the
-summary says `"clock": "measured"`, `"runtime": "ray"`): actor start-up and compilation left out, evaluation and
-checkpoints included (they run in the driver beside the training, as a real job's would).
+and the learner processes its plan names (`plan.py`; `worker.LearnerActor`: several learners each, one device),
+waits until every actor compiled, starts the measured clock, and lets the learners work. While they do, it
+drains the server's records into the run's recorder (`recorder.RunRecorder`, as the lock-step loop does): a
+metrics row every `log_every` updates, the evaluation of the server model every `eval_every`, an orbax
+checkpoint every `checkpoint_every` (and at the end); and into the event log (`events.py`). The time is
+`measured_time`, the measured training seconds (the summary says `"clock": "measured"`, `"runtime": "ray"`):
+actor start-up and compilation left out, evaluation and checkpoints included (they run in the driver beside the
+training, as a real job's would).
 
-Failures: a learner actor that dies is restarted by Ray (`ray.max_restarts` times) and fetches its view again;
-the driver says so in one line and the run goes on (a synchronous one waits for it). A learner lost for good
-stops a run whose update needs more learners than are left (`recorder.ClusterStalled`). SIGTERM / Ctrl-C
+Failures: a learner process that dies is restarted by Ray (`ray.max_restarts` times) and its learners fetch their
+views again; the driver says so in one line and the run goes on (a synchronous one waits for them). A process lost
+for good stops a run whose update needs more learners than are left (`recorder.ClusterStalled`). SIGTERM / Ctrl-C
 checkpoint the server after its last update and raise `preemption.Preempted`; kill -9 of the driver loses what
 followed the last checkpoint, and the same command resumes from it.
 """
@@ -44,6 +45,7 @@ from waitless.experiments.harness import workdir_lock
 from waitless.experiments.harness.ray_runtime import arrivals as arrivals_lib
 from waitless.experiments.harness.ray_runtime import events as events_lib
 from waitless.experiments.harness.ray_runtime import pieces
+from waitless.experiments.harness.ray_runtime import plan as plan_lib
 from waitless.experiments.harness.ray_runtime import ray_config
 from waitless.experiments.harness.ray_runtime import server as server_lib
 from waitless.experiments.harness.ray_runtime import worker as worker_lib
@@ -160,76 +162,49 @@ def connect(address: Optional[str], timeout_s: float = CONNECT_TIMEOUT_S) -> boo
 SERVER_RESOURCE = 'waitless_server'  # a custom Ray resource: the node that has it holds the server actor
 
 
-def resources(config) -> dict[str, float]:
-  """What each actor reserves: {'worker_cpus', 'worker_gpus', 'server_cpus'}; worker_cpus unset shares the
-  cluster's CPUs among the learners (at most 1 each)."""
+def resources(config, processes: int) -> dict[str, float]:
+  """What each actor reserves: {'worker_cpus', 'worker_gpus', 'server_cpus'}, per learner process; worker_cpus
+  unset shares the cluster's CPUs among the `processes` learner processes (at most 1 each)."""
   import ray
   r = config.ray
   total = ray.cluster_resources()
   cpus = r.worker_cpus
   if cpus is None:
-    cpus = min(1.0, max(total.get('CPU', 1.0) - r.server_cpus, 0.0) / config.workers)
+    cpus = min(1.0, max(total.get('CPU', 1.0) - r.server_cpus, 0.0) / processes)
   return {'worker_cpus': float(cpus), 'worker_gpus': float(r.worker_gpus), 'server_cpus': float(r.server_cpus)}
 
 
-def check_resources(config, wanted: dict[str, float], model_bytes: Optional[float] = None) -> None:
-  """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and P learners: their
-  CPUs and GPUs, and (`model_bytes` given) their processes' memory against the cluster's `memory` resource."""
+def plan_on_cluster(config, model_bytes: float) -> plan_lib.Plan:
+  """`plan.plan` against the joined Ray cluster's CPUs and `memory` resource (one line when it does not fit)."""
   import ray
   total = ray.cluster_resources()
-  p = config.workers
-  if model_bytes is not None and total.get('memory'):
-    from waitless import machine
-    need = actors_memory_bytes(config, model_bytes)
-    errors.require(need <= total['memory'], 'workers', p,
-                   f'{p} learners and the server are {p + 1} processes of about '
-                   f'{machine.gigabytes(need / (p + 1))} each, {machine.gigabytes(need)} in all, more than the Ray '
-                   f'cluster\'s memory ({machine.gigabytes(total["memory"])}): use fewer workers')
-  for kind, need in (('CPU', p * wanted['worker_cpus'] + wanted['server_cpus']), ('GPU', p * wanted['worker_gpus'])):
+  return plan_lib.plan(config, model_bytes, float(total.get('CPU', 1.0)), total.get('memory') or None,
+                       where='the Ray cluster')
+
+
+def check_resources(config, wanted: dict[str, float], placement: plan_lib.Plan) -> None:
+  """Raises errors.ConfigError (naming `workers`) when the cluster cannot place the server and the learner
+  processes: their CPUs and GPUs."""
+  import ray
+  total = ray.cluster_resources()
+  p, n = config.workers, placement.processes
+  for kind, need in (('CPU', n * wanted['worker_cpus'] + wanted['server_cpus']), ('GPU', n * wanted['worker_gpus'])):
     have = float(total.get(kind, 0.0))
     errors.require(need <= have + 1e-9, 'workers', p,
-                   f'{p} learners and the server need {need:g} {kind}s, the Ray cluster has {have:g}: use fewer '
-                   f'workers, or smaller ray.worker_{kind.lower()}s / ray.server_cpus (fractions share a device)')
-
-
-# A learner actor is a process of its own: Python, JAX and its compiled step, about 400 MB resident for the digits
-# model (issue 59: 64 learners on a 2-core laptop took about 26 GB); the model, its gradient and the optimizer's
-# state come on top. The server is one more such process, and a local Ray's own daemons (raylet, GCS, workers'
-# pool) about half a gigabyte.
-ACTOR_RESIDENT_BYTES = 400e6
-MODEL_COPIES_PER_ACTOR = 4
-RAY_DAEMONS_BYTES = 500e6
-MEMORY_SHARE = 0.8  # of the memory available: the driver (the evaluation, the checkpoints) needs the rest
-
-
-def actors_memory_bytes(config, model_bytes: float) -> float:
-  """Memory a run's actors hold: P learners and the server, each `ACTOR_RESIDENT_BYTES` plus its model copies."""
-  return (config.workers + 1) * (ACTOR_RESIDENT_BYTES + MODEL_COPIES_PER_ACTOR * model_bytes)
+                   f'{placement.describe()} and the server need {need:g} {kind}s, the Ray cluster has {have:g}: use '
+                   f'fewer workers, or smaller ray.worker_{kind.lower()}s / ray.server_cpus (fractions share a device)')
 
 
 def check_local_machine(config, model_bytes: float, available: Optional[int] = None,
-                        cpus: Optional[int] = None) -> None:
-  """Raises errors.ConfigError naming `workers` when a local Ray on this machine cannot hold the server and P
-  learners: their processes' memory (`actors_memory_bytes` and Ray's daemons) against what the machine has
-  (`machine.available_memory_bytes`), and their CPUs when `ray.worker_cpus` is set (`machine.cpu_count`, which
-  Ray counts too). Before any Ray process starts."""
+                        cpus: Optional[int] = None) -> plan_lib.Plan:
+  """The plan of a local Ray on this machine (`plan.plan`): the learner processes' and the server's memory, with
+  Ray's daemons, against what the machine has (`machine.available_memory_bytes`), and their CPUs
+  (`machine.cpu_count`, which Ray counts too). Raises errors.ConfigError (one line) before any Ray process
+  starts when it does not fit."""
   from waitless import machine
   available = machine.available_memory_bytes() if available is None else available
   cpus = machine.cpu_count() if cpus is None else cpus
-  p, r = config.workers, config.ray
-  need = actors_memory_bytes(config, model_bytes) + RAY_DAEMONS_BYTES
-  errors.require(available is None or need <= MEMORY_SHARE * available, 'workers', p,
-                 f'{p} learners and the server are {p + 1} processes of about '
-                 f'{machine.gigabytes(ACTOR_RESIDENT_BYTES + MODEL_COPIES_PER_ACTOR * model_bytes)} each on a local '
-                 f'Ray: {machine.gigabytes(need)} with its daemons, more than this machine has '
-                 f'({machine.gigabytes(available or 0)} available, {cpus} CPUs): use fewer workers, or a Ray cluster '
-                 '(--ray_address)')
-  if r.worker_cpus is not None:
-    wanted = p * r.worker_cpus + r.server_cpus
-    errors.require(wanted <= cpus + 1e-9, 'workers', p,
-                   f'{p} learners and the server need {wanted:g} CPUs (ray.worker_cpus={r.worker_cpus:g}, '
-                   f'ray.server_cpus={r.server_cpus:g}), this machine has {cpus}: use fewer workers, or a smaller '
-                   'ray.worker_cpus (fractions share a CPU)')
+  return plan_lib.plan(config, model_bytes, cpus, available, daemons_bytes=plan_lib.RAY_DAEMONS_BYTES)
 
 
 def _runtime_env() -> dict[str, Any]:
@@ -268,8 +243,9 @@ class Driver:
     self.events = self.lock = None
     self.step = 0
     self.num_params = 0
-    self.deaths = np.zeros(config.workers, np.int64)
-    self.lost: set[int] = set()
+    self.groups: list[list[int]] = []  # the learners of each learner process (`plan.Plan.groups`)
+    self.deaths = np.zeros(config.workers, np.int64)  # per learner process
+    self.lost: set[int] = set()  # learner processes lost for good
 
   def prepare_workdir(self, like_state) -> tuple[Any, dict]:
     """Writes config.json and restores the newest readable checkpoint: (state, meta), or (None, {})."""
@@ -286,18 +262,21 @@ class Driver:
     import ray  # only a Ray run pays for it
     workdir_lib.check_workdir(self.workdir, self.config)  # a conflict is news before Ray starts
     model_bytes = float(tasks.model_bytes(self.run.config))  # from shapes: nothing allocated
+    placement = None
     if not self.address:  # a local Ray: this machine holds every actor; refused before any Ray process starts
-      check_local_machine(self.config, model_bytes)
+      placement = check_local_machine(self.config, model_bytes)
     self.lock = workdir_lock.WorkdirLock(self.workdir)  # one program per workdir
     started = connect(self.address)
     actors = []
     quiet = contextlib.ExitStack()  # the raylet's messages into the workdir while this run's actors live
     quiet.enter_context(raylet_messages_to(os.path.join(self.workdir, RAYLET_MESSAGES)))
     try:
-      wanted = resources(self.config)
-      check_resources(self.config, wanted, model_bytes)  # before the workdir is written: nothing of this run exists yet
-      like = jax.device_get(setup.init_state(self.run))
-      self.num_params = setup.param_count_and_bytes(like.params)[0] // self.config.workers
+      placement = placement or plan_on_cluster(self.config, model_bytes)
+      self.groups = placement.groups()
+      wanted = resources(self.config, placement.processes)
+      check_resources(self.config, wanted, placement)  # before the workdir is written: nothing of this run exists yet
+      like = server_lib.initial_state(self.run)  # the server's state: one model
+      self.num_params = setup.param_count_and_bytes(like.params)[0]
       state, meta = self.prepare_workdir(like)
       self.step = int(meta.get('step', 0))
       self.recorder.open(resumed_step=self.step)
@@ -315,11 +294,11 @@ class Driver:
               self.config, state, self.step, meta.get('positions'), meta.get('adasync'), self.recorder.time)
       learners = [ray.remote(worker_lib.LearnerActor).options(
           num_cpus=wanted['worker_cpus'], num_gpus=wanted['worker_gpus'], max_restarts=self.config.ray.max_restarts,
-          max_task_retries=0, runtime_env=env).remote(self.config, i, self.hooks)
-                  for i in range(self.config.workers)]
+          max_task_retries=0, runtime_env=env).remote(self.config, group, self.hooks)
+                  for group in self.groups]
       actors = [server, *learners]
-      log.info('%s on Ray: a server and %d learners (%g CPU, %g GPU each); compiling on every actor',
-               self.config.algorithm.name, self.config.workers, wanted['worker_cpus'], wanted['worker_gpus'])
+      log.info('%s on Ray: a server and %s (%g CPU, %g GPU each); compiling on every actor',
+               self.config.algorithm.name, placement.describe(), wanted['worker_cpus'], wanted['worker_gpus'])
       self.wait_until_ready(server, learners)
       self.evaluator.measure(ray.get(server.snapshot.remote()))  # compiles the evaluation before the clock starts
       ray.get(server.start.remote())
@@ -373,24 +352,31 @@ class Driver:
     self.recorder.checkpointer.wait()
     return self.finish()
 
+  def _names(self, i: int) -> str:
+    group = self.groups[i]
+    learners = f'learner {group[0]}' if len(group) == 1 else f'learners {group[0]}-{group[-1]}'
+    return f'{learners} (process {i})'
+
   def learner_died(self, i: int, error: Exception) -> None:
-    """One line; a learner past its restarts is lost, and a run that needs more learners than are left stops."""
+    """One line; a learner process past its restarts is lost with its learners, and a run that needs more
+    learners than are left stops."""
     self.deaths[i] += 1
     reason = short_reason(error)
+    names = self._names(i)
     if self.deaths[i] <= self.config.ray.max_restarts:
-      waits = ' (the synchronous update waits for it)' if self.policy.waits else ''
-      log.warning('learner %d died at step %d (%s); Ray restarts it (%d of %d) and it fetches its view again%s', i,
-                  self.step, reason, self.deaths[i], self.config.ray.max_restarts, waits)
+      waits = ' (the synchronous update waits for them)' if self.policy.waits else ''
+      log.warning('%s died at step %d (%s); Ray restarts the process (%d of %d) and each fetches its view again%s',
+                  names, self.step, reason, self.deaths[i], self.config.ray.max_restarts, waits)
       return
     self.lost.add(i)
-    left = self.config.workers - len(self.lost)
+    left = self.config.workers - sum(len(self.groups[j]) for j in self.lost)
     k = arrivals_lib.initial_k(self.run.rule)
     if left == 0 or (self.policy.waits and left < k):
       raise recorder_lib.ClusterStalled(
-          f'learner {i} died {self.deaths[i]} times and is lost for good; {self.config.algorithm.name} needs {k} '
+          f'{names} died {self.deaths[i]} times and are lost for good; {self.config.algorithm.name} needs {k} '
           f'learners per update and {left} are left. Stopped after step {self.step}; rerun to resume from the last '
           'checkpoint')
-    log.warning('learner %d is lost for good (died %d times); %d learners go on', i, self.deaths[i], left)
+    log.warning('%s are lost for good (died %d times); %d learners go on', names, self.deaths[i], left)
 
   def record(self, records, snapshots: dict, checkpoints: dict) -> None:
     """The updates drained from the server: into the event log and the recorder (rows, evaluations,

@@ -38,6 +38,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for field in ('worker_gpus', 'server_cpus'):
     errors.require_number(r[field], f'ray.{field}', 'must be a number >= 0', lambda v: v >= 0)
   errors.require_int(r.max_restarts, 'ray.max_restarts', 0)
+  if r.get('learners_per_process') is not None:
+    errors.require_int(r.learners_per_process, 'ray.learners_per_process', 1)
   if runtime != 'ray':
     return
   name = config.algorithm.name

@@ -1,16 +1,21 @@
 """The parameter server of the Ray runtime: the model, the real arrivals, and the algorithm's own update.
 
-`ServerCore` holds what the emulator holds for the family (`algorithms.parameter_server`): every learner's view
-as `params` (P, ...), the server copy W_t and the inner optimizer state in `opt_state`. An update is the
-lock-step program's per-worker update (`experiments.harness.step.make_worker_update` around the algorithm's
-transformation), vmapped over the P learners on the server's one device exactly as the simulated run maps its
-workers onto a device: the same functions, fed the gradient sums that really arrived and the schedule that
-`arrivals.Arrivals` made of their arrival order. No second copy of the math.
+`ServerCore` holds the model, not P models: W_t, the inner optimizer's state on it, and each learner's latest
+batch statistics (models with batch norm; nothing otherwise). A learner's view lives on the learner: every reply
+is the server's current W with its version, and by the schedule's rules that is the learner's view from then on
+(`refresh_view`: W_{t+1}; `fetch_current` or a discarded push: W_t); the server only counts versions
+(`arrivals.Arrivals.view_version`), and the event log records them, which is all the float64 replay needs.
 
-Every reply to a learner is the server's current model W (after the update, when its push completed one) with
-its version and the learner's data position: by the schedule's rules that is the learner's view from then on
-(`refresh_view`: W_{t+1}; `fetch_current` or a discarded push: W_t), so the learners compute on exactly the
-views the server keeps.
+An update is the family's own server step (`algorithms.parameter_server.server_step`, the function the
+emulator's per-worker update calls after its all-reduce) on the one copy of W, fed the sum of the gradients the
+update took: (sum over taken pushes of lambda_i G_i) / (K m). The sum grows push by push on the host, so the
+jitted update costs one optimizer step whatever P is. lambda_i is 1, or with the staleness-adaptive learning
+rate (`adaptive_lr_c` > 0) `parameter_server.staleness_factor(W_t, view_i)`, the emulator's own function, taken
+at learner i's first push of the update (its later ones in the same update, K-batch, reuse it, as the emulator
+applies one factor per learner and update). Only then does the server keep the models of the versions some
+learner's view still is (at most min(P, distinct versions in flight) copies; none without the adaptive rate).
+K-batch learners compute their later gradients of an update at the W_t they fetched: on the learner, so the
+spec's `gradient_params` hook (the emulator's) has nothing to do here.
 
 `ServerActor` is the Ray actor around it (asyncio: a push that must wait for its update, K-sync's and K-async's,
 awaits it while the other pushes are served). Updates run one at a time on the actor's event loop.
@@ -26,16 +31,13 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
+import optax
 
+from waitless.algorithms import optimizers
 from waitless.algorithms import parameter_server as ps
-from waitless.cluster import schedules
 from waitless.cluster.rules import adasync as adasync_rule
-from waitless.experiments.harness import evaluation
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
-from waitless.experiments.harness import workers as workers_lib
-from waitless.experiments.harness import xla_cpu
 from waitless.experiments.harness.ray_runtime import arrivals as arrivals_lib
 from waitless.experiments.harness.ray_runtime import pieces
 
@@ -57,96 +59,107 @@ class UpdateRecord(NamedTuple):
   l2_grads: float
 
 
+def initial_state(run) -> step_lib.TrainState:
+  """The server's state at step 0 on the host: W_0 (`params`, one copy), the inner optimizer's state on it
+  (`opt_state`), and every learner's batch statistics (`model_state`, (P, ...); empty without batch norm)."""
+  params, model_state = jax.device_get(setup.init_model(run))
+  inner = optimizers.make_optimizer(run.config.optimizer, run.config.num_steps)
+  rows = jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], run.config.workers, axis=0), model_state)
+  return step_lib.TrainState(params=params, opt_state=jax.device_get(inner.init(params)), model_state=rows)
+
+
 class ServerCore:
   """The server's state and its update (no Ray): what `ServerActor` serves, and what the tests drive directly."""
 
   def __init__(self, config, state: Optional[step_lib.TrainState] = None):
     self.run = run = pieces.build(config)
     self.config = config = run.config
-    layout = run.layout
-    self.state = setup.init_state(run) if state is None else jax.device_put(state, layout.sharding())
-    update = step_lib.make_worker_update(run.tx, run.microbatches, run.spec.gradient_sums,
-                                         xla_cpu.norm(layout.platform))  # the lock-step program's norms
-    uniform_fields = ps.ServerSchedule.UNIFORM
-    worker = PartitionSpec(workers_lib.DEVICE_AXIS)
+    inner = optimizers.make_optimizer(config.optimizer, config.num_steps)
+    self._c, self._eta_max, self._lr = ps.adaptive_lr(config)
+    state = initial_state(run) if state is None else jax.device_get(state)
+    self.params = jax.device_put(state.params)
+    self.inner = jax.device_put(state.opt_state)
+    self.model_state = jax.tree.map(np.array, state.model_state)  # (P, ...) host rows, written by pushes
 
-    def device_update(state, grad_sums, loss_sums, per_worker, uniform):
-      def one(state, grad_sum, loss_sum, own):
-        schedule = ps.ServerSchedule(**own, **uniform)
-        return update(state, grad_sum, loss_sum, state.model_state, schedule, jnp.zeros((), jnp.int32))
-      return layout.per_worker(one)(state, grad_sums, loss_sums, per_worker)
+    def step(params, inner_state, total, count):
+      updates, inner_state = ps.server_step(inner, total, count, inner_state, params)
+      return optax.apply_updates(params, updates), inner_state
 
-    mapped = layout.shard_map(device_update, in_specs=(worker, worker, worker, worker, PartitionSpec()),
-                              out_specs=(worker, worker))
-    self._update = jax.jit(mapped, donate_argnums=0)
-    self._uniform_fields = uniform_fields
-    self._consensus = jax.jit(lambda s: run.spec.consensus(s.params, s.opt_state))
-    self._evaluator = evaluation.make_evaluator(run)
-    self.current = jax.device_get(self._consensus(self.state))
-    self._zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(self.state.params))
-    self._grad_sums = jax.tree.map(np.copy, self._zeros)  # (P, ...) host buffers of the update's gradient sums
-    self._rows: set[int] = set()
+    self._step = jax.jit(step, donate_argnums=1)
+    self._factor = jax.jit(lambda w, view: ps.staleness_factor(w, view, self._c, self._eta_max, self._lr))
+    self._norm = jax.jit(step_lib.tree_l2)
+    self.current = jax.device_get(self.params)
+    self.versions: dict[int, Any] = {}  # version -> W of that version, for the adaptive rate only
     self._begin()
     self._compile()
 
-  def _compile(self) -> None:
-    """Compiles the update before the clock starts (on a copy of the state: the result is thrown away)."""
-    nobody = ps.schedule(self.config.workers, 1, self.config.microbatches, np.zeros(self.config.workers, np.int32))
-    jax.block_until_ready(self.run_update(jax.tree.map(jnp.copy, self.state), nobody))
+  @property
+  def adaptive(self) -> bool:
+    return self._c > 0
 
-  def run_update(self, state, schedule: ps.ServerSchedule):
-    """The jitted update of `state` (donated) from this update's gradient and loss sums and `schedule`:
-    (new state, measurements)."""
-    per_worker, uniform = schedules.split(schedule)
-    return self._update(state, self._grad_sums, self._loss_sums.astype(np.float32), per_worker,
-                        {k: np.asarray(v) for k, v in uniform.items()})
+  def _compile(self) -> None:
+    """Compiles the update before the clock starts (on copies: the result is thrown away)."""
+    zeros = jax.tree.map(np.zeros_like, self.current)
+    copy = jax.tree.map(jnp.copy, self.inner)
+    jax.block_until_ready(self._step(self.params, copy, zeros, np.float32(1)))
+    if self.adaptive:
+      jax.block_until_ready(self._factor(self.params, self.current))
 
   def _begin(self) -> None:
-    """Empties the update's sums: the rows its pushes wrote (the (P, ...) buffers are kept, not reallocated)."""
-    for total in jax.tree.leaves(self._grad_sums):
-      total[sorted(self._rows)] = 0
-    self._rows: set[int] = set()
-    self._loss_sums = np.zeros(self.config.workers, np.float64)
+    """Empties the update's sums."""
+    self._total = None
+    self._factors: dict[int, float] = {}
     self._losses: list[float] = []
-    self._model_states: dict[int, Any] = {}
+    self._norms: list[float] = []
 
-  def add(self, learner: int, grad_sum, loss_sum: float, model_state) -> None:
-    """A taken gradient: its sum over the job's micro-batches joins the learner's row of this update."""
-    for total, g in zip(jax.tree.leaves(self._grad_sums), jax.tree.leaves(grad_sum)):
-      if learner in self._rows:
-        total[learner] += np.asarray(g, total.dtype)
-      else:
-        total[learner] = g
-    self._rows.add(learner)
-    self._loss_sums[learner] += float(loss_sum)
+  def add(self, learner: int, version: int, grad_sum, loss_sum: float, model_state=None,
+          l2_grad: Optional[float] = None) -> None:
+    """A taken gradient computed at `version`: its sum over the job's micro-batches, times lambda (the
+    staleness-adaptive factor of the learner's first push in this update), joins the update's total."""
+    if self.adaptive:
+      if learner not in self._factors:
+        self._factors[learner] = float(self._factor(self.params, self.versions[version]))
+      factor = self._factors[learner]
+      grad_sum = jax.tree.map(lambda g: np.asarray(g) * np.asarray(factor, np.asarray(g).dtype), grad_sum)
+    if self._total is None:
+      self._total = grad_sum  # not written in place: a pushed array may be read-only (Ray's object store)
+    else:
+      self._total = jax.tree.map(np.add, self._total, grad_sum)
     self._losses.append(float(loss_sum) / self.config.microbatches)
-    if jax.tree.leaves(model_state):
-      self._model_states[learner] = model_state
+    if l2_grad is None:
+      l2_grad = float(self._norm(grad_sum)) / self.config.microbatches
+    self._norms.append(l2_grad)
+    if model_state is not None and jax.tree.leaves(model_state):
+      for row, value in zip(jax.tree.leaves(self.model_state), jax.tree.leaves(model_state)):
+        row[learner] = value
+
+  def keep_versions(self, version: int, view_versions) -> None:
+    """The adaptive rate's models: W of `version` (the current one) and of the learners' `view_versions`."""
+    if self.adaptive:
+      self.versions[version] = self.current
+      live = {int(v) for v in view_versions} | {version}
+      self.versions = {v: w for v, w in self.versions.items() if v in live}
 
   def apply(self, schedule: ps.ServerSchedule) -> dict[str, float]:
     """Applies one update from the gradients `add`ed since the last one; returns its measurements."""
-    state = self.state
-    if self._model_states:  # models with batch statistics: a learner's latest pushed ones
-      rows = jax.device_get(state.model_state)
-      for i, ms in self._model_states.items():
-        for row, value in zip(jax.tree.leaves(rows), jax.tree.leaves(ms)):
-          row[i] = value
-      state = state._replace(model_state=jax.device_put(rows, self.run.layout.sharding()))
-    self.state, measured = self.run_update(state, schedule)
-    self.current = jax.device_get(self._consensus(self.state))
-    pushed = schedule.contributions > 0
-    l2 = np.asarray(measured['l2_grads'])[pushed]
+    count = np.asarray(schedule.microbatches_total, np.float32)
+    self.params, self.inner = self._step(self.params, self.inner, self._total, count)
+    self.current = jax.device_get(self.params)
     loss = float(np.mean(self._losses)) if self._losses else math.nan
+    l2 = float(np.mean(self._norms)) if self._norms else 0.0
     self._begin()
-    return {'train_loss': loss, 'l2_grads': float(l2.mean()) if l2.size else 0.0}
+    return {'train_loss': loss, 'l2_grads': l2}
 
   def snapshot(self):
-    """The consensus model, its model state and norm on the host: what the evaluation reads."""
-    return jax.device_get(self._evaluator.consensus(self.state))
+    """The model, the learners' mean batch statistics and the model's norm on the host: what the evaluation
+    reads (`evaluation.Evaluator.measure`)."""
+    mean = jax.tree.map(lambda x: np.mean(x, axis=0).astype(x.dtype), self.model_state)
+    return self.current, mean, np.asarray(self._norm(self.params))
 
   def host_state(self) -> step_lib.TrainState:
-    """The whole state on the host (a checkpoint)."""
-    return jax.device_get(self.state)
+    """The whole state on the host (a checkpoint): W, the inner state, the batch statistics."""
+    return step_lib.TrainState(self.current, jax.device_get(self.inner),
+                               jax.tree.map(np.copy, self.model_state))
 
 
 class Server:
@@ -167,6 +180,7 @@ class Server:
                           'initial_loss': None, 'latest_loss': None, **(adasync_state or {})}
     self.arrivals = arrivals_lib.Arrivals(config.workers, config.microbatches, arrivals_lib.policy_of(self.rule),
                                           int(self.adasync_state['k']), version, positions)
+    self.core.keep_versions(version, [])
     self.time_offset_s = time_offset_s
     self.stopped = False
     self._t0: Optional[float] = None
@@ -208,12 +222,13 @@ class Server:
       self._pushes.append(event)
     return self.reply(learner)
 
-  def push(self, learner: int, version: int, position: int, grad_sum, loss_sum: float, model_state=None) -> str:
+  def push(self, learner: int, version: int, position: int, grad_sum, loss_sum: float, model_state=None,
+           l2_grad: Optional[float] = None) -> str:
     """One arrival: taken (its gradient added), taken as the K-th (the update applied now) or discarded."""
     event = self.arrivals.push(learner, version, position, self.now())
     self._pushes.append(event)
     if event.outcome != arrivals_lib.DISCARDED:
-      self.core.add(learner, grad_sum, loss_sum, model_state if model_state is not None else {})
+      self.core.add(learner, version, grad_sum, loss_sum, model_state, l2_grad)
     if event.outcome == arrivals_lib.TAKEN_LAST:
       self._apply()
     return event.outcome
@@ -222,6 +237,7 @@ class Server:
     update = self.arrivals.close_update(self.now())
     measured = self.core.apply(update.schedule)
     step = self.version
+    self.core.keep_versions(step, self.arrivals.view_version)
     self.records.append(UpdateRecord(step, update, self._pushes, measured['train_loss'], measured['l2_grads']))
     self._pushes = []
     self._adapt_k(measured['train_loss'], update.time_s)
@@ -303,12 +319,12 @@ class ServerActor:
     return server.fetch(learner)
 
   async def push(self, learner: int, version: int, position: int, grad_sum, loss_sum: float,
-                 model_state=None) -> Reply:
+                 model_state=None, l2_grad: Optional[float] = None) -> Reply:
     server = self.server
     if server.finished:
       return server.reply(learner)
     before = server.version
-    outcome = server.push(learner, version, position, grad_sum, loss_sum, model_state)
+    outcome = server.push(learner, version, position, grad_sum, loss_sum, model_state, l2_grad)
     if server.version > before:
       self._release()
     elif outcome == arrivals_lib.TAKEN and server.arrivals.policy.waits:

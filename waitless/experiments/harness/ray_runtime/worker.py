@@ -1,12 +1,13 @@
-"""A learner of the Ray runtime: fetch the model, compute one job's gradient on its own data, push, repeat.
+"""The learners of the Ray runtime; each: fetch the model, compute one job's gradient on its own data, push, repeat.
 
 A job is one mini-batch of m micro-batches read at the learner's data position (the position the server gave
 it: the server counts the learner's taken pushes, so a discarded job is read again, as the emulator does). Its
 gradient is the harness's own per-worker gradient (`experiments.harness.step.make_worker_gradient`, jitted once):
 the sum over the m micro-batches, taken at the model the learner fetched, with the sum of their losses.
 
-The learner keeps no state the run needs: a learner actor that died and that Ray restarted fetches its view
-and position again and goes on.
+The learner keeps no state the run needs but its view (the server holds one model, not P): a learner process
+that died and that Ray restarted has each of its learners fetch the current model and its position again, and
+they go on. A process hosts several learners (`LearnerActor`, `plan.py`), so that hundreds fit one machine.
 
 TEST-ONLY hooks (`DebugHooks`; `--debug_slow_process=I:S`, `--debug_delay=K:S` as for the multi-process runs,
 and `--debug_crash_learner=I:T`): learner I sleeps S seconds per micro-batch it computes (a slower device);
@@ -35,6 +36,14 @@ class _Job(NamedTuple):
   microbatches_done: jax.Array  # every micro-batch of the job counts
 
 
+class Computed(NamedTuple):
+  """One job's result, as a learner pushes it."""
+  grad_sum: Any        # the gradient summed over the job's m micro-batches (host arrays)
+  loss_sum: float      # their losses summed
+  model_state: Any     # the model state after them (batch statistics; empty without)
+  l2_grad: float       # the norm of the job's mean gradient (the metrics' `l2_grads`)
+
+
 class DebugHooks(NamedTuple):
   """TEST-ONLY real delays and a crash of a learner (module docstring)."""
   slow_learner: int = -1       # I of --debug_slow_process (-1: none)
@@ -49,22 +58,38 @@ class DebugHooks(NamedTuple):
 NO_HOOKS = DebugHooks()
 
 
-class Learner:
-  """One learner's gradient computation (no Ray): what `LearnerActor` runs, and what the tests call directly."""
+class Program:
+  """What the learners of one process share: the run's pieces (its data streams), the initial model and the
+  jitted gradient, compiled once for all of them."""
 
-  def __init__(self, config, learner: int, hooks: DebugHooks = NO_HOOKS):
+  def __init__(self, config):
     self.run = run = pieces.build(config)
-    self.config, self.learner, self.hooks = run.config, learner, hooks
-    m = self.config.microbatches
+    m = run.config.microbatches
     gradient = step_lib.make_worker_gradient(run.task, run.model, m, gradient_params=spec_lib.at_own_params)
     job = _Job(jnp.asarray(m, jnp.int32))
-    self._gradient = jax.jit(lambda params, model_state, batch, rng: gradient(params, None, model_state, batch,
-                                                                               job, rng))
+
+    def with_norm(params, model_state, batch, rng):
+      grad_sum, loss_sum, model_state = gradient(params, None, model_state, batch, job, rng)
+      return grad_sum, loss_sum, model_state, step_lib.tree_l2(grad_sum) / m
+
+    self.gradient = jax.jit(with_norm)
+    self.example, self.model_state = jax.device_get(setup.init_model(run))
+
+
+class Learner:
+  """One learner: its data stream, view, position and random stream (no Ray); what `LearnerActor` hosts, several
+  per process, and what the tests call directly. `program`: the process's shared `Program` (a new one if None)."""
+
+  def __init__(self, config, learner: int, hooks: DebugHooks = NO_HOOKS, program: Program | None = None):
+    self.program = program = Program(config) if program is None else program
+    self.run = run = program.run
+    self.config, self.learner, self.hooks = run.config, learner, hooks
+    self._gradient = program.gradient
     self._key = jax.random.fold_in(jax.random.key(self.config.seed), learner)
     self.jobs = 0
-    initial = setup.init_state(run)
-    self.model_state = jax.device_get(jax.tree.map(lambda x: x[learner], initial.model_state))
-    self._example = jax.device_get(jax.tree.map(lambda x: x[learner], initial.params))
+    self._example, self.model_state = program.example, program.model_state
+    self.view = self._example  # the model its next gradient is computed on: W_0, then the last reply's
+    self.view_version = 0
 
   def warm_up(self) -> None:
     """Compiles the gradient (on the initial model and the first job's data) before the clock starts."""
@@ -80,13 +105,15 @@ class Learner:
     rng = jax.random.fold_in(self._key, self.jobs)
     return self._gradient(params, self.model_state, self.batch(position), rng)
 
-  def compute(self, params, position: int) -> tuple[Any, float, Any]:
-    """(gradient sum over the job's micro-batches, their loss sum, the model state after them) on the host."""
-    grad_sum, loss_sum, model_state = jax.device_get(self._compute(params, position))
+  def compute(self, params, position: int, version: int = 0) -> Computed:
+    """One job's gradient at `params` (the learner's view from now on, of server `version`) and data
+    `position`, on the host."""
+    self.view, self.view_version = params, version
+    grad_sum, loss_sum, model_state, l2 = jax.device_get(self._compute(params, position))
     self._sleep(self.jobs)
     self.jobs += 1
     self.model_state = model_state
-    return grad_sum, float(loss_sum), model_state
+    return Computed(grad_sum, float(loss_sum), model_state, float(l2))
 
   def _sleep(self, job: int) -> None:
     s, m = self.hooks, self.config.microbatches
@@ -100,17 +127,27 @@ class Learner:
 
 
 class LearnerActor:
-  """The Ray actor of a `Learner` (made remote by `driver.py`). `work(server)` loops until the run stops."""
+  """The Ray actor of one learner process (made remote by `driver.py`): it hosts `learners`, each its own
+  `Learner` (data stream, view, position, random stream) on the process's one `Program`.
 
-  def __init__(self, config, learner: int, hooks: DebugHooks = NO_HOOKS):
-    self.learner = Learner(config, learner, hooks)
-    self.learner.warm_up()
+  `work(server)` loops until the run stops: every learner has one call to the server in flight (its fetch, then
+  its pushes); the learners whose replies have come compute their next jobs, each once per round, the one that
+  waited longest first (one at a time: the process's device), and push them. Learners of one process therefore
+  share its CPU as learners of one machine would.
+  """
+
+  def __init__(self, config, learners, hooks: DebugHooks = NO_HOOKS):
+    learners = [learners] if isinstance(learners, int) else list(learners)
+    program = Program(config)
+    self.learners = {i: Learner(config, i, hooks, program) for i in learners}
+    next(iter(self.learners.values())).warm_up()  # one compile serves them all
     import ray  # only inside a Ray worker process
     first_life = not ray.get_runtime_context().was_current_actor_reconstructed
-    self._crash_at = hooks.crash_at_version if hooks.crash_learner == learner and first_life else None
+    crashes = hooks.crash_learner in self.learners and first_life
+    self._crash = (hooks.crash_learner, hooks.crash_at_version) if crashes else None
 
-  def ready(self) -> int:
-    return self.learner.learner
+  def ready(self) -> list[int]:
+    return list(self.learners)
 
   def connect(self, server) -> int:
     """One call to the server before the clock starts: its first call opens the connection (tens of ms)."""
@@ -118,13 +155,20 @@ class LearnerActor:
     return ray.get(server.ready.remote())
 
   def work(self, server) -> int:
-    """Fetch, compute, push until the server says stop; returns the jobs this actor computed."""
+    """Fetch, compute, push for every hosted learner until the server says stop; returns the jobs computed."""
     import ray  # only inside a Ray worker process
-    me = self.learner.learner
-    reply = ray.get(server.fetch.remote(me))
-    while not reply.stop:
-      if self._crash_at is not None and reply.version >= self._crash_at:
-        os._exit(1)  # TEST-ONLY (--debug_crash_learner): the process dies as a kill -9 would end it
-      grad_sum, loss_sum, model_state = self.learner.compute(reply.params, reply.position)
-      reply = ray.get(server.push.remote(me, reply.version, reply.position, grad_sum, loss_sum, model_state))
-    return self.learner.jobs
+    pending = {server.fetch.remote(i): i for i in self.learners}  # oldest call first
+    while pending:
+      ray.wait(list(pending), num_returns=1)
+      ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+      ready = set(ready)
+      for ref in [ref for ref in pending if ref in ready]:  # each ready learner once, longest waiting first
+        i = pending.pop(ref)
+        reply = ray.get(ref)
+        if reply.stop:
+          continue
+        if self._crash is not None and i == self._crash[0] and reply.version >= self._crash[1]:
+          os._exit(1)  # TEST-ONLY (--debug_crash_learner): the process dies as a kill -9 would end it
+        job = self.learners[i].compute(reply.params, reply.position, reply.version)
+        pending[server.push.remote(i, reply.version, reply.position, *job)] = i
+    return sum(learner.jobs for learner in self.learners.values())
