@@ -136,10 +136,17 @@ class WatchTest(absltest.TestCase):
 
   def test_stop_sends_sigint_then_130(self):
     stop = runs.Stop()
-    procs = [self._start('trap "exit 0" INT; while true; do sleep 0.1; done')]
-    time.sleep(0.5)  # the shell's trap is set
-    stop.requested.set()
-    self.assertEqual(runs.watch(procs, stop, grace_s=5, log=lambda _: None), 130)
+    with tempfile.TemporaryDirectory() as tmp:
+      ready = os.path.join(tmp, 'ready')
+      procs = [self._start(f'trap "exit 0" INT; touch {ready}; while true; do sleep 0.1; done')]
+      deadline = time.monotonic() + 60
+      while not os.path.exists(ready) and time.monotonic() < deadline:  # the shell's trap is set (a loaded
+        time.sleep(0.05)                                                  # machine can take seconds to get there)
+      self.assertTrue(os.path.exists(ready))
+      stop.requested.set()
+      # A long grace: the shell runs its trap once its `sleep 0.1` returns, which a loaded machine can delay;
+      # the test waits only as long as the shell takes.
+      self.assertEqual(runs.watch(procs, stop, grace_s=60, log=lambda _: None), 130)
     self.assertEqual(procs[0].returncode, 0)  # it saw SIGINT (its trap), not SIGKILL
 
   def test_sigkill_after_grace(self):
