@@ -33,6 +33,14 @@ Run by the shaped test bed (`python -m waitless.experiments.testbed --cpus=... -
 runs on host 0 and starts process i of each measurement on host i (its cgroup and namespace), so that its compute,
 host and collective figures are those of the bed's runs, the shaped link measured, nothing assumed; the collectives'
 timing adapts its repetitions to each size's cost and leaves out sizes past `max_call_s` (a few minutes in all).
+Several process counts (`--process_counts=2,3,4`: each >= 2, distinct, on the test bed none above its hosts, all
+checked before any measurement) measure the collectives at each count and write the network in the structured form
+(version 2, `structured_network`): the gloo stack's latency and bandwidth fitted on every count's all-reduce
+(`calibration.fit_stack`), the point-to-point figures of the flat fit, every figure's source naming what it was
+measured from; with three or more counts `network.holdout` records `calibration.holdout_error` (fitted on all counts
+but the largest, the largest predicted: each size's relative error and their mean absolute value), printed in one
+line. Without it the collectives are measured at `--processes` alone and the profile is version 1, as before;
+`--processes` stays the count of the harness's runs either way.
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
