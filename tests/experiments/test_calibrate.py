@@ -90,8 +90,10 @@ class CalibrateTest(absltest.TestCase):
                          p2p_link=network_lib.AlphaBeta(6e-5, 5.0))
     sizes, rounds = (65536, 1048576, 4194304), 3
     noise = np.random.default_rng(0)
-    rows = {n: {'allreduce': [[r, n, m, truth.allreduce(m, n) * (1 + 0.02 * noise.standard_normal())]
-                              for r in range(rounds) for m in sizes],
+    # As collective_timing writes them: the run on n processes times the sub-meshes 2..n too (left out of the fit,
+    # here made 10x slower so that a row of the wrong mesh would show).
+    rows = {n: {'allreduce': [[r, k, m, truth.allreduce(m, k) * (1 + 0.02 * noise.standard_normal()) * (k == n or 10)]
+                              for r in range(rounds) for k in range(2, n + 1) for m in sizes],
                 'p2p': [[r, m, truth.p2p(m) * (1 + 0.02 * noise.standard_normal())]
                         for r in range(rounds) for m in sizes]}
             for n in (2, 3, 4)}
@@ -116,6 +118,7 @@ class CalibrateTest(absltest.TestCase):
       fitted = network['fit']
       bound = np.max(np.abs(fitted['relative_errors']))
       self.assertLess(bound, 0.05)
+      self.assertLen(fitted['rows'], len(counts) * len(sizes))  # one per count and size: its own mesh's median
       for (n, m, seconds), error in zip(fitted['rows'], fitted['relative_errors']):
         self.assertIn(n, counts)
         self.assertAlmostEqual(profile.network.allreduce(m, int(n)) / seconds - 1, error, places=9)

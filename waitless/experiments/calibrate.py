@@ -125,16 +125,22 @@ def network_figures(rows: dict, rounds: int, processes: int, harness: measure.Ha
 STACK_LIBRARY = 'gloo'  # JAX's CPU collectives
 
 
+def own_count(rows_by_count: Mapping[int, dict]) -> dict[int, dict]:
+  """Each count's rows with only its own mesh's all-reduces: `collective_timing` on N processes also times the
+  sub-meshes 2..N-1 (their processes beside N - n idle ones); each count is taken from the run of that many."""
+  return {n: {**rows, 'allreduce': [row for row in rows['allreduce'] if int(row[1]) == n]}
+          for n, rows in rows_by_count.items()}
+
+
 def median_rows(rows_by_count: Mapping[int, dict]) -> list[list[float]]:
-  """[[n, bytes, seconds], ...]: each count's and size's all-reduce, the median of its rounds' positive times."""
-  out = []
-  for n in sorted(rows_by_count):
-    times = {}
-    for _, count, nbytes, seconds in rows_by_count[n]['allreduce']:
+  """[[n, bytes, seconds], ...]: each count's and size's all-reduce (its own mesh's, `own_count`), the median of
+  its rounds' positive times."""
+  times = {}
+  for n, rows in own_count(rows_by_count).items():
+    for _, _, nbytes, seconds in rows['allreduce']:
       if seconds > 0:
-        times.setdefault((int(count), float(nbytes)), []).append(seconds)
-    out.extend([c, m, float(np.median(t))] for (c, m), t in sorted(times.items()))
-  return out
+        times.setdefault((int(n), float(nbytes)), []).append(seconds)
+  return [[n, m, float(np.median(t))] for (n, m), t in sorted(times.items())]
 
 
 def structured_network(rows_by_count: Mapping[int, dict], rounds: int, processes: int, harness: measure.HarnessRounds,
@@ -149,7 +155,8 @@ def structured_network(rows_by_count: Mapping[int, dict], rounds: int, processes
   relative error predicted / measured - 1, their mean absolute value).
   """
   counts = sorted(rows_by_count)
-  merged = {kind: [row for n in counts for row in rows_by_count[n][kind]] for kind in ('allreduce', 'p2p')}
+  own = own_count(rows_by_count)
+  merged = {kind: [row for n in counts for row in own[n][kind]] for kind in ('allreduce', 'p2p')}
   flat = network_figures(merged, rounds, processes, harness, nbytes, model)
   link = network_lib.AlphaBeta(latency_s=flat['allreduce']['microbenchmark_latency_s']['value'],
                                bandwidth_gbps=flat['allreduce']['bandwidth_gbps']['value'])
