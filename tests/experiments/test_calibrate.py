@@ -84,6 +84,9 @@ class CalibrateTest(absltest.TestCase):
     self.assertRegex(out.stderr.strip(), r'^error: --process_counts=.2,1. is not allowed: .*>= 2')
     self.assertLen(out.stderr.strip().splitlines(), 1)
     self.assertFalse(os.path.exists(f'{tmp}/p.json'))
+    out = run('--config=experiments/configs/digits.py:sync', f'--out={tmp}/p.json', '--process_counts=3,4')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --processes=2 is not allowed: must be one of --process_counts=3,4')
 
   def test_structured_network_from_several_counts_is_a_profile_every_program_reads(self):
     truth = stacks.Stack(library='gloo', gpus_per_node=1, inter=network_lib.AlphaBeta(8e-5, 3.0),

@@ -36,11 +36,12 @@ timing adapts its repetitions to each size's cost and leaves out sizes past `max
 Several process counts (`--process_counts=2,3,4`: each >= 2, distinct, on the test bed none above its hosts, all
 checked before any measurement) measure the collectives at each count and write the network in the structured form
 (version 2, `structured_network`): the gloo stack's latency and bandwidth fitted on every count's all-reduce
-(`calibration.fit_stack`), the point-to-point figures of the flat fit, every figure's source naming what it was
-measured from; with three or more counts `network.holdout` records `calibration.holdout_error` (fitted on all counts
-but the largest, the largest predicted: each size's relative error and their mean absolute value), printed in one
-line. Without it the collectives are measured at `--processes` alone and the profile is version 1, as before;
-`--processes` stays the count of the harness's runs either way.
+(`calibration.fit_stack`), the point-to-point figures of the flat fit at `--processes` (one of the counts), every
+figure's source naming what it was measured from; with three or more counts `network.holdout` records
+`calibration.holdout_error` (fitted on all counts but the largest, the largest predicted: each size's relative error
+and their mean absolute value), printed in one line. A fit the noise defeats ends in one line, status 1.
+Without it the collectives are measured at `--processes` alone and the profile is version 1, as before; `--processes`
+stays the count of the harness's runs either way.
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
@@ -150,14 +151,12 @@ def structured_network(rows_by_count: Mapping[int, dict], rounds: int, processes
 
   `inter`: the latency and bandwidth of `calibration.fit_stack` on every count's all-reduce (each count's and size's
   median over the rounds, `median_rows`); `p2p`: the point-to-point figures of the flat fit (`network_figures` on
-  every count's rows, its latency the harness's on `processes`). With three or more counts `holdout` records
-  `calibration.holdout_error`: fitted on every count but the largest, the largest predicted (its count, each size's
-  relative error predicted / measured - 1, their mean absolute value).
+  the run on `processes`, one of the counts, as version 1 writes them: its latency the harness's). With three or
+  more counts `holdout` records `calibration.holdout_error`: fitted on every count but the largest, the largest
+  predicted (its count, each size's relative error predicted / measured - 1, their mean absolute value).
   """
   counts = sorted(rows_by_count)
-  own = own_count(rows_by_count)
-  merged = {kind: [row for n in counts for row in own[n][kind]] for kind in ('allreduce', 'p2p')}
-  flat = network_figures(merged, rounds, processes, harness, nbytes, model)
+  flat = network_figures(own_count(rows_by_count)[processes], rounds, processes, harness, nbytes, model)
   link = network_lib.AlphaBeta(latency_s=flat['allreduce']['microbenchmark_latency_s']['value'],
                                bandwidth_gbps=flat['allreduce']['bandwidth_gbps']['value'])
   p2p = network_lib.AlphaBeta(latency_s=flat['p2p']['latency_s']['value'],
@@ -216,6 +215,9 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                      '(one CPU device each, started here over loopback)')
   check_processes(processes)
   counts = check_process_counts(process_counts)
+  errors.require(not counts or processes in counts, '--processes', processes,
+                 f'must be one of --process_counts={",".join(map(str, counts))}: the harness runs on --processes '
+                 'processes, and the point-to-point figures are those of that count\'s collectives')
   check_out(out)  # before the measurements: a path that cannot be written is news now, not minutes later
   check_collective_sizes(collective_sizes, max([processes, *counts]))
   errors.require_int(rounds, '--rounds', 1)
@@ -243,6 +245,11 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
       'dispatch_overhead_s': figure(compute_fits[:, 1], f'{SOURCE}: c of the call fit (a separately dispatched call; '
                                     'informational)'),
   }
+  try:  # a fit the noise defeats (times that do not grow with the size) is one line, not a traceback
+    network = (structured_network(rows, rounds, processes, harness, tasks.model_bytes(config), key) if counts
+               else network_figures(rows[processes], rounds, processes, harness, tasks.model_bytes(config), key))
+  except ValueError as e:
+    raise SystemExit(f'calibrate: the collectives\' fit failed: {e}') from e
   profile = {
       'version': profiles.STRUCTURED if counts else profiles.VERSION, 'name': name,
       'description': (f'{platform.node() or "this machine"}: {os.cpu_count()} CPU cores, '
@@ -250,8 +257,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
                       f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'
                       + placement.bed_description()),
       'compute': compute,
-      'network': (structured_network(rows, rounds, processes, harness, tasks.model_bytes(config), key) if counts
-                  else network_figures(rows[processes], rounds, processes, harness, tasks.model_bytes(config), key)),
+      'network': network,
       'host_s': figure(hosts, f'{SOURCE}: {processes}-process local SGD of the harness that never averages, m = 1, '
                        f'batch {batch}, {harness_steps} steps, per iteration, minus overhead_s and B x per_sample_s',
                        harness.loads),
