@@ -5,11 +5,19 @@ import os
 import subprocess
 import sys
 
+from unittest import mock
+
 from absl.testing import absltest
+import numpy as np
 import pytest
 
+from waitless import config_errors as errors
+from waitless.cluster import network as network_lib
 from waitless.cluster import profiles
+from waitless.cluster import stacks
+from waitless.experiments import calibrate
 from waitless.experiments import simulate
+from waitless.experiments.harness import measure
 from waitless.experiments.configs import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,6 +63,85 @@ class CalibrateTest(absltest.TestCase):
     config.cluster.profile = path
     result = simulate.simulate(config, iterations=10, nbytes=1e4)
     self.assertEqual(result['host_s'], profile.host_s)
+
+  def test_process_counts_are_checked_before_any_measurement(self):
+    self.assertEqual(calibrate.check_process_counts([]), [])  # the default: --processes alone, version 1
+    self.assertEqual(calibrate.check_process_counts([4, 2, 3]), [2, 3, 4])
+    for counts, message in (([1, 2], 'integers >= 2'), ([2, 2, 3], 'distinct'), ([3], 'two or more counts'),
+                            ([2, 100000], 'JAX processes need')):
+      with self.assertRaisesRegex(errors.ConfigError, f'^--process_counts=.* is not allowed: .*{message}'):
+        calibrate.check_process_counts(counts)
+    with mock.patch.object(calibrate.placement, 'hosts', return_value=3):  # the test bed: process i on host i
+      self.assertEqual(calibrate.check_process_counts([2, 3]), [2, 3])
+      with self.assertRaisesRegex(errors.ConfigError, r'^--process_counts=.2,3,4. .*test bed has 3 hosts'):
+        calibrate.check_process_counts([2, 3, 4])
+    with self.assertRaisesRegex(errors.ConfigError, '^--process_counts=.2,x. .*integers'):
+      calibrate.parse_process_counts(['2', 'x'])
+    # The program: one line naming the flag, status 2, before anything is measured.
+    tmp = self.create_tempdir().full_path
+    out = run('--config=experiments/configs/digits.py:sync', f'--out={tmp}/p.json', '--process_counts=2,1')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --process_counts=.2,1. is not allowed: .*>= 2')
+    self.assertLen(out.stderr.strip().splitlines(), 1)
+    self.assertFalse(os.path.exists(f'{tmp}/p.json'))
+    out = run('--config=experiments/configs/digits.py:sync', f'--out={tmp}/p.json', '--process_counts=3,4')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --processes=2 is not allowed: must be one of --process_counts=3,4')
+
+  def test_structured_network_from_several_counts_is_a_profile_every_program_reads(self):
+    truth = stacks.Stack(library='gloo', gpus_per_node=1, inter=network_lib.AlphaBeta(8e-5, 3.0),
+                         p2p_link=network_lib.AlphaBeta(6e-5, 5.0))
+    sizes, rounds = (65536, 1048576, 4194304), 3
+    noise = np.random.default_rng(0)
+    # As collective_timing writes them: the run on n processes times the sub-meshes 2..n too (left out of the fit,
+    # here made 10x slower so that a row of the wrong mesh would show).
+    rows = {n: {'allreduce': [[r, k, m, truth.allreduce(m, k) * (1 + 0.02 * noise.standard_normal()) * (k == n or 10)]
+                              for r in range(rounds) for k in range(2, n + 1) for m in sizes],
+                'p2p': [[r, m, truth.p2p(m) * (1 + 0.02 * noise.standard_normal())]
+                        for r in range(rounds) for m in sizes]}
+            for n in (2, 3, 4)}
+    harness = measure.HarnessRounds(loads=[0.5] * rounds, single_s=np.ones((rounds, 2)),
+                                    collectives=[measure.HarnessTimes(2e-3, 1e-3, 1e-2)] * rounds)
+    for counts in ((2, 3), (2, 3, 4)):
+      network = calibrate.structured_network({n: rows[n] for n in counts}, rounds, 2, harness, 4e5, 'digits/mlp')
+      self.assertEqual(network['library'], 'gloo')
+      for figure in (network['inter']['latency_s'], network['inter']['bandwidth_gbps'],
+                     network['p2p']['latency_s'], network['p2p']['bandwidth_gbps'], network['gpus_per_node']):
+        self.assertIn('measured by experiments.calibrate', figure['source'])
+      self.assertIn(f'{list(counts)} processes', network['inter']['bandwidth_gbps']['source'])
+      path = os.path.join(self.create_tempdir().full_path, 'several.json')
+      doc = {'version': profiles.STRUCTURED, 'name': 'several', 'network': network, 'host_s': {'value': 1e-4,
+             'source': 'test'}, 'compute': {'digits/mlp': {'per_sample_s': {'value': 1e-6, 'source': 'test'},
+                                                          'overhead_s': {'value': 1e-5, 'source': 'test'}}}}
+      with open(path, 'w') as f:
+        json.dump(doc, f)
+      profile = profiles.load(path)
+      self.assertIsInstance(profile.network, stacks.Stack)
+      # The loaded all-reduce gives the fitted rows (each count's and size's median) within the fit's error.
+      fitted = network['fit']
+      bound = np.max(np.abs(fitted['relative_errors']))
+      self.assertLess(bound, 0.05)
+      self.assertLen(fitted['rows'], len(counts) * len(sizes))  # one per count and size: its own mesh's median
+      for (n, m, seconds), error in zip(fitted['rows'], fitted['relative_errors']):
+        self.assertIn(n, counts)
+        self.assertAlmostEqual(profile.network.allreduce(m, int(n)) / seconds - 1, error, places=9)
+      self.assertAlmostEqual(network['inter']['bandwidth_gbps']['value'], 3.0, delta=0.3)
+      if len(counts) == 2:
+        self.assertNotIn('holdout', network)
+        self.assertIsNone(calibrate.holdout_line(network))
+      else:
+        holdout = network['holdout']
+        self.assertEqual((holdout['held_out'], holdout['fitted_on']), (4, [2, 3]))
+        self.assertEqual(sorted(holdout['relative_errors'], key=int), [str(m) for m in sizes])
+        self.assertLess(holdout['mean_abs_error'], 0.05)
+        self.assertAlmostEqual(holdout['mean_abs_error'],
+                               np.mean(np.abs(list(holdout['relative_errors'].values()))))
+        self.assertRegex(calibrate.holdout_line(network), r'^calibrate: hold-out: fitted on \[2, 3\] processes, 4 '
+                         r'predicted within [0-9.]+% on average')
+      config = digits.get_config('sync')
+      config.cluster.profile = path
+      result = simulate.simulate(config, iterations=10, nbytes=1e4)
+      self.assertEqual(result['host_s'], profile.host_s)
 
   @pytest.mark.slow
   def test_writes_a_profile_every_program_reads(self):

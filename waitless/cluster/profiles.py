@@ -21,7 +21,7 @@ an object {"value": number, "source": "where it comes from", "estimate": true if
 Version 2 keeps every field of version 1 except `network`, which names a software stack (`cluster/stacks.py`: the
 library's choice of algorithm, the hierarchy, host staging and reduction, a framework's cycles, congestion):
 
-  network        {"library": "nccl" | "mpich",
+  network        {"library": "nccl" | "mpich" | "gloo",
                   "gpus_per_node": F (integer), "inter": LINK (across nodes: stacks.Stack), "p2p": LINK,
                   "intra": LINK + {"kind": "nvlink" | "pci"} (required with gpus_per_node > 1),
                   "reduce_gbps": F (the reduction's rate; 0 or absent: free), "short_msg_bytes": F (MPICH's
@@ -34,6 +34,8 @@ library's choice of algorithm, the hierarchy, host staging and reduction, a fram
                   all-reduces the gradients as they become ready: the sync rule charges what is left after it),
                   "congestion": {"free_nodes": F, "shared_fraction": F}}
                  LINK = {"latency_s": F, "bandwidth_gbps": F}
+                 (`experiments.calibrate --process_counts` writes one of gloo, with the informational "fit",
+                 "holdout" and "measurements" beside: the rows it fitted, the hold-out of its largest count)
 A version 1 profile loads as it always did (`network.Collectives`) and gives the same times.
 
 Every figure is checked against physical bounds (`BOUNDS`): a latency of at most a second, a bandwidth between

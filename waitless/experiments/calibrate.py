@@ -33,6 +33,15 @@ Run by the shaped test bed (`python -m waitless.experiments.testbed --cpus=... -
 runs on host 0 and starts process i of each measurement on host i (its cgroup and namespace), so that its compute,
 host and collective figures are those of the bed's runs, the shaped link measured, nothing assumed; the collectives'
 timing adapts its repetitions to each size's cost and leaves out sizes past `max_call_s` (a few minutes in all).
+Several process counts (`--process_counts=2,3,4`: each >= 2, distinct, on the test bed none above its hosts, all
+checked before any measurement) measure the collectives at each count and write the network in the structured form
+(version 2, `structured_network`): the gloo stack's latency and bandwidth fitted on every count's all-reduce
+(`calibration.fit_stack`), the point-to-point figures of the flat fit at `--processes` (one of the counts), every
+figure's source naming what it was measured from; with three or more counts `network.holdout` records
+`calibration.holdout_error` (fitted on all counts but the largest, the largest predicted: each size's relative error
+and their mean absolute value), printed in one line. A fit the noise defeats ends in one line, status 1.
+Without it the collectives are measured at `--processes` alone and the profile is version 1, as before; `--processes`
+stays the count of the harness's runs either way.
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
@@ -47,6 +56,7 @@ import platform
 import signal
 import sys
 import tempfile
+from typing import Mapping, Sequence
 
 from absl import app
 from absl import flags
@@ -54,7 +64,9 @@ import numpy as np
 
 from waitless import config_errors as errors
 from waitless.cluster import calibration
+from waitless.cluster import network as network_lib
 from waitless.cluster import profiles
+from waitless.cluster import stacks
 from waitless.experiments import config_paths
 from waitless.experiments.harness import atomic_files
 from waitless.experiments.harness import measure
@@ -64,6 +76,9 @@ from waitless.experiments.harness.testbed import placement
 _CONFIG = config_paths.config_flag()
 flags.declare_key_flag('config')
 _PROCESSES = flags.DEFINE_integer('processes', 2, 'Processes of the collectives\' mesh (>= 2).')
+_PROCESS_COUNTS = flags.DEFINE_list('process_counts', [], 'Process counts at which the collectives are measured, '
+                                    'e.g. 2,3,4 (each >= 2, distinct): two or more fit the structured (version 2) '
+                                    'network, three or more also record its hold-out; empty: --processes alone.')
 _OUT = flags.DEFINE_string('out', None, 'The profile JSON to write.')
 _NAME = flags.DEFINE_string('name', 'this_machine', 'The profile\'s name.')
 _ROUNDS = flags.DEFINE_integer('rounds', 4, 'Rounds of each measurement (the spread of its fitted figures; '
@@ -108,18 +123,103 @@ def network_figures(rows: dict, rounds: int, processes: int, harness: measure.Ha
   }
 
 
+STACK_LIBRARY = 'gloo'  # JAX's CPU collectives
+
+
+def own_count(rows_by_count: Mapping[int, dict]) -> dict[int, dict]:
+  """Each count's rows with only its own mesh's all-reduces: `collective_timing` on N processes also times the
+  sub-meshes 2..N-1 (their processes beside N - n idle ones); each count is taken from the run of that many."""
+  return {n: {**rows, 'allreduce': [row for row in rows['allreduce'] if int(row[1]) == n]}
+          for n, rows in rows_by_count.items()}
+
+
+def median_rows(rows_by_count: Mapping[int, dict]) -> list[list[float]]:
+  """[[n, bytes, seconds], ...]: each count's and size's all-reduce (its own mesh's, `own_count`), the median of
+  its rounds' positive times."""
+  times = {}
+  for n, rows in own_count(rows_by_count).items():
+    for _, _, nbytes, seconds in rows['allreduce']:
+      if seconds > 0:
+        times.setdefault((int(n), float(nbytes)), []).append(seconds)
+  return [[n, m, float(np.median(t))] for (n, m), t in sorted(times.items())]
+
+
+def structured_network(rows_by_count: Mapping[int, dict], rounds: int, processes: int, harness: measure.HarnessRounds,
+                       nbytes: float, model: str) -> dict:
+  """The profile's `network` section in the structured form (version 2, `stacks.Stack` of the gloo library), from
+  the collectives measured at two or more process counts (`rows_by_count`: {n: `collective_rows`' rows}).
+
+  `inter`: the latency and bandwidth of `calibration.fit_stack` on every count's all-reduce (each count's and size's
+  median over the rounds, `median_rows`); `p2p`: the point-to-point figures of the flat fit (`network_figures` on
+  the run on `processes`, one of the counts, as version 1 writes them: its latency the harness's). With three or
+  more counts `holdout` records `calibration.holdout_error`: fitted on every count but the largest, the largest
+  predicted (its count, each size's relative error predicted / measured - 1, their mean absolute value).
+  """
+  counts = sorted(rows_by_count)
+  flat = network_figures(own_count(rows_by_count)[processes], rounds, processes, harness, nbytes, model)
+  link = network_lib.AlphaBeta(latency_s=flat['allreduce']['microbenchmark_latency_s']['value'],
+                               bandwidth_gbps=flat['allreduce']['bandwidth_gbps']['value'])
+  p2p = network_lib.AlphaBeta(latency_s=flat['p2p']['latency_s']['value'],
+                              bandwidth_gbps=flat['p2p']['bandwidth_gbps']['value'])
+  skeleton = stacks.Stack(library=STACK_LIBRARY, gpus_per_node=1, inter=link, p2p_link=p2p)
+  rows = median_rows(rows_by_count)
+  fit = calibration.fit_stack(skeleton, rows)
+  sizes = sorted({int(row[1]) for row in rows})
+  where = (f'{SOURCE}: all-reduces (psum) at {counts} processes x 1 CPU device, jax.distributed over '
+           f'{placement.links()} ({STACK_LIBRARY}), sizes {sizes} bytes, the median of {rounds} round(s) each; '
+           f'calibration.fit_stack through the {STACK_LIBRARY} stack\'s ring (relative least squares), max |error| '
+           f'{float(np.max(np.abs(fit.relative_errors))):.3g} over the rows fitted')
+  network = {
+      'library': STACK_LIBRARY,
+      'gpus_per_node': {'value': 1, 'source': f'{SOURCE}: one CPU device per process, each process a node (its own '
+                        'host on the test bed)'},
+      'inter': {'latency_s': {'value': fit.latency_s, 'source': where},
+                'bandwidth_gbps': {'value': fit.bandwidth_gbps, 'source': where}},
+      'p2p': flat['p2p'],
+      'fit': {'rows': rows, 'relative_errors': fit.relative_errors.tolist()},
+  }
+  if len(counts) >= 3:
+    _, errors_ = calibration.holdout_error(skeleton, rows)
+    held = counts[-1]
+    network['holdout'] = {
+        'held_out': held, 'fitted_on': counts[:-1],
+        'relative_errors': {str(int(row[1])): float(e) for row, e in zip([r for r in rows if r[0] == held], errors_)},
+        'mean_abs_error': float(np.mean(np.abs(errors_))),
+        'source': f'{SOURCE}: calibration.holdout_error, fitted on {counts[:-1]} processes, {held} predicted; '
+                  'predicted / measured - 1 per size'}
+  network['measurements'] = {str(n): rows_by_count[n] for n in counts}
+  return network
+
+
+def holdout_line(network: Mapping) -> str | None:
+  """One line of the hold-out a structured network records, None without one."""
+  holdout = network.get('holdout')
+  if holdout is None:
+    return None
+  errors_ = ', '.join(f'{size} B {100 * e:+.1f}%' for size, e in holdout['relative_errors'].items())
+  return (f'calibrate: hold-out: fitted on {holdout["fitted_on"]} processes, {holdout["held_out"]} predicted within '
+          f'{100 * holdout["mean_abs_error"]:.1f}% on average ({errors_})')
+
+
 def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: str, name: str, rounds: int,
-              repeats: int, harness_steps: int, harness_m: int, collective_sizes: list[int]) -> dict:
+              repeats: int, harness_steps: int, harness_m: int, collective_sizes: list[int],
+              process_counts: Sequence[int] = ()) -> dict:
   """Measures the machine, fits the figures and writes the profile to `out`; returns it.
 
   `config_arg`: the `--config` argument (its path and pairs, which every harness run repeats); `flags_`: the
-  `--config.FIELD=VALUE` flags the program was given. The other arguments are the flags of the same names.
+  `--config.FIELD=VALUE` flags the program was given. The other arguments are the flags of the same names
+  (`process_counts`: empty measures the collectives at `processes` alone and writes version 1; two or more counts
+  measure them at each and write the structured network, `structured_network`).
   """
   errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
                      '(one CPU device each, started here over loopback)')
   check_processes(processes)
+  counts = check_process_counts(process_counts)
+  errors.require(not counts or processes in counts, '--processes', processes,
+                 f'must be one of --process_counts={",".join(map(str, counts))}: the harness runs on --processes '
+                 'processes, and the point-to-point figures are those of that count\'s collectives')
   check_out(out)  # before the measurements: a path that cannot be written is news now, not minutes later
-  check_collective_sizes(collective_sizes, processes)
+  check_collective_sizes(collective_sizes, max([processes, *counts]))
   errors.require_int(rounds, '--rounds', 1)
   errors.require_int(repeats, '--repeats', 1)
   errors.require_int(harness_steps, '--harness_steps', 20)
@@ -129,7 +229,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   key = profiles.model_key(config)
   doc = profiles.read(out) if os.path.isfile(out) else {}
   compute_fits, sizes, harness, rows = _measure(config, config_arg, flags_, processes, rounds, repeats, harness_steps,
-                                                harness_m, collective_sizes)
+                                                harness_m, collective_sizes, counts or [processes])
   batch = config.batch_size
   overheads, hosts = calibration.fit_harness(harness.single_s, harness_m,
                                              [t.no_collective_s for t in harness.collectives], batch,
@@ -145,14 +245,19 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
       'dispatch_overhead_s': figure(compute_fits[:, 1], f'{SOURCE}: c of the call fit (a separately dispatched call; '
                                     'informational)'),
   }
+  try:  # a fit the noise defeats (times that do not grow with the size) is one line, not a traceback
+    network = (structured_network(rows, rounds, processes, harness, tasks.model_bytes(config), key) if counts
+               else network_figures(rows[processes], rounds, processes, harness, tasks.model_bytes(config), key))
+  except ValueError as e:
+    raise SystemExit(f'calibrate: the collectives\' fit failed: {e}') from e
   profile = {
-      'version': profiles.VERSION, 'name': name,
+      'version': profiles.STRUCTURED if counts else profiles.VERSION, 'name': name,
       'description': (f'{platform.node() or "this machine"}: {os.cpu_count()} CPU cores, '
                       f'{platform.processor() or platform.machine()}, calibrated '
                       f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with {config_arg}'
                       + placement.bed_description()),
       'compute': compute,
-      'network': network_figures(rows, rounds, processes, harness, tasks.model_bytes(config), key),
+      'network': network,
       'host_s': figure(hosts, f'{SOURCE}: {processes}-process local SGD of the harness that never averages, m = 1, '
                        f'batch {batch}, {harness_steps} steps, per iteration, minus overhead_s and B x per_sample_s',
                        harness.loads),
@@ -175,6 +280,37 @@ def check_out(out) -> None:
       profiles.read(out)
     except (ValueError, OSError) as e:  # ConfigError is a ValueError
       raise errors.ConfigError('--out', out, f'exists and is not a profile this program can extend ({e})') from e
+
+
+def parse_process_counts(values: Sequence[str]) -> list[int]:
+  """--process_counts as integers; ConfigError naming the flag for one that is not."""
+  try:
+    return [int(v) for v in values]
+  except ValueError:
+    raise errors.ConfigError('--process_counts', ','.join(values),
+                             'must be integers (process counts of the collectives, e.g. 2,3,4)') from None
+
+
+def check_process_counts(counts: Sequence[int]) -> list[int]:
+  """The counts sorted: none, or two or more distinct integers >= 2 that fit in this machine's memory and, on the
+  shaped test bed (process i on host i), none above its hosts. ConfigError naming --process_counts otherwise."""
+  counts = list(counts)
+  if not counts:
+    return []
+  shown = ','.join(map(str, counts))
+  errors.require(all(errors.is_int(n) and n >= 2 for n in counts), '--process_counts', shown,
+                 'must be integers >= 2 (the collectives need a mesh of 2 or more real processes)')
+  errors.require(len(set(counts)) == len(counts), '--process_counts', shown, 'must be distinct')
+  errors.require(len(counts) >= 2, '--process_counts', shown,
+                 'must hold two or more counts (the structured fit needs them; one: use --processes)')
+  hosts = placement.hosts()
+  errors.require(hosts is None or max(counts) <= hosts, '--process_counts', shown,
+                 f'the test bed has {hosts} hosts, one process each: no count above {hosts}')
+  try:
+    check_processes(max(counts))
+  except errors.ConfigError as e:
+    raise errors.ConfigError('--process_counts', shown, e.allowed) from None
+  return sorted(counts)
 
 
 PROCESS_RESIDENT_BYTES = 400e6  # a JAX process of the harness or the collectives' mesh (Python, JAX, its program)
@@ -220,15 +356,18 @@ def _interrupted(signum, frame):
   raise KeyboardInterrupt
 
 
-def _measure(config, config_arg, flags_, processes, rounds, repeats, harness_steps, harness_m, collective_sizes):
-  """The measurements (`measure.compute_fits`, `harness_rounds`, `collective_rows`). Ctrl-C, SIGINT or SIGTERM stop
+def _measure(config, config_arg, flags_, processes, rounds, repeats, harness_steps, harness_m, collective_sizes,
+             counts):
+  """The measurements (`measure.compute_fits`, `harness_rounds`, `collective_rows` at each of `counts`: the rows by
+  count). Ctrl-C, SIGINT or SIGTERM stop
   them in one line, status 130, once every process they started is gone (`measure.run_processes`)."""
   previous = signal.signal(signal.SIGTERM, _interrupted)
   try:
     compute_fits, sizes = measure.compute_fits(config, rounds, repeats)
     with tempfile.TemporaryDirectory(prefix='calibrate_') as tmp:
       harness = measure.harness_rounds(config_arg, flags_, processes, rounds, harness_steps, harness_m, tmp)
-      rows = measure.collective_rows(processes, collective_sizes, rounds, tmp)
+      rows = {n: measure.collective_rows(n, collective_sizes, rounds, os.path.join(tmp, f'collectives_n{n}'))
+              for n in counts}
   except KeyboardInterrupt:
     print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
     sys.exit(130)
@@ -247,13 +386,17 @@ def main(argv):
   try:
     profile = calibrate(_CONFIG.value, config_arg, overrides, _PROCESSES.value, _OUT.value, _NAME.value, _ROUNDS.value,
                         _REPEATS.value, _HARNESS_STEPS.value, _HARNESS_M.value,
-                        parse_collective_sizes(_COLLECTIVE_SIZES.value))
+                        parse_collective_sizes(_COLLECTIVE_SIZES.value),
+                        parse_process_counts(_PROCESS_COUNTS.value))
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   summary = {k: v for k, v in profile.items() if k != 'network'}
   summary['network'] = {k: v for k, v in profile['network'].items() if k != 'measurements'}
   print(json.dumps(summary, indent=1))
+  line = holdout_line(profile['network'])
+  if line:
+    print(line)
 
 
 if __name__ == '__main__':

@@ -41,6 +41,15 @@ class TimingTest(absltest.TestCase):
   def test_measures_wall_time(self):
     self.assertGreater(measure.time_callable(lambda: time.sleep(0.01), warmup=0, repeats=3), 0.009)
 
+  def test_a_harness_runs_pairs_leave_out_the_keys_it_sets(self):
+    # calibrate's --config=...:sync,microbatches=4 was refused by every harness run: microbatches given twice.
+    pairs = measure.harness_pairs('sync,microbatches=4,batch_size=32,workers=8', 'dpsgd', 2, 1, 20)
+    self.assertEqual(pairs.split(',')[:2], ['dpsgd', 'batch_size=32'])
+    keys = [p.split('=', 1)[0] for p in pairs.split(',')[1:]]
+    self.assertLen(set(keys), len(keys))
+    self.assertIn('microbatches=1', pairs.split(','))
+    self.assertIn('workers=2', pairs.split(','))
+
   def test_times_each_size(self):
     # A call that sleeps 10 ms + 5 ms per sample; a loaded machine only adds (wake-up latency: overhead).
     seconds = measure.time_sizes(lambda s: (lambda: time.sleep(0.01 + 0.005 * s), ()), [1, 4], warmup=0, repeats=3)

@@ -226,6 +226,17 @@ def compute_fits(config: ml_collections.ConfigDict, rounds: int, repeats: int) -
   return np.asarray(fits), sizes
 
 
+def harness_pairs(arg: str, algorithm: str, processes: int, microbatches: int, steps: int) -> str:
+  """The config argument's pairs of a harness run: `algorithm`, the user's pairs of `arg` (the part after ':' of
+  calibrate's --config) but those of the keys the run sets itself (a key given twice is refused: calibrate's
+  `microbatches=4` is the run's own m), and the run's."""
+  own = ['stragglers.kind=measured', f'workers={processes}', f'devices={processes}', f'microbatches={microbatches}',
+         f'num_steps={steps}', f'eval_every={steps}', 'log_every=10', f'checkpoint_every={steps}', 'cluster.profile=""']
+  keys = {pair.split('=', 1)[0] for pair in own}
+  user = [p for p in arg.split(',')[1:] if p and p.split('=', 1)[0].strip() not in keys]
+  return ','.join([algorithm] + user + own)
+
+
 def harness_seconds_per_iteration(config_arg: str, flags_: list[str], algorithm: str, microbatches: int, steps: int,
                                   workdir: str, processes: int = 1) -> float:
   """Median measured seconds per iteration of a run of the harness (rows after the first) on `processes`
@@ -233,10 +244,8 @@ def harness_seconds_per_iteration(config_arg: str, flags_: list[str], algorithm:
   joins them; on the test bed's hosts when calibrate runs on one); `algorithm`: its name and pairs; `flags_`: the
   `--config.FIELD=VALUE` flags calibrate was given."""
   path, _, arg = config_arg.partition(':')
-  pairs = ','.join([algorithm] + [p for p in arg.split(',')[1:] if p] + [
-      'stragglers.kind=measured', f'workers={processes}', f'devices={processes}', f'microbatches={microbatches}',
-      f'num_steps={steps}', f'eval_every={steps}', 'log_every=10', f'checkpoint_every={steps}', 'cluster.profile=""'])
-  config = [f'--config={path}:{pairs}', f'--workdir={workdir}', *flags_]
+  config = [f'--config={path}:{harness_pairs(arg, algorithm, processes, microbatches, steps)}', f'--workdir={workdir}',
+            *flags_]
   main = [sys.executable, '-m', 'waitless.experiments.main', *config]
   if processes == 1:
     run_processes([main], workdir + '.logs', 'the harness run')
