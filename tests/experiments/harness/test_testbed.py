@@ -125,7 +125,10 @@ class WatchTest(absltest.TestCase):
   """`runs.watch` on plain processes (runs everywhere)."""
 
   def _start(self, script: str) -> subprocess.Popen:
-    return subprocess.Popen(['sh', '-c', script], start_new_session=True)
+    # SIGINT at its default in the child: a non-interactive shell cannot trap a signal it was started with ignored,
+    # and the test process may have it ignored (an earlier test in the same pytest process, a background job).
+    return subprocess.Popen(['sh', '-c', script], start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
   def test_a_failure_stops_the_others_and_gives_its_status(self):
     procs = [self._start('sleep 30'), self._start('sleep 0.3; exit 3')]
