@@ -66,7 +66,8 @@ _SLOW_S = flags.DEFINE_float('slow_s', 0.06, 'slowed: extra seconds per job of l
 _DELAY_S = flags.DEFINE_float('delay_s', 0.08, 'delayed: seconds of the one learner delayed at each job index.')
 _TARGET_ACCURACY = flags.DEFINE_float('target_accuracy', 0.9, 'Evaluation accuracy target.')
 _TARGET_LOSS = flags.DEFINE_float('target_loss', 0.3, 'Training loss target.')
-_OUT = flags.DEFINE_string('out', '', 'JSON file for every run\'s figures ("" for none).')
+# allow_override: tests import this module and `experiments.calibrate` (its own --out) into one process.
+_OUT = flags.DEFINE_string('out', '', 'JSON file for every run\'s figures ("" for none).', allow_override=True)
 _FIGURE = flags.DEFINE_string('figure', '', 'PNG of the tables: real and predicted time per update and to the '
                               'accuracy target, per algorithm and scenario ("" for none).')
 _FROM_JSON = flags.DEFINE_string('from_json', '', 'Print the tables (and draw --figure) from an earlier --out '
