@@ -282,13 +282,16 @@ def check_out(out) -> None:
       raise errors.ConfigError('--out', out, f'exists and is not a profile this program can extend ({e})') from e
 
 
-def parse_process_counts(values: Sequence[str]) -> list[int]:
-  """--process_counts as integers; ConfigError naming the flag for one that is not."""
+def parse_ints(values: Sequence[str], flag: str, what: str) -> list[int]:
+  """A list flag's values as integers; ConfigError naming `flag` for one that is not (`what`: what they count)."""
   try:
     return [int(v) for v in values]
   except ValueError:
-    raise errors.ConfigError('--process_counts', ','.join(values),
-                             'must be integers (process counts of the collectives, e.g. 2,3,4)') from None
+    raise errors.ConfigError(flag, ','.join(values), f'must be integers ({what})') from None
+
+
+def parse_process_counts(values: Sequence[str]) -> list[int]:
+  return parse_ints(values, '--process_counts', 'process counts of the collectives, e.g. 2,3,4')
 
 
 def check_process_counts(counts: Sequence[int]) -> list[int]:
@@ -327,12 +330,7 @@ def check_processes(processes: int) -> None:
 
 
 def parse_collective_sizes(values: list[str]) -> list[int]:
-  """--collective_sizes as integers; ConfigError naming the flag for one that is not."""
-  try:
-    return [int(v) for v in values]
-  except ValueError:
-    raise errors.ConfigError('--collective_sizes', ','.join(values),
-                             'must be integers (bytes per collective)') from None
+  return parse_ints(values, '--collective_sizes', 'bytes per collective')
 
 
 def check_collective_sizes(sizes: list[int], processes: int) -> None:
