@@ -21,15 +21,8 @@ fi
 N="$1"
 shift
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -n "${VIRTUAL_ENV:-}" ]; then
-  cd "$ROOT"
-  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-else
-  # shellcheck disable=SC1091
-  source "$ROOT/launch/setup_env.sh" || exit 1
-  set +e
-fi
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/active_env.sh" || exit 1
 PYTHON="${PYTHON:-python}"
 GRACE_S="${GRACE_S:-5}"
 PORT="${PORT:-$("$PYTHON" -c 'from waitless.experiments.harness.distributed import free_port; print(free_port())')}" || exit 1
