@@ -22,6 +22,7 @@ from typing import Callable, NoReturn, Sequence
 from absl import app
 
 from waitless import config_errors as errors
+from waitless.experiments.harness.preemption import Preempted
 
 _CHILDREN: list[subprocess.Popen] = []
 
@@ -118,13 +119,16 @@ def run(main: Callable[[list[str]], None]) -> None:
       main(argv)
     except errors.ConfigError as e:
       refuse(str(e))
-    except (KeyboardInterrupt, _Terminated) as e:
+    except (KeyboardInterrupt, _Terminated, Preempted) as e:
+      # A training run inside the benchmark takes the signals over while it runs: it checkpoints and raises
+      # Preempted (first signal) or Interrupted (second); either way the benchmark stops as for its own signal.
       signal.signal(signal.SIGINT, signal.SIG_IGN)
       signal.signal(signal.SIGTERM, signal.SIG_IGN)
       stop_children()
-      name = 'SIGTERM' if isinstance(e, _Terminated) else 'Ctrl-C'
+      terminated = isinstance(e, _Terminated) or getattr(e, 'signal_name', None) == 'SIGTERM'
+      name = 'SIGTERM' if terminated else 'Ctrl-C'
       print(f'interrupted ({name}): stopped{" with its child processes" if _CHILDREN else ""}; nothing more is '
             'printed', file=sys.stderr)
-      sys.exit(143 if isinstance(e, _Terminated) else 130)
+      sys.exit(143 if terminated else 130)
 
   app.run(guarded)

@@ -77,6 +77,21 @@ class BadFlagsTest(parameterized.TestCase):
     self.assertEqual([line for line in stderr.splitlines() if line.strip()],
                      ['interrupted (SIGTERM): stopped; nothing more is printed'])
 
+  @parameterized.parameters(('SIGTERM', 143, 'SIGTERM'), ('SIGINT', 130, 'Ctrl-C'))
+  def test_a_training_run_stopped_inside_is_one_line(self, signal_name, status, shown):
+    # A training run inside a benchmark takes the signals over while it runs and ends in Preempted (the traceback
+    # a user saw); the benchmark stops as for its own signal.
+    program = ('from benchmarks import cli\n'
+               'from waitless.experiments.harness.preemption import Preempted\n'
+               'def main(argv):\n'
+               f'  raise Preempted(7, "/tmp/run", "{signal_name}")\n'
+               'cli.run(main)\n')
+    result = subprocess.run([sys.executable, '-c', program], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    self.assertEqual(result.returncode, status, result.stderr[-2000:])
+    self.assertEqual([line for line in result.stderr.splitlines() if line.strip()],
+                     [f'interrupted ({shown}): stopped; nothing more is printed'])
+
 
 if __name__ == '__main__':
   absltest.main()

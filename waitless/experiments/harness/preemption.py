@@ -68,6 +68,7 @@ class Preempted(RuntimeError):
     super().__init__(f'preempted by {signal_name} at step {step}: checkpoint saved in {workdir}; rerun the same '
                      'command to resume from it')
     self.step = step
+    self.signal_name = signal_name
 
 
 class StopRequests:
