@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from typing import Any, Optional, Sequence
 
 import jax
@@ -30,6 +31,7 @@ from waitless.experiments.harness import workers as workers_lib
 from waitless.models import registry as model_registry
 
 log = logging.getLogger('waitless')
+PROGRESS_EVERY_S = 10.0  # a line at most this often while a long step runs
 
 
 def param_count_and_bytes(params) -> tuple[int, int]:
@@ -135,7 +137,12 @@ def build_group(configs: Sequence[ml_collections.ConfigDict], built: Optional[Se
   `built`: per config, its run built already (`plan_groups`' `PlannedGroup.built`), or None to build it here.
   """
   built = built or [None] * len(configs)
-  runs = [build(config) if run is None else run for config, run in zip(configs, built, strict=True)]
+  runs, last_line = [], time.monotonic()
+  for config, run in zip(configs, built, strict=True):
+    runs.append(build(config) if run is None else run)
+    if time.monotonic() - last_line > PROGRESS_EVERY_S:  # thousands of replicas: seconds to minutes
+      log.info('built %d of %d runs of one program (data, model, transformation)', len(runs), len(configs))
+      last_line = time.monotonic()
   if len(runs) == 1:
     return Group(runs, {})
   keys = {replicas_lib.program_key(run.config) for run in runs}
