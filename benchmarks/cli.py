@@ -20,6 +20,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from absl import app
+import numpy as np
 
 from waitless import config_errors as errors
 
@@ -49,6 +50,15 @@ def int_list(values: Sequence[str], flag: str, minimum: int = 1) -> list[int]:
     raise errors.ConfigError(flag, shown, f'must be integers >= {minimum}') from None
   errors.require(bool(numbers) and all(n >= minimum for n in numbers), flag, shown, f'must be integers >= {minimum}')
   return numbers
+
+
+def spread(values, form: str = '.3g', scale: float = 1.0) -> str:
+  """'median [min, max]' of `values` times `scale` (None left out; 'not reached' when none is left): how a
+  benchmark prints repeated measurements."""
+  values = [v * scale for v in values if v is not None]
+  if not values:
+    return 'not reached'
+  return f'{np.median(values):{form}} [{min(values):{form}}, {max(values):{form}}]'
 
 
 def output_directory(path: str, flag: str) -> None:

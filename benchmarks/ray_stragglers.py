@@ -133,13 +133,6 @@ def predicted_update_s(config, scenario: str, intervals) -> float:
   return clock.sim_time / done
 
 
-def spread(values) -> str:
-  values = [v for v in values if v is not None]
-  if not values:
-    return 'not reached'
-  return f'{np.median(values):.3g} [{min(values):.3g}, {max(values):.3g}]'
-
-
 def run_all() -> list[dict]:
   """Every (scenario, seed, algorithm) run, `async` first in each seed (it measures the speeds)."""
   import ray
@@ -230,9 +223,9 @@ def print_tables(results: list[dict]) -> None:
       ratio = [p / q for p, q in zip(pred, real)]
       pred_acc = [None if r['updates_to_accuracy'] is None else r['updates_to_accuracy'] * r['predicted_update_s']
                   for r in runs]
-      print(f'| {arg} | {spread(real)} | {spread(pred)} | {spread(ratio)} | '
-            f'{spread([r["time_to_accuracy"] for r in runs])} | {spread(pred_acc)} | '
-            f'{spread([r["time_to_loss"] for r in runs])} | {spread([r["final_accuracy"] for r in runs])} |')
+      print(f'| {arg} | {cli.spread(real)} | {cli.spread(pred)} | {cli.spread(ratio)} | '
+            f'{cli.spread([r["time_to_accuracy"] for r in runs])} | {cli.spread(pred_acc)} | '
+            f'{cli.spread([r["time_to_loss"] for r in runs])} | {cli.spread([r["final_accuracy"] for r in runs])} |')
 
 
 def main(argv):
