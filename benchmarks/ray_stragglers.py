@@ -69,6 +69,8 @@ _SLOW_S = flags.DEFINE_float('slow_s', 0.06, 'slowed: extra seconds per job of l
 _DELAY_S = flags.DEFINE_float('delay_s', 0.08, 'delayed: seconds of the one learner delayed at each job index.')
 _LEARNING_RATES = flags.DEFINE_list('learning_rates', ['0.1'], 'The step sizes every algorithm runs at; its '
                                      'rows are those of its best (module docstring).')
+_STEPS = flags.DEFINE_list('steps', [], 'NAME=N: server updates of algorithm NAME\'s runs instead of STEPS\'s '
+                           '(async=1500: a small rate needs more updates).')
 _TARGET_ACCURACY = flags.DEFINE_float('target_accuracy', 0.9, 'Evaluation accuracy target.')
 _TARGET_LOSS = flags.DEFINE_float('target_loss', 0.3, 'Training loss target.')
 # allow_override: tests import this module and `experiments.calibrate` (its own --out) into one process.
@@ -86,7 +88,7 @@ STEPS = {'sync': 150, 'ksync': 200, 'kasync': 300, 'async': 600, 'ringmaster': 6
 def config_for(arg: str, seed: int, learning_rate: float = 0.1):
   config = digits.get_config(f'{arg},runtime=ray,workers={_WORKERS.value}')
   config.seed = seed
-  config.num_steps = STEPS[config.algorithm.name]
+  config.num_steps = steps()[config.algorithm.name]
   config.optimizer.learning_rate, config.optimizer.momentum = learning_rate, 0.0
   config.eval_every, config.log_every, config.checkpoint_every = 10, 10, 10**6
   config.target_accuracy = _TARGET_ACCURACY.value
@@ -162,6 +164,18 @@ def run_all() -> list[dict]:
                 f'({time.time() - begin:.0f} s)', flush=True)
   ray.shutdown()
   return results
+
+
+def steps() -> dict[str, int]:
+  """STEPS with --steps' overrides."""
+  out = dict(STEPS)
+  for value in _STEPS.value:
+    name, _, n = value.partition('=')
+    if name not in STEPS or not n.isdigit() or int(n) < 1:
+      cli.refuse(f'--steps={",".join(_STEPS.value)} is not allowed: each must be NAME=N, N >= 1 and NAME one of '
+                 f'{", ".join(STEPS)}')
+    out[name] = int(n)
+  return out
 
 
 def learning_rates() -> list[float]:
@@ -290,6 +304,7 @@ def main(argv):
   if _OUT.value:
     cli.output_file(_OUT.value, '--out')
   learning_rates()
+  steps()
   logging.set_verbosity(logging.ERROR)
   if _FROM_JSON.value:
     with open(_FROM_JSON.value) as f:
