@@ -206,6 +206,7 @@ def draw(rows: list[dict], path: str) -> None:
       ax.set_ylabel(label)
       ax.set_title(f'{model}: {label}')
       ax.legend(fontsize=7)
+    axes[0, col].set_yscale('log')  # K-batch-sync's tens of updates per second beside async's hundreds
     axes[1, col].set_ylim(bottom=0)
   fig.tight_layout()
   atomic_files.save_figure(fig, path, dpi=110)
