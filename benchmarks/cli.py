@@ -13,6 +13,7 @@ Ctrl-C or SIGTERM one line that stops the benchmark's child processes (exit 130 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -59,6 +60,20 @@ def spread(values, form: str = '.3g', scale: float = 1.0) -> str:
   if not values:
     return 'not reached'
   return f'{np.median(values):{form}} [{min(values):{form}}, {max(values):{form}}]'
+
+
+def load_or_run(from_json: str, run: Callable[[], list], out: str, loaded: Callable[[list], list] = lambda r: r):
+  """A benchmark's results: those of an earlier --out (`from_json`, passed through `loaded`), or `run()`'s;
+  written to `out` when given (atomically)."""
+  from waitless.experiments.harness import atomic_files
+  if from_json:
+    with open(from_json) as f:
+      results = loaded(json.load(f))
+  else:
+    results = run()
+  if out:
+    atomic_files.write_json(out, results, indent=1)
+  return results
 
 
 def output_directory(path: str, flag: str) -> None:

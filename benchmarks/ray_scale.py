@@ -24,7 +24,6 @@ updates per second and peak memory against P.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -153,17 +152,21 @@ def run_all() -> list[dict]:
   for model, algorithm, p, n in runs:  # every config checked before the first run
     config_for(model, algorithm, p, FLAGS.updates, n)
   driver.start_local(num_cpus=2)
-  rows = []
-  for model, algorithm, p, n in runs:
-    begin = time.time()
-    row = {'model': model, 'algorithm': algorithm, 'workers': p, 'learners_per_process': n,
-           **measure(config_for(model, algorithm, p, FLAGS.updates, n))}
-    rows.append(row)
-    print(f'{model} P={p} {algorithm} ({row["processes"]} x {row["per_process"]}): {row["update_s"] * 1e3:.2f} ms '
-          f'per update, server {row["server_gb"]:.2f} GB, learner process {row["learner_gb"]:.2f} GB '
-          f'({time.time() - begin:.0f} s)', flush=True)
-  ray.shutdown()
-  return rows
+  try:
+    return [run_one(*run) for run in runs]
+  finally:
+    ray.shutdown()
+
+
+def run_one(model: str, algorithm: str, workers: int, per_process) -> dict:
+  """One run's row, said in one line as it ends."""
+  begin = time.time()
+  row = {'model': model, 'algorithm': algorithm, 'workers': workers, 'learners_per_process': per_process,
+         **measure(config_for(model, algorithm, workers, FLAGS.updates, per_process))}
+  print(f'{model} P={workers} {algorithm} ({row["processes"]} x {row["per_process"]}): {row["update_s"] * 1e3:.2f} '
+        f'ms per update, server {row["server_gb"]:.2f} GB, learner process {row["learner_gb"]:.2f} GB '
+        f'({time.time() - begin:.0f} s)', flush=True)
+  return row
 
 
 def print_table(rows: list[dict]) -> None:
@@ -224,13 +227,7 @@ def main(argv):
   if FLAGS.updates < 1:
     cli.refuse(f'--updates={FLAGS.updates} is not allowed: must be >= 1')
   logging.set_verbosity(logging.ERROR)
-  if FLAGS.from_json:
-    with open(FLAGS.from_json) as f:
-      rows = json.load(f)
-  else:
-    rows = run_all()
-  if FLAGS.out:
-    atomic_files.write_json(FLAGS.out, rows, indent=1)
+  rows = cli.load_or_run(FLAGS.from_json, run_all, FLAGS.out)
   print_table(rows)
   if FLAGS.figure:
     draw(rows, FLAGS.figure)

@@ -34,7 +34,6 @@ Prints one table per scenario (medians over seeds, [min, max]) and writes every 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -213,7 +212,6 @@ def draw(results: list[dict], path: str) -> None:
   import matplotlib
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt
-  from waitless.experiments.harness import atomic_files
   scenarios = list(dict.fromkeys(r['scenario'] for r in results))
   algorithms = list(dict.fromkeys(r['algorithm'] for r in results))
   fig, axes = plt.subplots(2, len(scenarios), figsize=(5.5 * len(scenarios), 7), squeeze=False)
@@ -306,13 +304,7 @@ def main(argv):
   learning_rates()
   steps()
   logging.set_verbosity(logging.ERROR)
-  if _FROM_JSON.value:
-    with open(_FROM_JSON.value) as f:
-      results = repredict(json.load(f))
-  else:
-    results = run_all()
-  if _OUT.value:
-    atomic_files.write_json(_OUT.value, results, indent=1)
+  results = cli.load_or_run(_FROM_JSON.value, run_all, _OUT.value, loaded=repredict)
   print_tables(results)
   if _FIGURE.value:
     draw(best_rates(results), _FIGURE.value)
