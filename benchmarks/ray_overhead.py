@@ -27,9 +27,10 @@ work (ours - plain) and call (ours - plain) and what neither explains; then, per
 update at the largest P over the smallest, jitted and whole (target: <= 1.2, the server holds one model
 whatever P is).
 
-Models: `digits` (the digits MLP, 9,610 parameters), `mnist1d` (the MNIST-1D CNN of the quickstart), `wide` (an
-MLP of 64 -> 1024 -> 1024 -> 10, 1.1 M parameters), `large` (an MLP of 64 -> 4096 -> 4096 -> 1024 -> 10, about
-21 M parameters, the size of a ResNet-50's 25 M; lower --updates for it).
+Models, each with SGD without momentum (the plain server's update, so that what differs is what surrounds it):
+`digits` (the digits MLP, 9,610 parameters), `mnist1d` (the MNIST-1D CNN of the quickstart), `wide` (an MLP of
+64 -> 1024 -> 1024 -> 10, 1.1 M parameters), `large` (an MLP of 64 -> 4096 -> 4096 -> 1024 -> 10, about 21 M
+parameters, the size of a ResNet-50's 25 M; lower --updates for it).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ MODELS = ('digits', 'mnist1d', 'wide', 'large')
 
 
 def model_config(name: str, workers: int):
-  """The `async` config of model `name` on the Ray runtime, P = `workers` learners."""
+  """The `async` config of model `name` on the Ray runtime, P = `workers` learners, SGD without momentum."""
   if name == 'mnist1d':
     config = mnist1d.get_config(f'async,runtime=ray,workers={workers}')
   else:
@@ -69,6 +70,8 @@ def model_config(name: str, workers: int):
       config.model.hidden_sizes = (1024, 1024)
     if name == 'large':
       config.model.hidden_sizes = (4096, 4096, 1024)
+  # The plain server's update, W - lr g (SGD without momentum): what is compared is what surrounds the update.
+  config.optimizer.momentum = 0.0
   config.num_steps = 10**9  # never finished: the measurement decides how many updates run
   config.eval_every = config.checkpoint_every = config.log_every = 10**9
   return config
