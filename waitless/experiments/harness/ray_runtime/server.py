@@ -52,7 +52,7 @@ class Reply(NamedTuple):
 
 class Pushed(NamedTuple):
   """One job as a learner pushes it: one argument of the Ray call (each argument of a call is serialised on its
-  own, about 15 us apiece)."""
+  own; docs/results/real_hardware.md measures what seven cost against one)."""
   learner: int
   version: int             # the server version of the model the gradient was computed at
   position: int            # the data position the job read
@@ -304,8 +304,8 @@ class ServerActor:
   Every call holds the actor's lock while it reads or changes the server, so updates run one at a time; a push
   that must wait for its update (K-sync, K-async) waits on a condition of that lock, releasing it, while the
   other calls are served; so does the fetch of a restarted learner whose last push was taken into the update in
-  progress. Threads, not asyncio: Ray's asyncio actor costs about 0.2 ms more per call than a threaded one, as
-  much as the whole update of a small model (`benchmarks.ray_overhead`).
+  progress. Threads, not asyncio: Ray's asyncio actor costs more per call than a threaded one, about as
+  much as the whole update of a small model (docs/results/real_hardware.md).
   """
 
   def __init__(self, config, state=None, version: int = 0, positions=None, adasync_state=None,
