@@ -1,7 +1,8 @@
 """What the Ray layer costs per server update, against the same update called directly and against a hand-written
 Ray parameter server.
 
-  python -m benchmarks.ray_overhead [--updates=300 --rounds=5 --models=digits,mnist1d,wide,large --workers=4,64]
+  python -m benchmarks.ray_overhead [--updates=300 --rounds=5 --models=digits,mnist1d,wide,large --workers=4,64
+                                    --noray]
 
 For each model and learner count P, one process measures, in `--rounds` interleaved rounds (each round times
 every figure once, one after another, so a round's figures share the machine's load):
@@ -23,9 +24,10 @@ and, to say where ray - plain goes, by measurement:
 Each figure is the mean seconds per update of `--updates` updates (`async`, K = 1: one push per update); ray /
 plain is taken per round (the pair measured side by side) and printed as the median over rounds with its
 [min, max]. Prints, per model and P, the figures' medians, ray / plain (target: <= 1.5), ray - plain split into
-work (ours - plain) and call (ours - plain) and what neither explains; then, per model, the server's time per
-update at the largest P over the smallest, jitted and whole (target: <= 1.2, the server holds one model
-whatever P is).
+work (ours - plain) and call (ours - plain) and what neither explains. Then, per model, the server's update at the
+largest P over the smallest, jitted and whole (target: <= 1.2, the server holds one model whatever P is): in
+process, the two servers timed in turn in every round, each figure about `SCALING_S` seconds of updates, the
+median [min, max] of the per-round quotients (`--noray`: this alone).
 
 Models, each with SGD without momentum (the plain server's update, so that what differs is what surrounds it):
 `digits` (the digits MLP, 9,610 parameters), `mnist1d` (the MNIST-1D CNN of the quickstart), `wide` (an MLP of
@@ -56,6 +58,7 @@ _UPDATES = flags.DEFINE_integer('updates', 300, 'Server updates per measurement.
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Interleaved rounds (the median is printed).')
 _MODELS = flags.DEFINE_list('models', ['digits', 'mnist1d', 'wide'], 'Models: digits, mnist1d, wide, large.')
 _WORKERS = flags.DEFINE_list('workers', ['4', '64'], 'Learner counts P.')
+_RAY = flags.DEFINE_bool('ray', True, 'Measure through Ray (the table); --noray: only the in-process scaling.')
 
 MODELS = ('digits', 'mnist1d', 'wide', 'large')
 
@@ -213,6 +216,20 @@ def main(argv):
       cli.refuse(f'--models={",".join(_MODELS.value)} is not allowed: {name} is not one of {", ".join(MODELS)}')
   if _ROUNDS.value < 1 or _UPDATES.value < 1:
     cli.refuse(f'--rounds={_ROUNDS.value} --updates={_UPDATES.value} is not allowed: both must be >= 1')
+  if _RAY.value:
+    table(sizes)
+  if len(sizes) > 1:
+    print(f'\nThe server\'s update at P = {sizes[-1]} over P = {sizes[0]}, in process, both servers timed in every '
+          f'round ({_ROUNDS.value} rounds of about {SCALING_S:g} s per figure, median [min, max] of the per-round '
+          'quotients):')
+    for name in _MODELS.value:
+      ratios = scaling(name, sizes[0], sizes[-1], _ROUNDS.value)
+      print(f'{name}: jitted {cli.spread(ratios["jit"], ".2f")}x, whole (direct) '
+            f'{cli.spread(ratios["direct"], ".2f")}x', flush=True)
+
+
+def table(sizes) -> None:
+  """The table of ours against the plain server, each model at each P."""
   import ray
   driver.start_local(num_cpus=2)
   print(f'{jax.devices()[0].device_kind}; async (K = 1), {_UPDATES.value} updates per figure, {_ROUNDS.value} '
@@ -220,12 +237,9 @@ def main(argv):
   print('| model | parameters | P | jit (ms) | direct (ms) | ray (ms) | plain Ray PS (ms) | ray / plain | '
         'ray - plain (ms) | of which work (ms) | of which call (ms) | rest (ms) |')
   print('| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
-  scaling = []
   for name in _MODELS.value:
-    per_p = {}
     for workers in sizes:
       f = measure(name, workers, _UPDATES.value, _ROUNDS.value)
-      per_p[workers] = f
       med = {k: float(np.median(f[k])) * 1e3 for k in FIGURES}
       ratio = np.asarray(f['ray']) / np.asarray(f['plain'])
       beyond = med['ray'] - med['plain']
@@ -235,14 +249,28 @@ def main(argv):
             f'{cli.spread(f["ray"], ".3f", 1e3)} | {cli.spread(f["plain"], ".3f", 1e3)} | '
             f'{cli.spread(ratio, ".2f")}x | {beyond:.3f} | '
             f'{work:.3f} | {call:.3f} | {beyond - work - call:.3f} |', flush=True)
-    if len(sizes) > 1:
-      low, high = per_p[sizes[0]], per_p[sizes[-1]]
-      scaling.append(f'{name}: server update at P = {sizes[-1]} / P = {sizes[0]}: jitted '
-                     f'{np.median(high["jit"]) / np.median(low["jit"]):.2f}x, whole (direct) '
-                     f'{np.median(high["direct"]) / np.median(low["direct"]):.2f}x')
-  for line in scaling:
-    print(line)
   ray.shutdown()
+
+
+SCALING_S = 0.3  # seconds per figure of the in-process scaling: an update of a small model is tens of us
+
+
+def scaling(name: str, low: int, high: int, rounds: int) -> dict[str, list[float]]:
+  """The in-process server's update at P = `high` over P = `low` for model `name`, jitted and whole: both
+  servers timed in every round (minutes apart, one P's figure and the other's met different loads), each figure
+  about SCALING_S seconds of updates."""
+  servers = {p: server_lib.Server(model_config(name, p)) for p in (low, high)}
+  gradient = gradient_of(servers[low])
+  for server in servers.values():
+    time_direct(server, gradient, 3)
+  updates = max(3, int(SCALING_S / time_direct(servers[low], gradient, 5)))
+  ratios = {'jit': [], 'direct': []}
+  for _ in range(rounds):
+    t = {(p, k): (time_jit(server.core, gradient, updates) if k == 'jit' else time_direct(server, gradient, updates))
+         for p, server in servers.items() for k in ('jit', 'direct')}
+    for k in ratios:
+      ratios[k].append(t[high, k] / t[low, k])
+  return ratios
 
 
 if __name__ == '__main__':
