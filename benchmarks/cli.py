@@ -63,12 +63,15 @@ def spread(values, form: str = '.3g', scale: float = 1.0) -> str:
 
 
 def load_or_run(from_json: str, run: Callable[[], list], out: str, loaded: Callable[[list], list] = lambda r: r):
-  """A benchmark's results: those of an earlier --out (`from_json`, passed through `loaded`), or `run()`'s;
-  written to `out` when given (atomically)."""
+  """A benchmark's results: those of earlier --out files (`from_json`, comma-separated: their lists joined,
+  passed through `loaded`), or `run()`'s; written to `out` when given (atomically)."""
   from waitless.experiments.harness import atomic_files
   if from_json:
-    with open(from_json) as f:
-      results = loaded(json.load(f))
+    results = []
+    for path in from_json.split(','):
+      with open(path) as f:
+        results += json.load(f)
+    results = loaded(results)
   else:
     results = run()
   if out:

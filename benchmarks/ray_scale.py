@@ -64,8 +64,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_integer('updates', 600, 'Server updates per run.', **where)
   flags.DEFINE_string('out', '', 'JSON file of the rows ("" for none).', **where)
   flags.DEFINE_string('figure', '', 'PNG of updates/s and peak memory against P ("" for none).', **where)
-  flags.DEFINE_string('from_json', '', 'Print the table (and draw --figure) from an earlier --out instead of '
-                      'running.', **where)
+  flags.DEFINE_string('from_json', '', 'Print the table (and draw --figure) from earlier --out files (comma-'
+                      'separated) instead of running.', **where)
 
 
 def config_for(model: str, algorithm: str, workers: int, updates: int, per_process=None):
