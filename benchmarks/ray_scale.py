@@ -193,9 +193,9 @@ def draw(rows: list[dict], path: str) -> None:
     for algorithm in dict.fromkeys(r['algorithm'] for r in default):
       mine = sorted((r for r in default if r['algorithm'] == algorithm), key=lambda r: r['workers'])
       ps = [r['workers'] for r in mine]
-      axes[0, col].plot(ps, [r['updates_per_s'] for r in mine], 'o-', label=algorithm.replace('+', ', '))
+      line, = axes[0, col].plot(ps, [r['updates_per_s'] for r in mine], 'o-', label=algorithm.replace('+', ', '))
       for role, style in (('server', '--'), ('learner', ':')):
-        axes[1, col].plot(ps, [r[f'{role}_gb'] for r in mine], 'o' + style,
+        axes[1, col].plot(ps, [r[f'{role}_gb'] for r in mine], 'o' + style, color=line.get_color(),
                           label=f'{algorithm.replace("+", ", ")}: {role if role == "server" else "a learner process"}')
     for r in rows:
       if r['model'] == model and r['learners_per_process'] is not None:
