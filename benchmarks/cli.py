@@ -13,6 +13,7 @@ Ctrl-C or SIGTERM one line that stops the benchmark's child processes (exit 130 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from absl import app
+import numpy as np
 
 from waitless import config_errors as errors
 from waitless.experiments.harness.preemption import Preempted
@@ -50,6 +52,32 @@ def int_list(values: Sequence[str], flag: str, minimum: int = 1) -> list[int]:
     raise errors.ConfigError(flag, shown, f'must be integers >= {minimum}') from None
   errors.require(bool(numbers) and all(n >= minimum for n in numbers), flag, shown, f'must be integers >= {minimum}')
   return numbers
+
+
+def spread(values, form: str = '.3g', scale: float = 1.0) -> str:
+  """'median [min, max]' of `values` times `scale` (None left out; 'not reached' when none is left): how a
+  benchmark prints repeated measurements."""
+  values = [v * scale for v in values if v is not None]
+  if not values:
+    return 'not reached'
+  return f'{np.median(values):{form}} [{min(values):{form}}, {max(values):{form}}]'
+
+
+def load_or_run(from_json: str, run: Callable[[], list], out: str, loaded: Callable[[list], list] = lambda r: r):
+  """A benchmark's results: those of earlier --out files (`from_json`, comma-separated: their lists joined,
+  passed through `loaded`), or `run()`'s; written to `out` when given (atomically)."""
+  from waitless.experiments.harness import atomic_files
+  if from_json:
+    results = []
+    for path in from_json.split(','):
+      with open(path) as f:
+        results += json.load(f)
+    results = loaded(results)
+  else:
+    results = run()
+  if out:
+    atomic_files.write_json(out, results, indent=1)
+  return results
 
 
 def output_directory(path: str, flag: str) -> None:

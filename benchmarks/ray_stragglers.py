@@ -4,8 +4,11 @@
 
 P = 4 learners (`--workers`; several per learner process, as the run's plan places them: a process's learners
 compute, and sleep, one after another, so a slowed learner slows its process) on a local Ray train the digits
-MLP (batch 16 per job, SGD at learning rate 0.1 without momentum for every algorithm: one setting, so that the
-rows differ only in the server's rule). Every learner
+MLP (batch 16 per job, SGD without momentum). The learning rate is chosen per algorithm from one grid for all
+(`--learning_rates`; default 0.1 alone): every algorithm runs at every rate, and its row is the rate with the
+shortest median time to the accuracy target (a run that misses it counted as never; chosen on the seeds it is
+reported on: there are no separate tuning seeds), so that async, whose stale gradients need a smaller step at large
+P, is compared at a rate that suits it. Every learner
 sleeps `--base_s` per job on top of its real compute (TEST-ONLY emulated compute, `worker.DebugHooks.base_s`: on a
 2-core machine, four learners' real compute would mostly measure their contention for the cores, not the
 rules), and
@@ -31,7 +34,6 @@ Prints one table per scenario (medians over seeds, [min, max]) and writes every 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -64,6 +66,10 @@ _ALGORITHMS = flags.DEFINE_list('algorithms', ['sync', 'ksync,k=3', 'kasync,k=2'
 _BASE_S = flags.DEFINE_float('base_s', 0.02, 'Seconds every learner sleeps per job (emulated compute).')
 _SLOW_S = flags.DEFINE_float('slow_s', 0.06, 'slowed: extra seconds per job of learner 3.')
 _DELAY_S = flags.DEFINE_float('delay_s', 0.08, 'delayed: seconds of the one learner delayed at each job index.')
+_LEARNING_RATES = flags.DEFINE_list('learning_rates', ['0.1'], 'The step sizes every algorithm runs at; its '
+                                     'rows are those of its best (module docstring).')
+_STEPS = flags.DEFINE_list('steps', [], 'NAME=N: server updates of algorithm NAME\'s runs instead of STEPS\'s '
+                           '(async=1500: a small rate needs more updates).')
 _TARGET_ACCURACY = flags.DEFINE_float('target_accuracy', 0.9, 'Evaluation accuracy target.')
 _TARGET_LOSS = flags.DEFINE_float('target_loss', 0.3, 'Training loss target.')
 # allow_override: tests import this module and `experiments.calibrate` (its own --out) into one process.
@@ -78,11 +84,11 @@ SLOW_LEARNER = 3
 STEPS = {'sync': 150, 'ksync': 200, 'kasync': 300, 'async': 600, 'ringmaster': 600}
 
 
-def config_for(arg: str, seed: int):
+def config_for(arg: str, seed: int, learning_rate: float = 0.1):
   config = digits.get_config(f'{arg},runtime=ray,workers={_WORKERS.value}')
   config.seed = seed
-  config.num_steps = STEPS[config.algorithm.name]
-  config.optimizer.learning_rate, config.optimizer.momentum = 0.1, 0.0
+  config.num_steps = steps()[config.algorithm.name]
+  config.optimizer.learning_rate, config.optimizer.momentum = learning_rate, 0.0
   config.eval_every, config.log_every, config.checkpoint_every = 10, 10, 10**6
   config.target_accuracy = _TARGET_ACCURACY.value
   config.progress_every_s = 1e9
@@ -133,13 +139,6 @@ def predicted_update_s(config, scenario: str, intervals) -> float:
   return clock.sim_time / done
 
 
-def spread(values) -> str:
-  values = [v for v in values if v is not None]
-  if not values:
-    return 'not reached'
-  return f'{np.median(values):.3g} [{min(values):.3g}, {max(values):.3g}]'
-
-
 def run_all() -> list[dict]:
   """Every (scenario, seed, algorithm) run, `async` first in each seed (it measures the speeds)."""
   import ray
@@ -150,19 +149,62 @@ def run_all() -> list[dict]:
     for seed in range(_SEEDS.value):
       speeds = None
       for arg in sorted(_ALGORITHMS.value, key=lambda a: a != 'async'):  # async first: it measures the speeds
-        config = config_for(arg, seed)
-        begin = time.time()
-        run = measure(config, hooks)
-        if arg == 'async':
-          speeds = run['push_intervals_s']
-        run.update(scenario=scenario, seed=seed, algorithm=arg,
-                   predicted_update_s=predicted_update_s(config, scenario, speeds))
-        results.append(run)
-        print(f'{scenario} seed {seed} {arg}: {run["update_s"] * 1e3:.1f} ms per update (predicted '
-              f'{run["predicted_update_s"] * 1e3:.1f}), time to acc {run["time_to_accuracy"]} '
-              f'({time.time() - begin:.0f} s)', flush=True)
+        for lr in learning_rates():
+          config = config_for(arg, seed, lr)
+          begin = time.time()
+          run = measure(config, hooks)
+          if arg == 'async' and speeds is None:
+            speeds = run['push_intervals_s']
+          run.update(scenario=scenario, seed=seed, algorithm=arg, learning_rate=lr,
+                     predicted_update_s=predicted_update_s(config, scenario, speeds))
+          results.append(run)
+          print(f'{scenario} seed {seed} {arg} lr {lr:g}: {run["update_s"] * 1e3:.1f} ms per update (predicted '
+                f'{run["predicted_update_s"] * 1e3:.1f}), time to acc {run["time_to_accuracy"]} '
+                f'({time.time() - begin:.0f} s)', flush=True)
   ray.shutdown()
   return results
+
+
+def steps() -> dict[str, int]:
+  """STEPS with --steps' overrides."""
+  out = dict(STEPS)
+  for value in _STEPS.value:
+    name, _, n = value.partition('=')
+    if name not in STEPS or not n.isdigit() or int(n) < 1:
+      cli.refuse(f'--steps={",".join(_STEPS.value)} is not allowed: each must be NAME=N, N >= 1 and NAME one of '
+                 f'{", ".join(STEPS)}')
+    out[name] = int(n)
+  return out
+
+
+def learning_rates() -> list[float]:
+  try:
+    rates = [float(v) for v in _LEARNING_RATES.value]
+  except ValueError:
+    rates = []
+  if not rates or min(rates) <= 0:
+    cli.refuse(f'--learning_rates={",".join(_LEARNING_RATES.value)} is not allowed: must be numbers > 0')
+  return rates
+
+
+def best_rates(results: list[dict]) -> list[dict]:
+  """The runs at each (scenario, algorithm)'s best learning rate: the shortest median time to the accuracy target
+  over seeds, a missed target counted as never (a rate that reaches it on more seeds wins first)."""
+  chosen = []
+  for key in dict.fromkeys((r['scenario'], r['algorithm']) for r in results):
+    mine = [r for r in results if (r['scenario'], r['algorithm']) == key]
+    by_rate = {}
+    for r in mine:
+      by_rate.setdefault(r.get('learning_rate', 0.1), []).append(r)
+
+    def score(rate):
+      times = [r['time_to_accuracy'] for r in by_rate[rate]]
+      reached = [t for t in times if t is not None]
+      return (-len(reached), float(np.median(times)) if len(reached) == len(times) else float('inf'),
+              float(np.median(reached)) if reached else float('inf'))
+
+    chosen += by_rate[min(by_rate, key=score)]
+  return chosen
 
 
 def draw(results: list[dict], path: str) -> None:
@@ -170,7 +212,6 @@ def draw(results: list[dict], path: str) -> None:
   import matplotlib
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt
-  from waitless.experiments.harness import atomic_files
   scenarios = list(dict.fromkeys(r['scenario'] for r in results))
   algorithms = list(dict.fromkeys(r['algorithm'] for r in results))
   fig, axes = plt.subplots(2, len(scenarios), figsize=(5.5 * len(scenarios), 7), squeeze=False)
@@ -210,19 +251,29 @@ def repredict(results: list[dict]) -> list[dict]:
   for r in results:
     speeds = next(a['push_intervals_s'] for a in results
                   if a['scenario'] == r['scenario'] and a['seed'] == r['seed'] and a['algorithm'] == 'async')
-    r['predicted_update_s'] = predicted_update_s(config_for(r['algorithm'], r['seed']), r['scenario'], speeds)
+    r['predicted_update_s'] = predicted_update_s(config_for(r['algorithm'], r['seed'], r.get('learning_rate', 0.1)),
+                                                 r['scenario'], speeds)
   return results
 
 
+def reached(runs, key: str = 'time_to_accuracy') -> str:
+  """The median [min, max] of the runs that reached the target, and how many did when some did not."""
+  times = [r[key] for r in runs]
+  hit = sum(t is not None for t in times)
+  return cli.spread(times) + ('' if hit == len(times) or not hit else f' ({hit} of {len(times)})')
+
+
 def print_tables(results: list[dict]) -> None:
+  grid = results
+  results = best_rates(results)
   for scenario in list(dict.fromkeys(r['scenario'] for r in results)):
     slowdown = (f'learner {SLOW_LEARNER} +{_SLOW_S.value * 1e3:g} ms' if scenario == 'slowed'
                 else f'one learner per job index +{_DELAY_S.value * 1e3:g} ms')
     print(f'\n{scenario}: {_WORKERS.value} learners, base {_BASE_S.value * 1e3:g} ms per job, {slowdown}; '
           f'{len({r["seed"] for r in results})} seeds, median [min, max]')
-    print(f'| algorithm | ms per update | predicted | predicted / real | time to acc >= {_TARGET_ACCURACY.value} (s) '
-          f'| predicted | time to loss <= {_TARGET_LOSS.value} (s) | final acc |')
-    print('| --- | --- | --- | --- | --- | --- | --- | --- |')
+    print(f'| algorithm | learning rate | ms per update | predicted | predicted / real | time to acc >= '
+          f'{_TARGET_ACCURACY.value} (s) | predicted | time to loss <= {_TARGET_LOSS.value} (s) | final acc |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- | --- |')
     for arg in list(dict.fromkeys(r['algorithm'] for r in results)):
       runs = [r for r in results if r['scenario'] == scenario and r['algorithm'] == arg]
       real = [r['update_s'] * 1e3 for r in runs]
@@ -230,26 +281,33 @@ def print_tables(results: list[dict]) -> None:
       ratio = [p / q for p, q in zip(pred, real)]
       pred_acc = [None if r['updates_to_accuracy'] is None else r['updates_to_accuracy'] * r['predicted_update_s']
                   for r in runs]
-      print(f'| {arg} | {spread(real)} | {spread(pred)} | {spread(ratio)} | '
-            f'{spread([r["time_to_accuracy"] for r in runs])} | {spread(pred_acc)} | '
-            f'{spread([r["time_to_loss"] for r in runs])} | {spread([r["final_accuracy"] for r in runs])} |')
+      if not runs:
+        continue
+      print(f'| {arg} | {runs[0].get("learning_rate", 0.1):g} | {cli.spread(real)} | {cli.spread(pred)} | '
+            f'{cli.spread(ratio)} | {reached(runs)} | {cli.spread(pred_acc)} | {reached(runs, "time_to_loss")} | '
+            f'{cli.spread([r["final_accuracy"] for r in runs])} |')
+    rates = sorted({r.get('learning_rate', 0.1) for r in grid})
+    if len(rates) > 1:
+      print(f'\nThe grid ({scenario}): time to acc >= {_TARGET_ACCURACY.value} (s) per learning rate')
+      print('| algorithm | ' + ' | '.join(f'lr {lr:g}' for lr in rates) + ' |')
+      print('| --- |' + ' --- |' * len(rates))
+      for arg in list(dict.fromkeys(r['algorithm'] for r in grid)):
+        cells = [reached([r for r in grid if r['scenario'] == scenario and r['algorithm'] == arg
+                          and r.get('learning_rate', 0.1) == lr]) for lr in rates]
+        print(f'| {arg} | ' + ' | '.join(cells) + ' |')
 
 
 def main(argv):
   cli.no_positionals(argv)
   if _OUT.value:
     cli.output_file(_OUT.value, '--out')
+  learning_rates()
+  steps()
   logging.set_verbosity(logging.ERROR)
-  if _FROM_JSON.value:
-    with open(_FROM_JSON.value) as f:
-      results = repredict(json.load(f))
-  else:
-    results = run_all()
-  if _OUT.value:
-    atomic_files.write_json(_OUT.value, results, indent=1)
+  results = cli.load_or_run(_FROM_JSON.value, run_all, _OUT.value, loaded=repredict)
   print_tables(results)
   if _FIGURE.value:
-    draw(results, _FIGURE.value)
+    draw(best_rates(results), _FIGURE.value)
 
 
 if __name__ == '__main__':

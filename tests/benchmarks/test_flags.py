@@ -46,7 +46,15 @@ class BadFlagsTest(parameterized.TestCase):
       ('paper_two_positionals', 'paper_scale', ('wagma', 'dasgd'), r'arguments=.wagma dasgd. is not allowed'),
       ('ray_stragglers_out', 'ray_stragglers', ('--out=/nonexistent/x.json',),
        r'--out=./nonexistent/x.json. is not allowed: its directory /nonexistent does not exist'),
-      ('run_out', 'run', ('--out=/proc/nope/report.txt',), r'--out=./proc/nope/report.txt. is not allowed: its dir'))
+      ('run_out', 'run', ('--out=/proc/nope/report.txt',), r'--out=./proc/nope/report.txt. is not allowed: its dir'),
+      ('ray_stragglers_rates', 'ray_stragglers', ('--learning_rates=0.1,-1',),
+       r'--learning_rates=0.1,-1 is not allowed: must be numbers > 0'),
+      ('ray_stragglers_steps', 'ray_stragglers', ('--steps=async=0',), r'--steps=async=0 is not allowed: each must be '
+       r'NAME=N'),
+      ('ray_scale_model', 'ray_scale', ('--models=nosuch',), r'--models=nosuch is not allowed: nosuch is not one of'),
+      ('ray_scale_plans', 'ray_scale', ('--plans=64',), r'--plans=64 is not allowed: each must be P:N'),
+      ('ray_scale_workers', 'ray_scale', ('--workers=0',), r'--workers=.0. is not allowed: must be integers >= 1'),
+      ('ray_overhead_rounds', 'ray_overhead', ('--rounds=0',), r'--rounds=0 --updates=300 is not allowed'))
   def test_one_line_exit_2(self, module, args, pattern):
     result = _run(module, *args)
     self.assertEqual(result.returncode, 2, result.stderr[-2000:])
@@ -56,7 +64,7 @@ class BadFlagsTest(parameterized.TestCase):
     self.assertEqual(result.stdout, '')
 
   @parameterized.parameters('call_overhead', 'failure_table', 'gpu', 'gpu_check', 'harness_overhead', 'ray_overhead',
-                            'ray_stragglers', 'run', 'simulator_speed', 'stale_tradeoff', 'startup',
+                            'ray_scale', 'ray_stragglers', 'run', 'simulator_speed', 'stale_tradeoff', 'startup',
                             'vmapped_conditionals')
   def test_every_benchmark_refuses_a_positional_argument(self, module):
     result = _run(module, 'typo')

@@ -4,6 +4,7 @@ closed forms (no Ray started here)."""
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from benchmarks import cli
 from benchmarks import ray_stragglers
 
 
@@ -20,8 +21,8 @@ class PredictionTest(parameterized.TestCase):
     self.assertAlmostEqual(predicted, expected, delta=0.03 * expected)
 
   def test_spread_says_median_and_range_and_what_was_not_reached(self):
-    self.assertEqual(ray_stragglers.spread([3.0, 1.0, 2.0]), '2 [1, 3]')
-    self.assertEqual(ray_stragglers.spread([None, None]), 'not reached')
+    self.assertEqual(cli.spread([3.0, 1.0, 2.0]), '2 [1, 3]')
+    self.assertEqual(cli.spread([None, None]), 'not reached')
 
 
 if __name__ == '__main__':

@@ -4,6 +4,7 @@ checkpoint."""
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -121,6 +122,34 @@ class LocalMachineTest(absltest.TestCase):
     self.assertEqual(plan.groups(), [[0, 1], [2, 3], [4]])
 
 
+class ClusterPlanTest(absltest.TestCase):
+  """A joined Ray cluster's plan is checked against its CPUs, memory and GPUs (`ray.cluster_resources`) before any
+  actor starts: one line naming the field, with the figures (issue 58)."""
+
+  def _resources(self, **figures):
+    from unittest import mock
+    return mock.patch('ray.cluster_resources', return_value=figures)
+
+  def test_a_plan_the_cluster_cannot_place_is_one_line_with_its_figures(self):
+    from waitless import config_errors
+    from waitless.experiments.configs import digits
+    from waitless.experiments.harness.ray_runtime import driver
+    with self._resources(CPU=8.0, memory=64e9):
+      plan = driver.plan_on_cluster(digits.get_config('async,runtime=ray,workers=64'), 4e4)
+      self.assertEqual((plan.processes, plan.per_process), (8, 8))  # the cluster's CPUs, not this machine's
+    with self._resources(CPU=8.0, memory=8e9):
+      with self.assertRaisesRegex(config_errors.ConfigError, r'^ray.learners_per_process=1 is not allowed: 64 '
+                                  r'learners in 64 processes of 1 .* more than the Ray cluster has \(8 GB available, '
+                                  r'8 CPUs\)'):
+        driver.plan_on_cluster(digits.get_config('async,runtime=ray,workers=64,ray.learners_per_process=1'), 4e4)
+    config = digits.get_config('async,runtime=ray,workers=8,ray.worker_gpus=1.0')
+    with self._resources(CPU=16.0, GPU=2.0, memory=64e9):
+      plan = driver.plan_on_cluster(config, 4e4)
+      with self.assertRaisesRegex(config_errors.ConfigError, r'^workers=8 is not allowed: 8 learners in 8 processes '
+                                  r'of 1 and the server need 8 GPUs, the Ray cluster has 2'):
+        driver.check_resources(config, driver.resources(config, plan.processes), plan)
+
+
 class LearnerDeathLineTest(absltest.TestCase):
   """Issue 59: the driver's line for a dead learner was cut mid-word ("The task may o)"), and the raylet's own
   "Task ... failed" lines were printed beside it."""
@@ -208,6 +237,82 @@ class KillTest(absltest.TestCase):
     with open(os.path.join(workdir, 'events.jsonl')) as f:
       steps = [json.loads(line)['step'] for line in f]
     self.assertEqual(steps, list(range(1, 3001)))
+
+
+def _learner_processes(driver_pid):
+  """The driver's local Ray's learner processes (its descendants that Ray titles ray::LearnerActor...)."""
+  import psutil
+  found = []
+  for proc in psutil.Process(driver_pid).children(recursive=True):
+    try:
+      if proc.cmdline() and proc.cmdline()[0].startswith('ray::LearnerActor'):
+        found.append(proc)
+    except psutil.Error:
+      pass
+  return found
+
+
+def _metrics_steps(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line)['step'] for line in f if line.strip()]
+
+
+class FaultsAtScaleTest(parameterized.TestCase):
+  """Issue 58: at P = 64 a learner process hosts 16 learners (ray.learners_per_process); kill -9 of one restarts
+  its learners and the run completes; SIGTERM of the driver checkpoints and the rerun resumes with contiguous
+  metrics and event log. P = 8 (two processes of 4) is the same test, smaller; both start a local Ray and its
+  processes twice or more (tens of seconds): slow. Every job sleeps `delay` (--debug_delay=P:S, every learner
+  every job), so that the run outlasts a process's restart (it imports JAX and compiles again: seconds)."""
+
+  @parameterized.named_parameters(('8_learners', 8, 4, 0.01, 2500), ('64_learners', 64, 16, 0.02, 4000))
+  @pytest.mark.slow
+  def test_kill_9_of_a_learner_process_restarts_its_learners_and_the_run_completes(self, workers, per_process,
+                                                                                   delay, steps):
+    workdir = self.create_tempdir().full_path
+    arg = (f'async,runtime=ray,workers={workers},ray.learners_per_process={per_process},num_steps={steps},'
+           f'eval_every={steps},checkpoint_every=100000,log_every=100,optimizer.learning_rate=0.005')
+    flags = (f'--debug_delay={workers}:{delay}',)
+    proc = _start_until(arg, *flags, workdir=workdir, written=_has_a_metrics_row, stderr=subprocess.PIPE)
+    learners = _learner_processes(proc.pid)
+    self.assertLen(learners, workers // per_process)
+    learners[0].kill()  # SIGKILL
+    _, stderr = proc.communicate(timeout=300)
+    self.assertEqual(proc.returncode, 0, stderr[-2000:])
+    died = re.findall(r'learners (\d+)-(\d+) \(process \d+\) died at step \d+ .*Ray restarts the process', stderr)
+    self.assertLen(died, 1, stderr[-2000:])
+    with open(os.path.join(workdir, 'summary.json')) as f:
+      summary = json.load(f)
+    self.assertEqual((summary['steps'], summary['learner_deaths']), (steps, 1))
+    with open(os.path.join(workdir, 'events.jsonl')) as f:
+      lines = [json.loads(line) for line in f]
+    self.assertEqual([line['step'] for line in lines], list(range(1, steps + 1)))
+    first, last = int(died[0][0]), int(died[0][1])
+    fetched = {p[0] for line in lines for p in line['pushes'] if p[4] == 'fetched'}
+    self.assertEqual(set(range(first, last + 1)) - fetched, set(), 'a restarted learner did not fetch its view')
+
+  @parameterized.named_parameters(('8_learners', 8, 4), ('64_learners', 64, 16))
+  @pytest.mark.slow
+  def test_sigterm_of_the_driver_checkpoints_and_the_rerun_resumes_with_contiguous_logs(self, workers,
+                                                                                         per_process):
+    workdir = self.create_tempdir().full_path
+    steps = 3000
+    arg = (f'kasync,k=4,runtime=ray,workers={workers},ray.learners_per_process={per_process},num_steps={steps},'
+           'eval_every=1000,checkpoint_every=100000,log_every=50,optimizer.learning_rate=0.005')
+    flags = (f'--debug_delay={workers}:0.005',)
+    proc = _start_until(arg, *flags, workdir=workdir, written=_has_a_metrics_row, stderr=subprocess.PIPE)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    self.assertEqual(proc.returncode, 75, stderr[-2000:])
+    stopped = int(re.search(r'preempted by SIGTERM at step (\d+)', stderr).group(1))
+    self.assertLess(stopped, steps)
+    resumed = _main(arg, *flags, workdir=workdir, timeout=300)
+    self.assertEqual(resumed.returncode, 0, resumed.stderr[-2000:])
+    self.assertRegex(resumed.stderr, rf'Resumed from the checkpoint at step {stopped}\b')
+    with open(os.path.join(workdir, 'events.jsonl')) as f:
+      self.assertEqual([json.loads(line)['step'] for line in f], list(range(1, steps + 1)))
+    logged = _metrics_steps(workdir)
+    self.assertEqual([s for s in logged if s % 50 == 0], list(range(50, steps + 1, 50)))
+    self.assertEqual(logged, sorted(set(logged)))  # a row per step at most, in order
 
 
 if __name__ == '__main__':

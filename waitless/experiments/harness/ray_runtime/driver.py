@@ -290,7 +290,8 @@ class Driver:
       # Ray places it (a 0-CPU actor can land on any node).
       pinned = {'resources': {SERVER_RESOURCE: 1e-3}} if ray.cluster_resources().get(SERVER_RESOURCE) else {}
       server = ray.remote(server_lib.ServerActor).options(
-          num_cpus=wanted['server_cpus'], max_restarts=0, runtime_env=env, **pinned).remote(
+          num_cpus=wanted['server_cpus'], max_restarts=0, max_concurrency=server_lib.concurrency(self.config),
+          runtime_env=env, **pinned).remote(
               self.config, state, self.step, meta.get('positions'), meta.get('adasync'), self.recorder.time)
       learners = [ray.remote(worker_lib.LearnerActor).options(
           num_cpus=wanted['worker_cpus'], num_gpus=wanted['worker_gpus'], max_restarts=self.config.ray.max_restarts,

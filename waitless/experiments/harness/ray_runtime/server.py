@@ -17,14 +17,14 @@ learner's view still is (at most min(P, distinct versions in flight) copies; non
 K-batch learners compute their later gradients of an update at the W_t they fetched: on the learner, so the
 spec's `gradient_params` hook (the emulator's) has nothing to do here.
 
-`ServerActor` is the Ray actor around it (asyncio: a push that must wait for its update, K-sync's and K-async's,
-awaits it while the other pushes are served). Updates run one at a time on the actor's event loop.
+`ServerActor` is the Ray actor around it (threaded: a push that must wait for its update, K-sync's and K-async's,
+waits for it while the other pushes are served). Updates run one at a time, under the actor's lock.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
+import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -48,6 +48,18 @@ class Reply(NamedTuple):
   version: int       # its version t
   position: int      # the learner's data position (micro-batches) for its next job
   stop: bool         # the run has all its updates: the learner stops
+
+
+class Pushed(NamedTuple):
+  """One job as a learner pushes it: one argument of the Ray call (each argument of a call is serialised on its
+  own; docs/results/real_hardware.md measures what seven cost against one)."""
+  learner: int
+  version: int             # the server version of the model the gradient was computed at
+  position: int            # the data position the job read
+  grad_sum: Any            # the gradient summed over the job's micro-batches (host arrays)
+  loss_sum: float
+  model_state: Any = None  # the batch statistics after the job (empty without batch norm)
+  l2_grad: Optional[float] = None
 
 
 class UpdateRecord(NamedTuple):
@@ -145,8 +157,9 @@ class ServerCore:
     count = np.asarray(schedule.microbatches_total, np.float32)
     self.params, self.inner = self._step(self.params, self.inner, self._total, count)
     self.current = jax.device_get(self.params)
-    loss = float(np.mean(self._losses)) if self._losses else math.nan
-    l2 = float(np.mean(self._norms)) if self._norms else 0.0
+    # Python's sum, not np.mean: a K = 1 update's lists hold one number, and np.mean of a list costs 10 us.
+    loss = sum(self._losses) / len(self._losses) if self._losses else math.nan
+    l2 = sum(self._norms) / len(self._norms) if self._norms else 0.0
     self._begin()
     return {'train_loss': loss, 'l2_grads': l2}
 
@@ -165,7 +178,7 @@ class ServerCore:
 class Server:
   """A server's bookkeeping around `ServerCore`: arrivals, AdaSync's K, records, snapshots, the measured clock.
 
-  Single-threaded: `ServerActor` calls it from its event loop, the tests from theirs.
+  Not thread-safe: `ServerActor` calls it under its lock, the tests from one thread.
   """
 
   def __init__(self, config, state=None, version: int = 0, positions=None, adasync_state: Optional[dict] = None,
@@ -277,75 +290,99 @@ class Server:
     return out
 
 
+def concurrency(config) -> int:
+  """The server actor's threads (Ray's `max_concurrency`): every learner's one call in flight, each of which may
+  wait for an update, and the driver's calls beside them."""
+  return config.workers + 4
+
+
 class ServerActor:
-  """The Ray actor of `Server` (made remote by `driver.py`: `ray.remote(ServerActor)`), asyncio.
+  """The Ray actor of `Server` (made remote by `driver.py`: `ray.remote(ServerActor)` with `max_concurrency` from
+  `concurrency`), threaded.
 
   A learner calls `fetch` when it starts (or restarts) and then only `push`: each returns its next `Reply`.
-  A push that must wait for its update (K-sync, K-async) awaits it; so does the fetch of a restarted learner
-  whose last push was taken into the update in progress.
+  Every call holds the actor's lock while it reads or changes the server, so updates run one at a time; a push
+  that must wait for its update (K-sync, K-async) waits on a condition of that lock, releasing it, while the
+  other calls are served; so does the fetch of a restarted learner whose last push was taken into the update in
+  progress. Threads, not asyncio: Ray's asyncio actor costs more per call than a threaded one, about as
+  much as the whole update of a small model (docs/results/real_hardware.md).
   """
 
   def __init__(self, config, state=None, version: int = 0, positions=None, adasync_state=None,
                time_offset_s: float = 0.0):
     self.server = Server(config, state, version, positions, adasync_state, time_offset_s)
-    self._waiting: dict[int, asyncio.Future] = {}  # update version -> resolved when it is applied
+    self._lock = threading.Lock()
+    self._applied = threading.Condition(self._lock)
+    self._waiters: dict[int, int] = {}  # update version -> calls waiting for it to be applied
+    self._released: dict[int, tuple] = {}  # update version -> (W after it, its version), until its waiters left
 
   def ready(self) -> int:
-    return self.server.version
+    with self._lock:
+      return self.server.version
 
   def start(self) -> None:
-    self.server.start()
+    with self._lock:
+      self.server.start()
 
-  async def _reply_after_update(self, learner: int) -> Reply:
-    """The learner's reply once the update in progress is applied: the model of that version, even if more
-    updates followed before this coroutine resumed (its view is W_{t+1}, not the newest)."""
+  def _reply_after_update(self, learner: int) -> Reply:
+    """The learner's reply once the update in progress is applied (the lock held): the model of that version, even
+    if more updates followed before this thread woke (its view is W_{t+1}, not the newest)."""
     version = self.server.version
-    if version not in self._waiting:
-      self._waiting[version] = asyncio.get_running_loop().create_future()
-    params, new_version = await self._waiting[version]
+    self._waiters[version] = self._waiters.get(version, 0) + 1
+    self._applied.wait_for(lambda: version in self._released)
+    params, new_version = self._released[version]
+    self._waiters[version] -= 1
+    if not self._waiters[version]:
+      del self._waiters[version], self._released[version]
     position = int(self.server.arrivals.positions[learner])  # moves only with its own pushes: it waited
     return Reply(params, new_version, position, self.server.finished)
 
-  def _release(self) -> None:
-    """Hands the model just applied to the pushes and fetches that waited for its update."""
+  def _release(self, every: bool = False) -> None:
+    """Hands the model just applied to the calls that waited for its update (`every`: to all that wait)."""
     done = (self.server.core.current, self.server.version)
-    for version in [v for v in self._waiting if v < self.server.version]:
-      self._waiting.pop(version).set_result(done)
+    for version in self._waiters:
+      if (every or version < self.server.version) and version not in self._released:
+        self._released[version] = done
+    self._applied.notify_all()
 
-  async def fetch(self, learner: int) -> Reply:
-    server = self.server
-    if server.arrivals.policy.waits and server.arrivals.contributions[learner] > 0:
-      return await self._reply_after_update(learner)
-    return server.fetch(learner)
+  def fetch(self, learner: int) -> Reply:
+    with self._lock:
+      server = self.server
+      if not server.finished and server.arrivals.policy.waits and server.arrivals.contributions[learner] > 0:
+        return self._reply_after_update(learner)
+      return server.fetch(learner)
 
-  async def push(self, learner: int, version: int, position: int, grad_sum, loss_sum: float,
-                 model_state=None, l2_grad: Optional[float] = None) -> Reply:
-    server = self.server
-    if server.finished:
+  def push(self, pushed: Pushed) -> Reply:
+    learner = pushed.learner
+    with self._lock:
+      server = self.server
+      if server.finished:
+        return server.reply(learner)
+      before = server.version
+      outcome = server.push(*pushed)
+      if server.version > before:
+        self._release()
+      elif outcome == arrivals_lib.TAKEN and server.arrivals.policy.waits:
+        return self._reply_after_update(learner)
       return server.reply(learner)
-    before = server.version
-    outcome = server.push(learner, version, position, grad_sum, loss_sum, model_state, l2_grad)
-    if server.version > before:
-      self._release()
-    elif outcome == arrivals_lib.TAKEN and server.arrivals.policy.waits:
-      return await self._reply_after_update(learner)
-    return server.reply(learner)
 
   def drain(self):
-    return self.server.drain()
+    with self._lock:
+      return self.server.drain()
 
   def snapshot(self):
     """The evaluation's snapshot of the current model (`ServerCore.snapshot`)."""
-    return self.server.core.snapshot()
+    with self._lock:
+      return self.server.core.snapshot()
 
   def stop(self):
     """`Server.stop`; the pushes that wait for an update get their stop now."""
-    out = self.server.stop()
-    done = (self.server.core.current, self.server.version)
-    for version in list(self._waiting):
-      self._waiting.pop(version).set_result(done)
-    return out
+    with self._lock:
+      out = self.server.stop()
+      self._release(every=True)
+      return out
 
   def status(self) -> dict[str, Any]:
-    return {'version': self.server.version, 'measured_time': self.server.now(),
-            'k': int(self.server.arrivals.k)}
+    with self._lock:
+      return {'version': self.server.version, 'measured_time': self.server.now(),
+              'k': int(self.server.arrivals.k)}

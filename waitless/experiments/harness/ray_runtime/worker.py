@@ -30,6 +30,7 @@ from waitless.algorithms import spec as spec_lib
 from waitless.experiments.harness import setup
 from waitless.experiments.harness import step as step_lib
 from waitless.experiments.harness.ray_runtime import pieces
+from waitless.experiments.harness.ray_runtime import server as server_lib
 
 
 class _Job(NamedTuple):
@@ -170,5 +171,5 @@ class LearnerActor:
         if self._crash is not None and i == self._crash[0] and reply.version >= self._crash[1]:
           os._exit(1)  # TEST-ONLY (--debug_crash_learner): the process dies as a kill -9 would end it
         job = self.learners[i].compute(reply.params, reply.position, reply.version)
-        pending[server.push.remote(i, reply.version, reply.position, *job)] = i
+        pending[server.push.remote(server_lib.Pushed(i, reply.version, reply.position, *job))] = i
     return sum(learner.jobs for learner in self.learners.values())
