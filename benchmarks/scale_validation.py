@@ -17,9 +17,12 @@ cell is then out of the validation; every other cell is predicted:
                they become ready; no overlap with gradient accumulation (the accumulated gradients are all-reduced
                after the last micro-batch) or without a framework (one flat all-reduce); Horovod 0.15's
                coordinator handles every rank's request for every tensor (`REQUEST_S`);
-               parameter servers: the NCCL all-reduce inside a node and `ps_exchange` among the nodes, no overlap;
-               where the code the table ran is at hand (e-bug's copy of tf_cnn_benchmarks), the busiest server
-               holds what TensorFlow's round-robin placement of the model's variables gives it (`busiest_shard`)
+               parameter servers: the NCCL all-reduce inside a node and the host staging after the compute, and
+               `ps_exchange`'s pushes and pulls under it as far as `step.ps_exposed` hides them (pushes under the
+               backward pass; pulls under the forward pass with variable_update=parameter_server, after the step
+               with distributed_replicated); where the code the table ran is at hand (e-bug's copy of
+               tf_cnn_benchmarks), the busiest server holds what TensorFlow's round-robin placement of the
+               model's variables gives it (`busiest_shard`)
   slowest      the expected slowest of P workers' computes, `step.slowest` with `STEP_CV`
 
 The simulator's sync rule still charges compute and then the whole all-reduce (no overlap), so for the same
@@ -295,9 +298,20 @@ def comm(p: Plan, table: dict, cell: dict, nbytes: float) -> float:
   if gpus > 1:
     bare = dataclasses.replace(p.stack, host=None, framework=None)
     inside = bare.allreduce(nbytes, min(gpus, p.stack.gpus_per_node))
-  servers = _servers(table, cell)
-  shard = stacks.busiest_shard(list(p.variables), servers) if p.variables else 0.0
-  return inside + p.stack.ps_exchange(nbytes, nodes, servers, shard)
+  return inside + p.stack.ps_exchange(nbytes, nodes, _servers(table, cell), _shard(p, table, cell))
+
+
+def _shard(p: Plan, table: dict, cell: dict) -> float:
+  """The busiest server's bytes where the plan knows the model's variables (0: an even split)."""
+  return stacks.busiest_shard(list(p.variables), _servers(table, cell)) if p.variables else 0.0
+
+
+def _pulls_under_forward(table: dict, cell: dict) -> bool:
+  """variable_update=parameter_server (the cell's, else the table's stack): the variables are read every step."""
+  mode = cell.get('variable_update') or (
+      'distributed_replicated' if 'distributed_replicated' in (table['setting'].get('stack') or '') else
+      'parameter_server')
+  return mode == 'parameter_server'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,13 +340,22 @@ def step_seconds(p: Plan, table: dict, cell: dict, nbytes: float, micro: float, 
                  terms: StepTerms) -> float:
   """A cell's step: `accum` micro-batches of the slowest of its GPUs, then what the step waits for of its
   communication (the all-reduce families overlap it with the last backward pass where the framework does and the
-  step does not accumulate; the parameter servers do not overlap here)."""
-  gpus = int(cell['gpus'])
+  step does not accumulate; the parameter servers' exchange runs under the compute as `step.ps_exposed` says)."""
+  gpus, nodes = int(cell['gpus']), int(cell['nodes'])
   compute = accum * step_lib.slowest(micro, gpus, terms.cv)
   if p.kind == 'allreduce':
     backward = terms.backward_share * micro if accum == 1 else 0.0
     return compute + step_lib.exposed(p.stack, nbytes, gpus, backward)
-  return compute + comm(p, table, cell, nbytes)
+  # Parameter servers: NCCL inside the node and the host staging after the compute, the exchange's two phases
+  # under it as far as `step.ps_exposed` hides them.
+  servers, shard = _servers(table, cell), _shard(p, table, cell)
+  staged = p.stack.ps_exchange(nbytes, nodes, servers, shard)
+  inside = comm(p, table, cell, nbytes) - staged
+  link = dataclasses.replace(p.stack, host=None).ps_exchange(nbytes, nodes, servers, shard)
+  staging = staged - link
+  exposed = step_lib.ps_exposed(link, step_lib.slowest(micro, gpus, terms.cv), terms.backward_share,
+                                _pulls_under_forward(table, cell))
+  return compute + inside + staging + exposed
 
 
 def solve_micro(p: Plan, table: dict, base: dict, nbytes: float, accum: int, step: float,

@@ -111,3 +111,27 @@ class LeastErrorTest(absltest.TestCase):
   def test_extra_seconds_by_hand(self):
     row = v.Row('t', '', '', '', 16, 2, 100.0, 125.0, 'sequences/s', accum=4, micro_per_gpu=10)
     self.assertAlmostEqual(row.extra_s, 16 * 4 * 10 / 100.0 - 16 * 4 * 10 / 125.0)
+
+
+class ParameterServerStepTest(absltest.TestCase):
+
+  def test_a_parameter_server_cell_by_hand(self):
+    table = {'id': 'ebug_tf11_ps_inception3_daint_synthetic', 'setting': {}, 'cells': []}
+    p, _ = v.plan(table)
+    cell = {'gpus': 16, 'nodes': 16, 'num_ps': 4, 'variable_update': 'parameter_server'}
+    m, micro = 95277604.0, 0.46
+    shard = stacks.busiest_shard(list(v.INCEPTION3_VARIABLES), 4)
+    link = dataclasses.replace(p.stack, host=None).ps_exchange(m, 16, 4, shard)
+    staging = p.stack.ps_exchange(m, 16, 4, shard) - link
+    mu = step.slowest(micro, 16, v.NOMINAL.cv)
+    expected = mu + staging + step.ps_exposed(link, mu, v.NOMINAL.backward_share, True)
+    self.assertAlmostEqual(v.step_seconds(p, table, cell, m, micro, 1, v.NOMINAL), expected)
+    # distributed_replicated pulls after the step: more exposed.
+    replicated = dict(cell, variable_update='distributed_replicated')
+    self.assertGreater(v.step_seconds(p, table, replicated, m, micro, 1, v.NOMINAL), expected)
+
+  def test_which_pulls_run_under_the_forward_pass(self):
+    self.assertTrue(v._pulls_under_forward({'setting': {}}, {'variable_update': 'parameter_server'}))
+    self.assertFalse(v._pulls_under_forward({'setting': {}}, {'variable_update': 'distributed_replicated'}))
+    tfbench = {'setting': {'stack': 'tf_cnn_benchmarks; variable_update=distributed_replicated'}}
+    self.assertFalse(v._pulls_under_forward(tfbench, {}))
