@@ -108,6 +108,25 @@ class ParameterServerTest(absltest.TestCase):
     # As many servers as workers: each moves 2 (N-1)/N M, a ring all-reduce's volume.
     self.assertAlmostEqual(s.ps_exchange(m, 4, 4), 2 * 2e-6 + 2 * 3 / 4 * m / (80 * GB) + staging)
 
+  def test_whole_variables_load_the_busiest_server(self):
+    s, m = mpich(host=stacks.Host(pcie_gbps=80.0)), 1e8
+    staging = 2 * m / (80 * GB)
+    # An even split (or a shard smaller than M / k) is the line above, exactly.
+    self.assertEqual(s.ps_exchange(m, 4, 4, 0.0), s.ps_exchange(m, 4, 4))
+    self.assertEqual(s.ps_exchange(m, 4, 4, m / 8), s.ps_exchange(m, 4, 4))
+    # A server holding 60% of the model: 3 other workers push it 0.6 M, its own worker pulls the other 0.4 M.
+    self.assertAlmostEqual(s.ps_exchange(m, 4, 4, 0.6 * m), 2 * 2e-6 + (3 * 0.6 + 0.4) * m / (80 * GB) + staging)
+
+  def test_round_robin_placement(self):
+    # Kernels and biases alternate: on two servers every kernel lands on one of them.
+    sizes = [8.0, 400.0, 4.0, 900.0, 4.0, 100.0, 2.0]
+    self.assertEqual(stacks.busiest_shard(sizes, 2), 400.0 + 900.0 + 100.0)
+    self.assertEqual(stacks.busiest_shard(sizes, 3), max(8 + 900 + 2, 400 + 4.0, 4 + 100.0))
+    self.assertEqual(stacks.busiest_shard(sizes[1:], 2), 400.0 + 900.0 + 100.0)  # which server starts: the same
+    self.assertEqual(stacks.busiest_shard(sizes, 100), 900.0)
+    with self.assertRaisesRegex(ValueError, 'servers'):
+      stacks.busiest_shard(sizes, 0)
+
 
 class FrameworkTest(absltest.TestCase):
 

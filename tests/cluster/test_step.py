@@ -122,6 +122,20 @@ class SyncRuleTest(absltest.TestCase):
                       if isinstance(profiles.load('commodity_10gbe').network, stacks.Stack) else None)
 
 
+class ParameterServerOverlapTest(absltest.TestCase):
+
+  def test_by_hand(self):
+    # Compute 0.6 s, backward share 2/3: forward 0.2 s, backward 0.4 s.
+    self.assertAlmostEqual(step.ps_exposed(0.3, 0.6, 2 / 3, True), 0.1)  # pulls 0.1 past the forward, pushes hidden
+    self.assertAlmostEqual(step.ps_exposed(0.3, 0.6, 2 / 3, False), 0.3)  # pulls after the step
+    self.assertAlmostEqual(step.ps_exposed(0.5, 0.6, 2 / 3, True), 0.3 + 0.1)
+    self.assertEqual(step.ps_exposed(0.1, 0.6, 2 / 3, True), 0.0)
+
+  def test_no_compute_hides_nothing(self):
+    # Without compute to run under, the two phases cost their sum: twice the one-direction exchange.
+    self.assertAlmostEqual(step.ps_exposed(0.3, 0.0, 2 / 3, True), 0.6)
+
+
 class SlowestTest(absltest.TestCase):
 
   def test_formula_and_limits(self):

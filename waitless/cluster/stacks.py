@@ -59,6 +59,10 @@ M bytes to the shards and pulls M back; a node holding a shard receives the othe
 and its own worker's pulls of the other shards, so the busiest node moves
   B = max(M (N-1)/k + M (k-1)/k,  M if k < N)   bytes each way, and
   t = 2 alpha_p2p + B / beta_p2p + 2 M / pcie   (the gradients leave the GPU and the variables return).
+The shards are whole variables: the busiest server holds S >= M/k bytes (`busiest_shard`: TensorFlow's
+`tf.train.replica_device_setter` without a `ps_strategy` places the variables round-robin over the k servers in
+the order the model creates them, tensorflow/python/training/device_setter.py `_RoundRobinStrategy`), and then
+  B = max((N-1) S + (M - S),  M if k < N)        (S = M/k gives the line above).
 """
 
 from __future__ import annotations
@@ -195,13 +199,15 @@ class Stack:
   def latency(self) -> float:
     return self.p2p_link.latency_s
 
-  def ps_exchange(self, nbytes: float, nodes: int, servers: int) -> float:
+  def ps_exchange(self, nbytes: float, nodes: int, servers: int, shard_bytes: float = 0.0) -> float:
     """Seconds of a synchronous parameter-server step's pushes and pulls (module docstring) among `nodes` worker
-    nodes with `servers` co-located shards; 0 on one node (its servers are local)."""
+    nodes with `servers` co-located shards, the busiest holding `shard_bytes` (at least nbytes / servers; 0: the
+    model split evenly); 0 on one node (its servers are local)."""
     if nodes <= 1 or nbytes <= 0:
       return 0.0
     k = max(1, min(int(servers), nodes))
-    busiest = nbytes * (nodes - 1) / k + nbytes * (k - 1) / k
+    shard = min(max(nbytes / k, shard_bytes), nbytes)
+    busiest = (nodes - 1) * shard + (nbytes - shard)
     if k < nodes:
       busiest = max(busiest, nbytes)
     return 2 * self.p2p_link.latency_s + busiest * self.p2p_link.seconds_per_byte + self._staging(nbytes)
@@ -312,3 +318,15 @@ class Stack:
     if nodes > pof2:
       seconds += 2 * (alpha + nbytes * per_byte) + nbytes * gamma
     return 'rabenseifner', seconds
+
+
+def busiest_shard(variable_bytes: list[float], servers: int) -> float:
+  """Bytes on the busiest of `servers` parameter servers when the variables (bytes each, in the order the model
+  creates them) go round-robin (TensorFlow's default placement, module docstring; which server takes the first
+  only renames the servers)."""
+  if servers <= 0:
+    raise ValueError(f'servers must be positive, got {servers}')
+  load = [0.0] * servers
+  for i, nbytes in enumerate(variable_bytes):
+    load[i % servers] += nbytes
+  return max(load)

@@ -35,6 +35,10 @@ last micro-batch (NVIDIA DeepLearningExamples TensorFlow/LanguageModeling/BERT/o
 allreduce_post_accumulation the accumulated variables are all-reduced in the apply step): callers pass
 backward_s = 0 then.
 
+A synchronous parameter-server step (`ps_exposed`) overlaps differently: its pushes run under the backward pass
+and, where the workers read the variables from the servers every step, its pulls under the forward pass (the
+function's docstring). The simulator's parameter-server rules do not use it; `benchmarks/scale_validation.py` does.
+
 The slowest of P (`slowest`). A synchronous step ends when its slowest worker's gradients are in. If each
 worker's compute is independent with mean mu and coefficient of variation c, the expected maximum of P such
 times is at most about mu (1 + c sqrt(2 ln P)): sqrt(2 ln P) bounds the expected maximum of P standard normals
@@ -73,6 +77,28 @@ STEP_CV = Estimate(
     'estimate: the coefficient of variation of one GPU\'s step time, independent between workers; no published '
     'per-step figure for a Piz Daint P100 node was found (tf_cnn_benchmarks prints a per-run "jitter", the MAD '
     'of its steps\' images/s, but no log of it was found). Range 0 (no variation) to 5%')
+
+
+def ps_exposed(exchange_s: float, compute_s: float, backward_share: float, pulls_under_forward: bool) -> float:
+  """Seconds of a synchronous parameter-server step's exchange left after its compute of `compute_s`, each
+  direction of the busiest node's exchange (pushes, then pulls) taking `exchange_s`.
+
+  TensorFlow runs an op once its inputs are ready, and a tensor crosses devices as a Send/Recv pair (Abadi et al.
+  2016, TensorFlow: A system for large-scale machine learning, OSDI, sections 3.2-3.3): a gradient's push starts
+  when the gradient is computed, so the pushes run under the rest of the backward pass (the share
+  `backward_share` of the compute). With tf_cnn_benchmarks' variable_update=parameter_server a worker reads the
+  variables from the servers every step; those Recv ops have no inputs, so they start with the step and run under
+  the forward pass. With distributed_replicated a worker copies the variables back only after the servers have
+  applied every worker's gradients (its --variable_update help), so the pulls wait for the step. Pushes and pulls
+  are then separate phases, each `exchange_s` on the busiest node. The bytes are taken to be needed (pulls) and
+  ready (pushes) uniformly over their pass, as `exposed` takes them:
+    exposed = max(0, exchange - backward) + (max(0, exchange - forward) if the pulls run under the forward pass
+                                              else exchange)
+  """
+  backward = backward_share * compute_s
+  forward = compute_s - backward
+  pull = max(0.0, exchange_s - forward) if pulls_under_forward else exchange_s
+  return max(0.0, exchange_s - backward) + pull
 
 
 def slowest(mean_s: float, workers: int, cv: float) -> float:
