@@ -6,9 +6,9 @@
 `measure.sustained_fits` of the config's model in this process (one worker's batch, its micro-batch call back to
 back for `--window_s`, per round: the compute's sustained seconds per sample): on the bed the process lies in its
 host's cgroup, so the figure is that host's at its own quota (a median call time would depend on where calls fall
-in the quota's 100 ms period; the rate over many periods does not). A quota need not slow compute in proportion to
-the cores it grants (the hosts share the machine's caches and memory; runs found a host at 0.4 core 2.0-2.4x
-slower than one at 0.8): the slow host's factor is measured, not assumed.
+in the quota's period, 10 ms on the bed; the rate over many periods does not). A quota need not slow compute in
+proportion to the cores it grants (the hosts share the machine's caches and memory; runs found a host at 0.4 core
+2.0-2.4x slower than one at 0.8): the slow host's factor is measured, not assumed.
 Writes {"fits": [[seconds_per_sample, 0], ...] one per round, "size": samples per call}.
 """
 

@@ -230,8 +230,8 @@ def compute_fits(config: ml_collections.ConfigDict, rounds: int, repeats: int) -
 def sustained_fits(config: ml_collections.ConfigDict, rounds: int, window_s: float = 2.0) -> np.ndarray:
   """Per round, (seconds per sample, 0) of the config's micro-batch call of one worker's whole batch run back to back
   for at least `window_s`: the compute's sustained rate. Under a CPU quota (a cgroup's CFS bandwidth: so much CPU
-  per 100 ms period) a call's median time depends on where it falls in the period; the rate over many periods is
-  what the quota grants (`harness/host_compute.py`, each host of the test bed at its own quota)."""
+  per period, 10 ms on the test bed) a call's median time depends on where it falls in the period; the rate over
+  many periods is what the quota grants (`harness/host_compute.py`, each host of the test bed at its own quota)."""
   size = config.batch_size
   step, (state, images, labels) = microbatch_call(config, size)
   for _ in range(3):  # compile and warm up
