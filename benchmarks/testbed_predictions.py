@@ -200,7 +200,12 @@ def summarize(runs: list[dict], predicted_s: float) -> dict:
   real_target, real_steps = float(np.median(to_target)), float(np.median(steps))
   predicted_target = predicted_s * real_steps if np.isfinite(real_steps) else None
   real_target = real_target if np.isfinite(real_target) else None
-  return {'real_s': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
+  # Diagnostic of the time to target's own error: each run's rows up to the target against its median row (1: the
+  # target falls in steady rows; more: one-time costs after the first row, e.g. programs first compiled there).
+  early = [r['time_to_target'] / (r['steps_to_target'] * r['seconds_per_iteration']) for r in runs
+           if r['time_to_target'] is not None and r['steps_to_target']]
+  return {'early_rows': float(np.median(early)) if early else None,
+          'real_s': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
           'predicted_s': predicted_s, 'error': _error(predicted_s, float(np.median(per_iteration))),
           'real_target_s': real_target, 'target_range': (min(to_target), max(to_target)),
           'predicted_target_s': predicted_target, 'target_error': _error(predicted_target, real_target),

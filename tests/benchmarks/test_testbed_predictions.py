@@ -45,6 +45,7 @@ class TestbedPredictionsTest(absltest.TestCase):
     self.assertAlmostEqual(got['error'], 0.1)
     self.assertAlmostEqual(got['predicted_target_s'], 0.55)
     self.assertAlmostEqual(got['target_error'], 0.1)
+    self.assertAlmostEqual(got['early_rows'], 1.0)  # every run's rows to the target at its median rate
 
   def test_a_missed_target_counts_as_infinite(self):
     runs = [{'seconds_per_iteration': 0.02, 'time_to_target': None, 'steps_to_target': None}] * 2 + [
