@@ -66,8 +66,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float('rate_mbit', 174.0, 'Every host link\'s rate per direction, Mbit/s.', **where)
   flags.DEFINE_integer('hosts', 2, 'Hosts of the bed (2-4).', **where)
   flags.DEFINE_float('cpu', 0.8, 'Cores of every host (cgroup quota).', **where)
-  flags.DEFINE_integer('cpu_weight', None, 'The hosts\' cpu.shares (experiments.testbed --cpu_weight; unset: '
-                       '1024, a plain process\'s).', **where)
+  flags.DEFINE_integer('cpu_weight', 8192, 'The hosts\' cpu.shares (experiments.testbed --cpu_weight; 1024 is a '
+                       'plain process\'s): 8192 halved the range of a cell\'s runs under other work (issue 56), at '
+                       'that work\'s expense.', **where)
   flags.DEFINE_float('slow_cpu', 0.4, 'Cores of the slow host (the last) under the `slow` condition.', **where)
   flags.DEFINE_list('conditions', list(CONDITIONS), 'equal, slow.', **where)
   flags.DEFINE_list('algorithms', ['sync', 'local_sgd', 'dpsgd'], 'SPMD names, or ray:NAME for the '
