@@ -21,8 +21,11 @@ Per cell (an algorithm under a condition: `equal`, every host `--cpu` cores; `sl
               from the end of that row (interpolated between evaluations, as `compare` does). The cell's figure is
               the median of `--runs` runs, run interleaved (round r runs every cell once), with their range.
   predicted   `experiments.simulate` of the same config on `--profile` (its compute, per-call overhead, host time,
-              all-reduce and point-to-point figures); the slow host is `stragglers.worker_factors`, its factor the
-              ratio of the quotas (`--cpu` / `--slow_cpu`): the bed's spec, not a run's measurement. Time to target:
+              all-reduce and point-to-point figures); the slow host is `stragglers.worker_factors` (with
+              `cluster.slow_hosts`: its host work slows too), its factor the ratio of the per-sample compute
+              `calibrate` measured on hosts of the two quotas (the profile's `per_cpu`, `profiles.quota_factors`;
+              `calibrate --host_compute_only` on a bed with the slow quota adds it), else the ratio of the quotas
+              (`--cpu` / `--slow_cpu`); either way the bed's measurement or spec, not a run's. Time to target:
               predicted s/it x the real run's steps to the target (after the warm-up row).
   error       (predicted - real) / real; the targets: every cell within 10%, the mean |error| within 3%.
   ranking     per condition, every pair of algorithms whose real ranges do not overlap, and whether the
@@ -63,6 +66,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float('rate_mbit', 174.0, 'Every host link\'s rate per direction, Mbit/s.', **where)
   flags.DEFINE_integer('hosts', 2, 'Hosts of the bed (2-4).', **where)
   flags.DEFINE_float('cpu', 0.8, 'Cores of every host (cgroup quota).', **where)
+  flags.DEFINE_integer('cpu_weight', 8192, 'The hosts\' cpu.shares (experiments.testbed --cpu_weight; 1024 is a '
+                       'plain process\'s): 8192 halved the range of a cell\'s runs under other work (issue 56), at '
+                       'that work\'s expense.', **where)
   flags.DEFINE_float('slow_cpu', 0.4, 'Cores of the slow host (the last) under the `slow` condition.', **where)
   flags.DEFINE_list('conditions', list(CONDITIONS), 'equal, slow.', **where)
   flags.DEFINE_list('algorithms', ['sync', 'local_sgd', 'dpsgd'], 'SPMD names, or ray:NAME for the '
@@ -76,6 +82,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_string('workload', 'experiments/configs/digits.py', 'The config file.', **where)
   flags.DEFINE_string('pairs', 'batch_size=512', 'Config pairs of the workload (after the algorithm).', **where)
   flags.DEFINE_list('overrides', ['model.hidden_sizes=(512,512)'], 'FIELD=VALUE config overrides.', **where)
+  flags.DEFINE_string('model_key', '', 'The workload\'s compute entry in the profile (default: its only one).',
+                      **where)
   flags.DEFINE_string('workdir', '', 'Keep the runs here (default: a temporary directory).', **where)
   flags.DEFINE_string('out', '', 'Write the results as JSON here.', **where)
   flags.DEFINE_string('figure', '', 'Draw predicted against real (every cell, its range) as a PNG here.', **where)
@@ -117,7 +125,8 @@ def run(algorithm: str, condition: str, seed: int, workdir: str) -> dict:
     measured = '' if ray else ',stragglers.kind=measured'  # a Ray run's time is always measured
     config = f'--config={FLAGS.workload}:{pairs(algorithm, seed)}{measured}'
     command = [sys.executable, '-m', 'waitless.experiments.testbed', f'--cpus={",".join(map(str, cpus(condition)))}',
-               f'--rate_mbit={FLAGS.rate_mbit}', f'--timeout_s={FLAGS.timeout_s}', '--', 'ray' if ray else 'spmd',
+               f'--rate_mbit={FLAGS.rate_mbit}', f'--timeout_s={FLAGS.timeout_s}',
+               *([f'--cpu_weight={FLAGS.cpu_weight}'] if FLAGS.cpu_weight else []), '--', 'ray' if ray else 'spmd',
                config, *[f'--config.{o}' for o in FLAGS.overrides], f'--workdir={workdir}']
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -142,13 +151,35 @@ def figures(workdir: str) -> dict:
           'steps_to_target': None if step is None else float(step - steps[0])}
 
 
+def worker_factors(quotas: list[float], model: str) -> tuple[tuple[float, ...], str]:
+  """(each worker's compute factor on hosts of `quotas` cores, where it comes from): the per-sample compute the
+  profile measured at those quotas (`profiles.quota_factors`), else the quotas' ratio."""
+  from waitless.cluster import profiles
+  measured = profiles.quota_factors(profiles.load(FLAGS.profile).compute_for(model), quotas)
+  if measured is not None:
+    return measured, 'per_cpu'
+  return tuple(max(quotas) / q for q in quotas), 'quota ratio'
+
+
+def model_key() -> str:
+  """The workload's compute key in the profile ('dataset/model'): `--model_key`, or the profile's only one."""
+  from waitless import config_errors as errors
+  from waitless.cluster import profiles
+  if FLAGS.model_key:
+    return FLAGS.model_key
+  models = sorted(profiles.load(FLAGS.profile).compute)
+  errors.require(len(models) == 1, '--model_key', FLAGS.model_key,
+                 f'required: the profile holds several models ({", ".join(models)})')
+  return models[0]
+
+
 def predict(algorithm: str, condition: str, iterations: int = 400) -> float:
   """`python -m waitless.experiments.simulate` of the cell's config on `--profile` (the command a user runs), the
-  slow host a worker factor (the quotas' ratio) of its compute and host work; its mean seconds per iteration."""
+  slow host a worker factor (`worker_factors`) of its compute and host work; its mean seconds per iteration."""
   quotas = cpus(condition)
   if split(algorithm)[1]:  # the learners live on hosts 1.., the server on host 0
     quotas = quotas[1:]
-  factors = ','.join(f'{max(quotas) / q:g}' for q in quotas)
+  factors = ','.join(f'{f:.4g}' for f in worker_factors(quotas, model_key())[0])
   command = [sys.executable, '-m', 'waitless.experiments.simulate', f'--config={FLAGS.workload}:{pairs(algorithm, 0)}',
              *[f'--config.{o}' for o in FLAGS.overrides], f'--config.cluster.profile={FLAGS.profile}',
              f'--config.stragglers.worker_factors=({factors},)', '--config.cluster.slow_hosts=True',
@@ -170,7 +201,12 @@ def summarize(runs: list[dict], predicted_s: float) -> dict:
   real_target, real_steps = float(np.median(to_target)), float(np.median(steps))
   predicted_target = predicted_s * real_steps if np.isfinite(real_steps) else None
   real_target = real_target if np.isfinite(real_target) else None
-  return {'real_s': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
+  # Diagnostic of the time to target's own error: each run's rows up to the target against its median row (1: the
+  # target falls in steady rows; more: one-time costs after the first row, e.g. programs first compiled there).
+  early = [r['time_to_target'] / (r['steps_to_target'] * r['seconds_per_iteration']) for r in runs
+           if r['time_to_target'] is not None and r['steps_to_target']]
+  return {'early_rows': float(np.median(early)) if early else None,
+          'real_s': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),
           'predicted_s': predicted_s, 'error': _error(predicted_s, float(np.median(per_iteration))),
           'real_target_s': real_target, 'target_range': (min(to_target), max(to_target)),
           'predicted_target_s': predicted_target, 'target_error': _error(predicted_target, real_target),
@@ -192,14 +228,25 @@ def ranking(cells: dict) -> list[str]:
   return lines
 
 
+def slow_factor() -> str:
+  """The slow host's factor the predictions use and where it comes from, in words."""
+  if 'slow' not in FLAGS.conditions:
+    return 'no slow host'
+  quotas = cpus('slow')
+  factors, source = worker_factors(quotas, model_key())
+  where = 'calibrate\'s compute per quota (per_cpu)' if source == 'per_cpu' else 'the quotas\' ratio'
+  return f'the slow host\'s factor {factors[-1] / min(factors):.3g} ({where})'
+
+
 def report(cells: dict, loads: tuple) -> str:
   pct = lambda e: '-' if e is None else f'{100 * e:+.1f}%'
   ms = lambda s: '-' if s is None else f'{1e3 * s:.1f}'
   sec = lambda s: '-' if s is None else f'{s:.2f}'
   lines = [f'{FLAGS.hosts} hosts at {FLAGS.rate_mbit:g} Mbit/s per direction, {FLAGS.cpu:g} CPU each (slow: the last '
-           f'at {FLAGS.slow_cpu:g}); {FLAGS.workload}:{FLAGS.pairs} {" ".join(FLAGS.overrides)}, m = '
+           f'at {FLAGS.slow_cpu:g}), cpu.shares {FLAGS.cpu_weight or 1024}; {FLAGS.workload}:{FLAGS.pairs} '
+           f'{" ".join(FLAGS.overrides)}, m = '
            f'{FLAGS.microbatches}, {FLAGS.num_steps} steps; profile {FLAGS.profile}; median of {FLAGS.runs} '
-           f'interleaved runs per cell; load average {loads[0]:.1f} before, {loads[1]:.1f} after', '',
+           f'interleaved runs per cell; load average {loads[0]:.1f} before, {loads[1]:.1f} after; {slow_factor()}', '',
            '| algorithm | hosts | real ms/it (range) | predicted | error | real s to target (range) | predicted | '
            'error |', '|---|---|---|---|---|---|---|---|']
   errors_ = []
@@ -272,6 +319,7 @@ def main(argv):
     with open(FLAGS.out, 'w') as f:
       json.dump({'cells': [{'algorithm': a, 'condition': c, **v} for (a, c), v in cells.items()],
                  'runs': {f'{a}|{c}': r for (a, c), r in runs.items()}, 'loads': loads, 'workdir': root,
+                 'slow_factor': slow_factor(),
                  'flags': FLAGS.flag_values_dict()}, f, indent=1)
 
 

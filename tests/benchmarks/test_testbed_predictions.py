@@ -45,6 +45,7 @@ class TestbedPredictionsTest(absltest.TestCase):
     self.assertAlmostEqual(got['error'], 0.1)
     self.assertAlmostEqual(got['predicted_target_s'], 0.55)
     self.assertAlmostEqual(got['target_error'], 0.1)
+    self.assertAlmostEqual(got['early_rows'], 1.0)  # every run's rows to the target at its median rate
 
   def test_a_missed_target_counts_as_infinite(self):
     runs = [{'seconds_per_iteration': 0.02, 'time_to_target': None, 'steps_to_target': None}] * 2 + [
@@ -62,6 +63,27 @@ class TestbedPredictionsTest(absltest.TestCase):
     self.assertEqual(lines, ['equal: local_sgd < sync: same order', 'equal: local_sgd < dpsgd: same order'])
     cells['local_sgd', 'equal'] = cell(0.02, 0.03, 0.09)
     self.assertIn('REVERSED', tp.ranking(cells)[0])
+
+
+  def test_the_slow_hosts_factor_is_the_measured_one_where_the_profile_has_it(self):
+    # Issue 56: the quotas' ratio (2) was the slow host's factor; the half-quota host measured 2.2x slower.
+    with open(os.path.join(tp.ROOT, 'docs', 'examples', 'testbed_174.json')) as f:
+      doc = json.load(f)
+    doc['compute']['digits/mlp'].pop('per_cpu', None)
+    path = os.path.join(self.create_tempdir().full_path, 'p.json')
+    with open(path, 'w') as f:
+      json.dump(doc, f)
+    tp.FLAGS.profile = path
+    self.assertEqual(tp.model_key(), 'digits/mlp')
+    self.assertEqual(tp.worker_factors([0.8, 0.4], 'digits/mlp'), ((1.0, 2.0), 'quota ratio'))
+    doc['compute']['digits/mlp']['per_cpu'] = {'0.8': {'value': 1.2e-5, 'source': 'test'},
+                                               '0.4': {'value': 2.64e-5, 'source': 'test'}}
+    with open(path, 'w') as f:
+      json.dump(doc, f)
+    factors, source = tp.worker_factors([0.8, 0.4], 'digits/mlp')
+    self.assertSequenceAlmostEqual(factors, (1.0, 2.2))
+    self.assertEqual(source, 'per_cpu')
+    self.assertEqual(tp.worker_factors([0.8, 0.2], 'digits/mlp'), ((1.0, 4.0), 'quota ratio'))  # 0.2 not measured
 
 
 if __name__ == '__main__':

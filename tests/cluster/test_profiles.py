@@ -208,6 +208,31 @@ class ProfilesTest(parameterized.TestCase):
     with self.assertRaisesRegex(errors.ConfigError, 'stragglers.calibrate'):
       factory.validate(config)
 
+  def test_per_cpu_gives_a_slow_hosts_measured_factor(self):
+    # Issue 56: a host at half the quota was 2.2x slower, not 2x; calibrate measures each quota's compute.
+    doc = copy.deepcopy(PROFILE)
+    doc['compute']['mnist1d/cnn1d']['per_cpu'] = {'0.4': {'value': 2.2e-4, 'source': 'test'},
+                                                  '0.8': {'value': 1e-4, 'source': 'test'}}
+    compute = profiles.load(self.write(doc)).compute_for('mnist1d/cnn1d')
+    self.assertEqual(compute.per_cpu, ((0.8, 1e-4), (0.4, 2.2e-4)))
+    self.assertSequenceAlmostEqual(profiles.quota_factors(compute, [0.8, 0.4]), (1.0, 2.2))
+    self.assertSequenceAlmostEqual(profiles.quota_factors(compute, [0.4, 0.4]), (1.0, 1.0))
+    self.assertIsNone(profiles.quota_factors(compute, [0.8, 0.2]))  # 0.2 not measured: the caller's fallback
+    self.assertIsNone(profiles.quota_factors(profiles.load(self.write(PROFILE)).compute_for('mnist1d/cnn1d'),
+                                             [0.8, 0.4]))
+
+  @parameterized.named_parameters(
+      ('bad_cores', {'fast': {'value': 1e-4, 'source': 'test'}}, r'per_cpu=.fast. .*cores'),
+      ('zero_cores', {'0': {'value': 1e-4, 'source': 'test'}}, r'per_cpu=.0. .*cores'),
+      ('no_source', {'0.8': {'value': 1e-4}}, r'per_cpu\.0\.8\.source=None'),
+      ('not_an_object', [1], r'per_cpu=\[1\] .*JSON object'),
+  )
+  def test_bad_per_cpu(self, per_cpu, message):
+    doc = copy.deepcopy(PROFILE)
+    doc['compute']['mnist1d/cnn1d']['per_cpu'] = per_cpu
+    with self.assertRaisesRegex(errors.ConfigError, message):
+      profiles.load(self.write(doc))
+
   def test_negative_host_time(self):
     config = self.config('')
     config.cluster.host_s = -1.0

@@ -167,5 +167,36 @@ class CalibrateTest(absltest.TestCase):
     self.assertEqual(result['host_s'], profile.host_s)
 
 
+  def test_per_cpu_pools_the_hosts_of_one_quota(self):
+    fits = [np.array([[1.0e-5, 1e-4], [1.1e-5, 1e-4]]), np.array([[1.2e-5, 1e-4]]), np.array([[2.4e-5, 2e-4]])]
+    got = calibrate.per_cpu_figures(fits, [0.8, 0.8, 0.4], 512)
+    self.assertEqual(list(got), ['0.8', '0.4'])
+    self.assertEqual(got['0.8']['rounds'], [1.0e-5, 1.1e-5, 1.2e-5])  # hosts 0 and 1 pooled
+    self.assertAlmostEqual(got['0.8']['value'], 1.1e-5)
+    self.assertAlmostEqual(got['0.4']['value'], 2.4e-5)
+    self.assertIn('host(s) [2] of 0.4 CPU', got['0.4']['source'])
+
+  def test_host_compute_only_needs_the_test_bed(self):
+    path = os.path.join(self.create_tempdir().full_path, 'p.json')
+    with open(os.path.join(ROOT, 'docs', 'examples', 'testbed_174.json')) as f, open(path, 'w') as g:
+      g.write(f.read())
+    out = run('--config=experiments/configs/digits.py:sync', '--host_compute_only', f'--out={path}')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --host_compute_only=True is not allowed: needs the test bed')
+    self.assertLen(out.stderr.strip().splitlines(), 1)
+    out = run('--config=experiments/configs/digits.py:sync', '--host_compute_only', f'--out={path}.missing')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --out=.* must be an existing profile')
+
+  def test_host_compute_fits_one_process_per_host(self):
+    # Off the bed the processes run here; on it, process i in host i's cgroup (test_testbed checks the quotas).
+    tmp = self.create_tempdir().full_path
+    fits = measure.host_compute_fits('experiments/configs/digits.py:sync,batch_size=64', [], 2, 2, tmp)
+    self.assertLen(fits, 2)
+    for fit in fits:
+      self.assertEqual(fit.shape, (2, 2))
+      self.assertGreater(fit[0, 0], 0)
+
+
 if __name__ == '__main__':
   absltest.main()

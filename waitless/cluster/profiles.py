@@ -10,7 +10,10 @@ an object {"value": number, "source": "where it comes from", "estimate": true if
   version        1
   name, description
   compute        {"DATASET/MODEL": {"per_sample_s": F, "overhead_s": F}, ...}: one micro-batch call on s samples
-                 costs overhead_s + s x per_sample_s (`calibration.Fit`); keyed by `dataset.name/model.name`
+                 costs overhead_s + s x per_sample_s (`calibration.Fit`); keyed by `dataset.name/model.name`;
+                 optional "per_cpu": {"CORES": F, ...}, per_sample_s measured on a host of that many cores (a
+                 cgroup quota of the test bed: `calibrate` on the bed), from which `quota_factors` takes a slow
+                 host's factor
   network        {"allreduce": {"form": "ring" | "tree", "latency_s": F, "bandwidth_gbps": F},
                   "p2p": {"latency_s": F, "bandwidth_gbps": F}}: `network.Collectives` (bandwidth_gbps of an
                  all-reduce is the bus bandwidth of nccl-tests, in gigabits per second)
@@ -54,7 +57,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from waitless import config_errors as errors
 from waitless.cluster import network as network_lib
@@ -89,6 +92,7 @@ class Compute:
   """One micro-batch call on s samples costs overhead_s + s x per_sample_s."""
   per_sample_s: float  # > 0
   overhead_s: float    # >= 0
+  per_cpu: tuple[tuple[float, float], ...] = ()  # (cores, per_sample_s measured on a host of that quota), ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +236,40 @@ def _stack(doc: Mapping[str, Any], where: str) -> stacks.Stack:
                       ll128=ll128, host=host, framework=framework, congestion=congestion)
 
 
+def _per_cpu(doc: Mapping[str, Any], model: str, where: str) -> tuple[tuple[float, float], ...]:
+  """compute[model].per_cpu as ((cores, per_sample_s), ...), fastest quota first; () when absent."""
+  node = doc['compute'][model]
+  if not isinstance(node, dict) or 'per_cpu' not in node:
+    return ()
+  per_cpu = _object(doc, ('compute', model, 'per_cpu'), where)
+  out = []
+  for key in per_cpu:
+    cores = _cores(key)
+    errors.require(cores is not None and cores > 0, f'{where}.compute.{model}.per_cpu', key,
+                   'its keys are cores (a host\'s quota, e.g. "0.8"), numbers > 0')
+    out.append((cores, figure(per_cpu, (key,), f'{where}.compute.{model}.per_cpu', positive=True)))
+  return tuple(sorted(out, reverse=True))
+
+
+def _cores(key: str) -> float | None:
+  try:
+    value = float(key)
+  except ValueError:
+    return None
+  return value if math.isfinite(value) else None
+
+
+def quota_factors(compute: Compute, cpus: Sequence[float]) -> tuple[float, ...] | None:
+  """Each host's compute factor against the fastest of `cpus` (hosts of those cores), from the per-sample times
+  measured at those quotas (`compute.per_cpu`): a quota does not slow compute in proportion to its cores. None
+  when a quota of `cpus` was not measured (the caller falls back to the quotas' ratio)."""
+  measured = dict(compute.per_cpu)
+  if not cpus or any(c not in measured for c in cpus):
+    return None
+  fastest = min(measured[c] for c in cpus)
+  return tuple(measured[c] / fastest for c in cpus)
+
+
 def parse(doc: Mapping[str, Any], label: str) -> Profile:
   """Validates a profile document; `label` names it in errors (`cluster.profile[LABEL].FIELD`)."""
   where = f'{FIELD}[{label}]'
@@ -242,7 +280,8 @@ def parse(doc: Mapping[str, Any], label: str) -> Profile:
   errors.require(isinstance(compute, dict) and bool(compute), f'{where}.compute', compute,
                  'must map "dataset/model" to {"per_sample_s": ..., "overhead_s": ...}')
   models = {model: Compute(per_sample_s=figure(doc, ('compute', model, 'per_sample_s'), where, positive=True),
-                           overhead_s=figure(doc, ('compute', model, 'overhead_s'), where))
+                           overhead_s=figure(doc, ('compute', model, 'overhead_s'), where),
+                           per_cpu=_per_cpu(doc, model, where))
             for model in compute}
   if version == STRUCTURED:
     net = _stack(doc, where)

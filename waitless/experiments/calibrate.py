@@ -42,6 +42,12 @@ figure's source naming what it was measured from; with three or more counts `net
 and their mean absolute value), printed in one line. A fit the noise defeats ends in one line, status 1.
 Without it the collectives are measured at `--processes` alone and the profile is version 1, as before; `--processes`
 stays the count of the harness's runs either way.
+On the bed it also measures the compute in one process on every host at once, each at its own quota
+(`harness/host_compute.py`: the sustained rate of back-to-back calls over many of the quota's periods), and
+records it per quota as the model's `per_cpu` ({"0.8": figure, "0.4": ...}); a quota need not slow compute in
+proportion to its cores (the hosts share the machine's caches and memory), so the prediction takes a slow host's
+factor from these (`profiles.quota_factors`). `--host_compute_only` adds them to an existing profile (e.g. from a
+bed with a slow host: the quotas' figures measured on one bed, at once).
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
@@ -87,10 +93,65 @@ _REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per size of the comp
 _HARNESS_STEPS = flags.DEFINE_integer('harness_steps', 120, 'Iterations of each 1-process harness run.')
 _HARNESS_M = flags.DEFINE_integer('harness_microbatches', 4, 'M, the larger micro-batch count of the harness runs '
                                   '(must divide batch_size).')
+_HOST_COMPUTE = flags.DEFINE_bool('host_compute', True, 'On the test bed: also measure the compute on every host at '
+                                  'its own quota (compute[model].per_cpu; the slow host\'s factor is their ratio).')
+_HOST_COMPUTE_ONLY = flags.DEFINE_bool('host_compute_only', False, 'On the test bed: measure only the hosts\' compute '
+                                       'and add it (per_cpu) to the existing --out profile, e.g. on a bed with a '
+                                       'slow host to measure its quota.')
 _COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '65536', '1048576', '16777216', '67108864'],
                                       'Bytes per collective.')
 
 SOURCE = 'measured by experiments.calibrate'
+
+
+def per_cpu_figures(fits_by_host: Sequence[np.ndarray], cpus: Sequence[float], size: int) -> dict:
+  """compute[model].per_cpu: {"CORES": figure of per_sample_s} for each distinct quota of the bed's hosts, the
+  rounds of every host at that quota pooled (`fits_by_host`: `measure.host_compute_fits`' rows, host i at
+  `cpus[i]` cores)."""
+  errors.require(len(fits_by_host) == len(cpus), 'cpus', list(cpus), f'one quota per host ({len(fits_by_host)})')
+  out = {}
+  for q in sorted(set(cpus), reverse=True):
+    hosts = [i for i, c in enumerate(cpus) if c == q]
+    rounds = np.concatenate([np.asarray(fits_by_host[i])[:, 0] for i in hosts])
+    out[f'{q:g}'] = calibration.figure(
+        rounds, f'{SOURCE}: one worker\'s micro-batch call of {size} samples back to back (the sustained rate over '
+        f'many of the quota\'s periods) in a process on the test bed\'s host(s) {hosts} of {q:g} CPU (cgroup '
+        'quota), every host measuring at once; seconds per sample, the rounds of those hosts pooled')
+  return out
+
+
+def host_compute(config, config_arg: str, flags_: list[str], rounds: int) -> dict:
+  """`per_cpu_figures` of the bed this program runs on (`measure.host_compute_fits`, one process per host)."""
+  bed = placement.current()
+  errors.require(bed is not None, '--host_compute_only', True,
+                 'needs the test bed (python -m waitless.experiments.testbed --cpus=... -- calibrate ...): a host\'s '
+                 'quota is what it measures')
+  previous = signal.signal(signal.SIGTERM, _interrupted)
+  try:
+    with tempfile.TemporaryDirectory(prefix='calibrate_hosts_') as tmp:
+      fits = measure.host_compute_fits(config_arg, flags_, bed.spec.hosts, rounds, tmp)
+  except KeyboardInterrupt:
+    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
+    sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  return per_cpu_figures(fits, bed.spec.cpus, config.batch_size)
+
+
+def add_host_compute(config, config_arg: str, flags_: list[str], out: str, rounds: int) -> dict:
+  """`--host_compute_only`: the bed's `host_compute` merged into the existing profile `out` (its model's
+  per_cpu: the quotas measured now replace theirs, the others are kept); returns the profile."""
+  check_out(out)
+  errors.require(os.path.isfile(out), '--out', out, 'must be an existing profile (--host_compute_only adds to it)')
+  errors.require_int(rounds, '--rounds', 1)
+  key = profiles.model_key(config)
+  doc = profiles.read(out)
+  errors.require(key in doc.get('compute', {}), '--out', out, f'has no compute entry for {key}: calibrate it first')
+  per_cpu = host_compute(config, config_arg, flags_, rounds)
+  doc['compute'][key]['per_cpu'] = {**doc['compute'][key].get('per_cpu', {}), **per_cpu}
+  profiles.parse(doc, out)
+  atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
+  return doc
 
 
 def network_figures(rows: dict, rounds: int, processes: int, harness: measure.HarnessRounds, nbytes: float,
@@ -203,13 +264,14 @@ def holdout_line(network: Mapping) -> str | None:
 
 def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: str, name: str, rounds: int,
               repeats: int, harness_steps: int, harness_m: int, collective_sizes: list[int],
-              process_counts: Sequence[int] = ()) -> dict:
+              process_counts: Sequence[int] = (), hosts_compute: bool = True) -> dict:
   """Measures the machine, fits the figures and writes the profile to `out`; returns it.
 
   `config_arg`: the `--config` argument (its path and pairs, which every harness run repeats); `flags_`: the
   `--config.FIELD=VALUE` flags the program was given. The other arguments are the flags of the same names
   (`process_counts`: empty measures the collectives at `processes` alone and writes version 1; two or more counts
-  measure them at each and write the structured network, `structured_network`).
+  measure them at each and write the structured network, `structured_network`; `hosts_compute`: on the test bed,
+  also `host_compute`, each host's compute at its own quota, as the model's `per_cpu`).
   """
   errors.require_int(processes, '--processes', 2, why='the collectives need a mesh of 2 or more real processes '
                      '(one CPU device each, started here over loopback)')
@@ -237,6 +299,8 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
   figure = calibration.figure
   harness_where = (f'{SOURCE}: 1-process sync runs of the harness on measured time, m = 1 and m = {harness_m}, '
                    f'batch {batch}, {harness_steps} steps')
+  per_cpu = (host_compute(config, config_arg, flags_, rounds)
+             if hosts_compute and placement.current() is not None else {})
   compute = dict(doc.get('compute', {}))
   compute[key] = {
       'per_sample_s': figure(compute_fits[:, 0], f'{SOURCE}: one worker\'s micro-batch call at {sizes} samples, '
@@ -244,6 +308,7 @@ def calibrate(config, config_arg: str, flags_: list[str], processes: int, out: s
       'overhead_s': figure(overheads, harness_where + ': (T(M) - T(1)) / (M - 1)', harness.loads),
       'dispatch_overhead_s': figure(compute_fits[:, 1], f'{SOURCE}: c of the call fit (a separately dispatched call; '
                                     'informational)'),
+      **({'per_cpu': per_cpu} if per_cpu else {}),
   }
   try:  # a fit the noise defeats (times that do not grow with the size) is one line, not a traceback
     network = (structured_network(rows, rounds, processes, harness, tasks.model_bytes(config), key) if counts
@@ -382,10 +447,14 @@ def main(argv):
   config_arg = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--config='))
   overrides = [a for a in sys.argv if a.startswith('--config.') and not a.startswith('--config.cluster.')]
   try:
+    if _HOST_COMPUTE_ONLY.value:
+      doc = add_host_compute(_CONFIG.value, config_arg, overrides, _OUT.value, _ROUNDS.value)
+      print(json.dumps(doc['compute'][profiles.model_key(_CONFIG.value)]['per_cpu'], indent=1))
+      return
     profile = calibrate(_CONFIG.value, config_arg, overrides, _PROCESSES.value, _OUT.value, _NAME.value, _ROUNDS.value,
                         _REPEATS.value, _HARNESS_STEPS.value, _HARNESS_M.value,
                         parse_collective_sizes(_COLLECTIVE_SIZES.value),
-                        parse_process_counts(_PROCESS_COUNTS.value))
+                        parse_process_counts(_PROCESS_COUNTS.value), _HOST_COMPUTE.value)
   except errors.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

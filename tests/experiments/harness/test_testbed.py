@@ -276,5 +276,21 @@ class BedTest(absltest.TestCase):
       self.assertGreater(links[2]['sent_bytes'], 0)
 
 
+  def test_calibrate_measures_each_hosts_compute_at_its_quota(self):
+    # Issue 56: the slow host's factor was the quotas' ratio; calibrate now measures each host at its own quota.
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, 'bed.json')
+      shutil.copy(os.path.join(ROOT, 'docs', 'examples', 'testbed_174.json'), path)
+      launcher = _testbed('--cpus=0.8,0.4', '--', 'calibrate', '--config=experiments/configs/digits.py:sync',
+                          '--host_compute_only', '--rounds=2', f'--out={path}')
+      out = launcher.communicate(timeout=180)[0]
+      self.assertEqual(launcher.returncode, 0, out[-3000:])
+      with open(path) as f:
+        per_cpu = json.load(f)['compute']['digits/mlp']['per_cpu']
+    self.assertEqual(sorted(per_cpu), ['0.4', '0.8'])
+    self.assertLen(per_cpu['0.4']['rounds'], 2)
+    self.assertBetween(per_cpu['0.4']['value'] / per_cpu['0.8']['value'], 1.5, 3.0)  # half the CPU: about 2x
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -6,6 +6,7 @@ Real hardware only; `cluster/calibration.py` fits what it measures, `experiments
   microbatch_call         one worker's micro-batch call of a config's model
   calibrated_stragglers   `stragglers.calibrate=True`: the run's `config.stragglers` rescaled to its own step
   compute_fits, harness_rounds, collective_rows       what `experiments.calibrate` measures
+  host_compute_fits       the compute of every host of the test bed at its own quota (calibrate on the bed)
 """
 
 from __future__ import annotations
@@ -226,6 +227,30 @@ def compute_fits(config: ml_collections.ConfigDict, rounds: int, repeats: int) -
   return np.asarray(fits), sizes
 
 
+def sustained_fits(config: ml_collections.ConfigDict, rounds: int, window_s: float = 2.0) -> np.ndarray:
+  """Per round, (seconds per sample, 0) of the config's micro-batch call of one worker's whole batch run back to back
+  for at least `window_s`: the compute's sustained rate. Under a CPU quota (a cgroup's CFS bandwidth: so much CPU
+  per period, 10 ms on the test bed) a call's median time depends on where it falls in the period; the rate over
+  many periods is what the quota grants (`harness/host_compute.py`, each host of the test bed at its own quota)."""
+  size = config.batch_size
+  step, (state, images, labels) = microbatch_call(config, size)
+  for _ in range(3):  # compile and warm up
+    state, value = step(state, images, labels)
+  jax.block_until_ready(value)
+  out = []
+  for _ in range(rounds):
+    calls, begin = 0, time.perf_counter()
+    while True:
+      state, value = step(state, images, labels)
+      jax.block_until_ready(value)
+      calls += 1
+      elapsed = time.perf_counter() - begin
+      if elapsed >= window_s:
+        break
+    out.append((elapsed / (calls * size), 0.0))
+  return np.asarray(out, np.float64)
+
+
 def harness_pairs(arg: str, algorithm: str, processes: int, microbatches: int, steps: int) -> str:
   """The config argument's pairs of a harness run: `algorithm`, the user's pairs of `arg` (the part after ':' of
   calibrate's --config) but those of the keys the run sets itself (a key given twice is refused: calibrate's
@@ -311,6 +336,21 @@ def collective_rows(processes: int, sizes: list[int], rounds: int, tmp: str) -> 
   run_processes([command + [f'--process_id={i}'] for i in range(processes)], tmp, 'the collectives\' processes')
   with open(out) as f:
     return json.load(f)
+
+
+def host_compute_fits(config_arg: str, flags_: list[str], hosts: int, rounds: int, tmp: str) -> list[np.ndarray]:
+  """Per host, `sustained_fits`' rows ((seconds per sample, 0) per round) of the config's model, measured by
+  `harness/host_compute.py` in one process per host (process i on the test bed's host i, in its cgroup: the
+  host's compute at its own quota), all at once as a run's workers compute."""
+  outs = [os.path.join(tmp, f'host_{i}.json') for i in range(hosts)]
+  command = [sys.executable, '-m', 'waitless.experiments.harness.host_compute', f'--config={config_arg}', *flags_,
+             f'--rounds={rounds}']
+  run_processes([command + [f'--out={out}'] for out in outs], tmp, 'the hosts\' compute')
+  fits = []
+  for out in outs:
+    with open(out) as f:
+      fits.append(np.asarray(json.load(f)['fits'], np.float64))
+  return fits
 
 
 GRACE_S = 10.0  # between SIGINT to the children's process groups and SIGKILL
