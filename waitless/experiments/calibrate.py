@@ -48,6 +48,10 @@ records it per quota as the model's `per_cpu` ({"0.8": figure, "0.4": ...}); a q
 proportion to its cores (the hosts share the machine's caches and memory), so the prediction takes a slow host's
 factor from these (`profiles.quota_factors`). `--host_compute_only` adds them to an existing profile (e.g. from a
 bed with a slow host: the quotas' figures measured on one bed, at once).
+`--ray_p2p_only` adds `network.ray_p2p` to an existing profile: a push and its reply through Ray as the Ray
+runtime's learner and server make them (`ray_runtime/transfer.py`: on the bed between Ray's head on host 0 and a
+node on host 1, else on a local Ray), fitted to t = 2 alpha + 2 M / beta; the parameter-server family's time rules
+charge it for `runtime=ray` (`cluster.factory.effective`), where gloo's ring shift is not what moves the bytes.
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
@@ -98,6 +102,11 @@ _HOST_COMPUTE = flags.DEFINE_bool('host_compute', True, 'On the test bed: also m
 _HOST_COMPUTE_ONLY = flags.DEFINE_bool('host_compute_only', False, 'On the test bed: measure only the hosts\' compute '
                                        'and add it (per_cpu) to the existing --out profile, e.g. on a bed with a '
                                        'slow host to measure its quota.')
+_RAY_P2P_ONLY = flags.DEFINE_bool('ray_p2p_only', False, 'Measure only a push and its reply through Ray (the Ray '
+                                   'runtime\'s transfers) and add network.ray_p2p to the existing profile --out.')
+_RAY_SIZES = flags.DEFINE_list('ray_sizes', ['4096', '65536', '1048576', '4194304'],
+                               'Bytes of the pushes (and replies) --ray_p2p_only times.')
+_RAY_REPEATS = flags.DEFINE_integer('ray_repeats', 10, 'Timed push-and-reply calls per size and round (median).')
 _COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '65536', '1048576', '16777216', '67108864'],
                                       'Bytes per collective.')
 
@@ -149,6 +158,52 @@ def add_host_compute(config, config_arg: str, flags_: list[str], out: str, round
   errors.require(key in doc.get('compute', {}), '--out', out, f'has no compute entry for {key}: calibrate it first')
   per_cpu = host_compute(config, config_arg, flags_, rounds)
   doc['compute'][key]['per_cpu'] = {**doc['compute'][key].get('per_cpu', {}), **per_cpu}
+  profiles.parse(doc, out)
+  atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
+  return doc
+
+
+def ray_p2p_figures(rows: Sequence[Sequence[float]], sizes: Sequence[int], where: str) -> dict:
+  """network.ray_p2p: per round, the push-and-reply medians at `sizes` fitted to t = 2 alpha + 2 M / beta
+  (`calibration.fit_alpha_beta`: two messages of M bytes each), one direction's latency and bandwidth."""
+  fits = np.array([calibration.fit_alpha_beta([2] * len(sizes), [2 * s for s in sizes], row) for row in rows])
+  source = (f'{SOURCE}: a push of M bytes and its reply of M bytes through Ray (an actor on a node of its own '
+            f'calling a threaded actor on the server\'s node, as the Ray runtime\'s learner and server), {where}, '
+            f'sizes {list(sizes)} bytes, the median of the calls per size; t = 2 alpha + 2 M / beta, relative least '
+            'squares; one direction\'s figures')
+  return {'latency_s': calibration.figure(fits[:, 0], source),
+          'bandwidth_gbps': calibration.figure(8.0 / fits[:, 1] / 1e9, source)}
+
+
+def ray_p2p(sizes: Sequence[int], rounds: int, repeats: int) -> dict:
+  """`ray_p2p_figures` measured on the bed this program runs on (hosts 0 and 1), else on a local Ray."""
+  from waitless.experiments.harness.ray_runtime import transfer
+  bed = placement.current()
+  if bed is not None:
+    errors.require(bed.spec.hosts >= 2, '--ray_p2p_only', True, 'needs a bed of 2 hosts or more')
+  cluster = transfer.local_cluster() if bed is None else transfer.bed_cluster(bed, placement.popen)
+  previous = signal.signal(signal.SIGTERM, _interrupted)
+  try:
+    with cluster:
+      rows = transfer.push_reply_rows(sizes, rounds, repeats)
+  except KeyboardInterrupt:
+    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
+    sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  where = 'on this machine (a local Ray)' if bed is None else f'from host 1 to host 0 over {placement.links()}'
+  return ray_p2p_figures(rows, sizes, where)
+
+
+def add_ray_p2p(out: str, sizes: Sequence[int], rounds: int, repeats: int) -> dict:
+  """`--ray_p2p_only`: `ray_p2p` written into the existing profile `out` as its network's `ray_p2p`."""
+  check_out(out)
+  errors.require(os.path.isfile(out), '--out', out, 'must be an existing profile (--ray_p2p_only adds to it)')
+  errors.require_int(rounds, '--rounds', 1)
+  errors.require_int(repeats, '--ray_repeats', 1)
+  errors.require(len(set(sizes)) >= 2, '--ray_sizes', list(sizes), 'needs two distinct sizes or more')
+  doc = profiles.read(out)
+  doc['network']['ray_p2p'] = ray_p2p(sizes, rounds, repeats)
   profiles.parse(doc, out)
   atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
   return doc
@@ -447,6 +502,11 @@ def main(argv):
   config_arg = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--config='))
   overrides = [a for a in sys.argv if a.startswith('--config.') and not a.startswith('--config.cluster.')]
   try:
+    if _RAY_P2P_ONLY.value:
+      sizes = parse_ints(_RAY_SIZES.value, '--ray_sizes', 'bytes')
+      doc = add_ray_p2p(_OUT.value, sizes, _ROUNDS.value, _RAY_REPEATS.value)
+      print(json.dumps({k: v['value'] for k, v in doc['network']['ray_p2p'].items()}, indent=1))
+      return
     if _HOST_COMPUTE_ONLY.value:
       doc = add_host_compute(_CONFIG.value, config_arg, overrides, _OUT.value, _ROUNDS.value)
       print(json.dumps(doc['compute'][profiles.model_key(_CONFIG.value)]['per_cpu'], indent=1))
