@@ -217,6 +217,12 @@ class CalibrateTest(absltest.TestCase):
     self.assertEqual(out.returncode, 2, out.stderr[-2000:])
     self.assertRegex(out.stderr.strip(), r'^error: --ray_sizes=.* two distinct sizes')
 
+  def test_allreduce_only_refits_an_existing_profile(self):
+    out = run('--config=experiments/configs/digits.py:sync', '--allreduce_only', '--out=/nonexistent/p.json')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --out=')
+    self.assertLen(out.stderr.strip().splitlines(), 1)
+
   def test_host_compute_fits_one_process_per_host(self):
     # Off the bed the processes run here; on it, process i in host i's cgroup (test_testbed checks the quotas).
     tmp = self.create_tempdir().full_path

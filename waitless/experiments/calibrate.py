@@ -107,6 +107,10 @@ _RAY_P2P_ONLY = flags.DEFINE_bool('ray_p2p_only', False, 'Measure only a push an
 _RAY_SIZES = flags.DEFINE_list('ray_sizes', ['4096', '65536', '1048576', '4194304'],
                                'Bytes of the pushes (and replies) --ray_p2p_only times.')
 _RAY_REPEATS = flags.DEFINE_integer('ray_repeats', 10, 'Timed push-and-reply calls per size and round (median).')
+_ALLREDUCE_ONLY = flags.DEFINE_bool('allreduce_only', False, 'Measure only the harness\'s all-reduce of the whole '
+                                     'model and of a fragment (streaming DiLoCo\'s, M / 2) on --processes processes '
+                                     'and refit the existing profile --out\'s all-reduce latency and bandwidth from '
+                                     'the two.')
 _COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '65536', '1048576', '16777216', '67108864'],
                                       'Bytes per collective.')
 
@@ -204,6 +208,54 @@ def add_ray_p2p(out: str, sizes: Sequence[int], rounds: int, repeats: int) -> di
   errors.require(len(set(sizes)) >= 2, '--ray_sizes', list(sizes), 'needs two distinct sizes or more')
   doc = profiles.read(out)
   doc['network']['ray_p2p'] = ray_p2p(sizes, rounds, repeats)
+  profiles.parse(doc, out)
+  atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
+  return doc
+
+
+def add_allreduce_sizes(config, config_arg: str, flags_: list[str], out: str, processes: int, rounds: int,
+                        steps: int) -> dict:
+  """`--allreduce_only`: per round the harness's all-reduce of the whole model and of one fragment
+  (`measure.harness_allreduce_sizes`), fitted to the ring (`calibration.fit_allreduce_sizes`), written as the
+  existing profile `out`'s `network.allreduce` latency and bandwidth (the figures they replace kept beside as
+  `previous_latency_s` and `previous_bandwidth_gbps`); returns the profile."""
+  check_out(out)
+  errors.require(os.path.isfile(out), '--out', out, 'must be an existing profile (--allreduce_only refits it)')
+  errors.require_int(rounds, '--rounds', 1)
+  check_processes(processes)
+  doc = profiles.read(out)
+  errors.require('allreduce' in doc.get('network', {}) and doc.get('version') == 1, '--out', out,
+                 'must be a version 1 profile with network.allreduce')
+  nbytes, key = tasks.model_bytes(config), profiles.model_key(config)
+  previous = signal.signal(signal.SIGTERM, _interrupted)
+  loads, times = [], []
+  try:
+    with tempfile.TemporaryDirectory(prefix='calibrate_allreduce_') as tmp:
+      for r in range(rounds):
+        loads.append(os.getloadavg()[0])
+        times.append(measure.harness_allreduce_sizes(config_arg, flags_, processes, steps, os.path.join(tmp, str(r))))
+  except KeyboardInterrupt:
+    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
+    sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  try:
+    fits = np.array([calibration.fit_allreduce_sizes(w, f, nbytes, measure.FRAGMENTS, processes) for w, f in times])
+  except ValueError as e:
+    print(f'calibrate: {e}', file=sys.stderr)
+    sys.exit(1)
+  source = (f'{SOURCE}: {processes} processes of the harness on measured time over {placement.links()}, one worker '
+            f'each, nobody slowed, the {key} model: sync (an all-reduce of {nbytes:.0f} bytes) and streaming DiLoCo '
+            f'with {measure.FRAGMENTS} fragments, H = {measure.FRAGMENTS}, d = 0 (one of '
+            f'{nbytes / measure.FRAGMENTS:.0f} bytes every step), each less local SGD that never averages; the ring '
+            f'form through the two sizes (calibration.fit_allreduce_sizes); the harness\'s seconds per round (whole, '
+            f'fragment): '
+            f'{[[round(w, 5), round(f, 5)] for w, f in times]}')
+  allreduce = doc['network']['allreduce']
+  allreduce['previous_latency_s'] = allreduce['latency_s']
+  allreduce['previous_bandwidth_gbps'] = allreduce['bandwidth_gbps']
+  allreduce['latency_s'] = calibration.figure(fits[:, 0], source, loads)
+  allreduce['bandwidth_gbps'] = calibration.figure(fits[:, 1], source, loads)
   profiles.parse(doc, out)
   atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
   return doc
@@ -506,6 +558,12 @@ def main(argv):
       sizes = parse_ints(_RAY_SIZES.value, '--ray_sizes', 'bytes')
       doc = add_ray_p2p(_OUT.value, sizes, _ROUNDS.value, _RAY_REPEATS.value)
       print(json.dumps({k: v['value'] for k, v in doc['network']['ray_p2p'].items()}, indent=1))
+      return
+    if _ALLREDUCE_ONLY.value:
+      doc = add_allreduce_sizes(_CONFIG.value, config_arg, overrides, _OUT.value, _PROCESSES.value, _ROUNDS.value,
+                                _HARNESS_STEPS.value)
+      print(json.dumps({k: v['value'] for k, v in doc['network']['allreduce'].items() if isinstance(v, dict)},
+                       indent=1))
       return
     if _HOST_COMPUTE_ONLY.value:
       doc = add_host_compute(_CONFIG.value, config_arg, overrides, _OUT.value, _ROUNDS.value)
