@@ -49,9 +49,12 @@ proportion to its cores (the hosts share the machine's caches and memory), so th
 factor from these (`profiles.quota_factors`). `--host_compute_only` adds them to an existing profile (e.g. from a
 bed with a slow host: the quotas' figures measured on one bed, at once).
 `--ray_p2p_only` adds `network.ray_p2p` to an existing profile: a push and its reply through Ray as the Ray
-runtime's learner and server make them (`ray_runtime/transfer.py`: on the bed between Ray's head on host 0 and a
-node on host 1, else on a local Ray), fitted to t = 2 alpha + 2 M / beta; the parameter-server family's time rules
-charge it for `runtime=ray` (`cluster.factory.effective`), where gloo's ring shift is not what moves the bytes.
+runtime's learner and server make them (`ray_runtime/transfer.py`: on the bed a learner on every host but host 0
+pushing at once to a server on host 0, as a run's learners do, else on a local Ray), fitted to
+t = 2 alpha + 2 M / beta; the parameter-server family's time rules charge it for `runtime=ray`
+(`cluster.factory.effective`), where gloo's ring shift is not what moves the bytes.
+`--allreduce_only` refits an existing profile's all-reduce latency and bandwidth from the harness's all-reduce of
+the whole model and of a fragment of it (`calibration.fit_allreduce_sizes`).
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
@@ -185,17 +188,19 @@ def ray_p2p(sizes: Sequence[int], rounds: int, repeats: int) -> dict:
   bed = placement.current()
   if bed is not None:
     errors.require(bed.spec.hosts >= 2, '--ray_p2p_only', True, 'needs a bed of 2 hosts or more')
+  pushers = 1 if bed is None else bed.spec.hosts - 1  # a learner on every host but the server's, as a run's
   cluster = transfer.local_cluster() if bed is None else transfer.bed_cluster(bed, placement.popen)
   previous = signal.signal(signal.SIGTERM, _interrupted)
   try:
     with cluster:
-      rows = transfer.push_reply_rows(sizes, rounds, repeats)
+      rows = transfer.push_reply_rows(sizes, rounds, repeats, pushers)
   except KeyboardInterrupt:
     print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
     sys.exit(130)
   finally:
     signal.signal(signal.SIGTERM, previous)
-  where = 'on this machine (a local Ray)' if bed is None else f'from host 1 to host 0 over {placement.links()}'
+  where = ('on this machine (a local Ray)' if bed is None else
+           f'from each of hosts 1-{pushers} to host 0 at once over {placement.links()}')
   return ray_p2p_figures(rows, sizes, where)
 
 
