@@ -1,4 +1,4 @@
-"""A push and its reply through Ray, timed as the Ray runtime's learner pays them: `calibrate --ray_p2p`.
+"""A push and its reply through Ray, timed as the Ray runtime's learner pays them: `calibrate --ray_p2p_only`.
 
 A learner of the Ray runtime (`worker.py`) pushes a gradient of M bytes to the server actor and waits for the
 reply, a model of M bytes (`server.py`): two transfers through Ray's own transport (an argument or a return value
@@ -6,8 +6,10 @@ of more than 100 KB goes through the object store and Ray's object manager), not
 point-to-point figure the rest of the profile holds. `push_reply_rows` times that call: an actor on a node of its
 own (the learner) calls a threaded actor on the node that holds `waitless_server` (the server's host on the test
 bed, as `driver.py` pins the server) with an array of M bytes and gets one of M bytes back, back to back,
-`repeats` calls per size, their median per size; the profile's `network.ray_p2p` is the fit of the round trip to
-t = 2 alpha + 2 M / beta (`calibration.fit_alpha_beta`), one direction's figures.
+`repeats` calls per size, their median per size (on the bed one learner per host but the server's, pushing at
+once: the server's link carries their pushes and replies together, in both directions, as in a run); the
+profile's `network.ray_p2p` is the fit of the round trip to t = 2 alpha + 2 M / beta
+(`calibration.fit_alpha_beta`), one direction's figures.
 
 `cluster.factory.effective` charges it for the pushes and replies of a `runtime=ray` config; nothing else reads it.
 """
@@ -60,15 +62,20 @@ class Pusher:
     return medians
 
 
-def push_reply_rows(sizes: Sequence[int], rounds: int, repeats: int) -> list[list[float]]:
+def push_reply_rows(sizes: Sequence[int], rounds: int, repeats: int, pushers: int = 1) -> list[list[float]]:
   """Per round, the median seconds of one push-and-reply at each of `sizes` bytes, on the Ray cluster this process
-  is connected to (`ray.init` done): the server actor pinned to `SERVER_RESOURCE` if a node has it, the pusher on
-  a node with a CPU."""
+  is connected to (`ray.init` done): the server actor pinned to `SERVER_RESOURCE` if a node has it, `pushers`
+  learners of one CPU each pushing at once (on the bed, one per learner host: the server's link carries their
+  pushes and replies together, in both directions, as a run's learners make it), the median over them."""
   import ray
   pinned = {'resources': {SERVER_RESOURCE: 1e-3}} if ray.cluster_resources().get(SERVER_RESOURCE) else {}
-  server = ray.remote(num_cpus=0, max_concurrency=4, **pinned)(Echo).remote()
-  pusher = ray.remote(num_cpus=1)(Pusher).remote()
-  return [ray.get(pusher.run.remote(server, list(sizes), repeats)) for _ in range(rounds)]
+  server = ray.remote(num_cpus=0, max_concurrency=pushers + 4, **pinned)(Echo).remote()
+  actors = [ray.remote(num_cpus=1)(Pusher).remote() for _ in range(pushers)]
+  rows = []
+  for _ in range(rounds):
+    each = ray.get([a.run.remote(server, list(sizes), repeats) for a in actors])
+    rows.append(np.median(np.asarray(each, np.float64), axis=0).tolist())
+  return rows
 
 
 WAIT_S = 120.0
@@ -76,8 +83,8 @@ WAIT_S = 120.0
 
 @contextlib.contextmanager
 def bed_cluster(bed, popen):
-  """Ray's head on host 0 (holding `SERVER_RESOURCE`, no CPU) and a node of one CPU on host 1 of the test bed, as
-  `experiments.testbed -- ray` starts them, and this process connected to it; everything stopped on exit."""
+  """Ray's head on host 0 (holding `SERVER_RESOURCE`, no CPU) and a node of one CPU on every other host of the test
+  bed, as `experiments.testbed -- ray` starts them, and this process connected to it; everything stopped on exit."""
   import ray
   from waitless.experiments.harness.testbed import bed as bed_lib
   from waitless.experiments.harness.testbed import runs
@@ -86,7 +93,7 @@ def bed_cluster(bed, popen):
   procs = []
   with tempfile.TemporaryDirectory(prefix='calibrate_ray_') as tmp:
     try:
-      for i in (0, 1):
+      for i in range(bed.spec.hosts):
         procs.append(popen(i, runs.ray_node_argv(bed.spec.hosts, i, 1, os.path.join(tmp, f'h{i}')), env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
       address = f'{bed_lib.address(0)}:{runs.RAY_PORT}'
@@ -99,9 +106,10 @@ def bed_cluster(bed, popen):
           if time.monotonic() > deadline:
             raise
           time.sleep(1.0)
-      while sum(n['Alive'] for n in ray.nodes()) < 2:
+      while sum(n['Alive'] for n in ray.nodes()) < bed.spec.hosts:
         if time.monotonic() > deadline:
-          raise RuntimeError(f'the bed\'s Ray cluster has {sum(n["Alive"] for n in ray.nodes())} of 2 nodes')
+          raise RuntimeError(f'the bed\'s Ray cluster has {sum(n["Alive"] for n in ray.nodes())} of '
+                             f'{bed.spec.hosts} nodes')
         time.sleep(0.5)
       yield
     finally:
