@@ -196,6 +196,12 @@ class CalibrateTest(absltest.TestCase):
     self.assertAlmostEqual(got['latency_s']['value'], 1e-3)
     self.assertAlmostEqual(got['bandwidth_gbps']['value'], 0.08)
     self.assertIn('through Ray', got['latency_s']['source'])
+    # With the runtime's own run: two learners, 0.1 s per update (a learner's cycle 0.2 s), jobs of 0.01 s: per
+    # transfer 0.095 s, of which the 1 MB at 10 MB/s are 0.1048576 s -> 0; at 4096 bytes 0.0945904 s.
+    got = calibrate.ray_p2p_figures(rows, sizes, 'here', [0.1, 0.1], 2, 0.01, 4096, [1.0, 1.0], 'm')
+    self.assertAlmostEqual(got['latency_s']['value'], 0.095 - 4096 / 1e7)
+    self.assertAlmostEqual(got['microbenchmark_latency_s']['value'], 1e-3)
+    self.assertIn('cycle', got['latency_s']['source'])
 
   def test_ray_p2p_only_adds_the_link_every_program_reads(self):
     # Off the bed, a local Ray: the figure a runtime=ray config's pushes are then charged (simulate).

@@ -78,6 +78,36 @@ def push_reply_rows(sizes: Sequence[int], rounds: int, repeats: int, pushers: in
   return rows
 
 
+def runtime_pairs(arg: str, learners: int, steps: int) -> str:
+  """The config argument's pairs of `runtime_update_s`' run: async on Ray with `learners`, the user's pairs of
+  `arg` (calibrate's --config after ':') but the keys the run sets itself."""
+  own = ['runtime=ray', f'workers={learners}', 'microbatches=1', f'num_steps={steps}', f'eval_every={steps}',
+         'log_every=10', f'checkpoint_every={steps}', 'cluster.profile=""']
+  keys = {pair.split('=', 1)[0] for pair in own} | {'devices'}
+  user = [p for p in arg.split(',')[1:] if p and p.split('=', 1)[0].strip() not in keys]
+  return ','.join(['async'] + user + own)
+
+
+def runtime_update_s(config_arg: str, flags_: Sequence[str], learners: int, steps: int, workdir: str,
+                     address: str | None) -> float:
+  """Median measured seconds per server update (rows after the first) of the Ray runtime's async SGD with
+  `learners` learners on the Ray cluster at `address` (None: a local Ray of the run's own), the driver here (on the
+  bed, host 0, where a run's is)."""
+  import json
+  path, _, arg = config_arg.partition(':')
+  argv = [sys.executable, '-m', 'waitless.experiments.main', f'--config={path}:{runtime_pairs(arg, learners, steps)}',
+          *flags_, f'--workdir={workdir}', *([f'--ray_address={address}'] if address else [])]
+  done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                        env=dict(os.environ, RAY_AUTH_MODE='disabled'))
+  if done.returncode:
+    raise RuntimeError(f'the Ray runtime\'s run failed (status {done.returncode}): {done.stderr[-1500:]}')
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  steps_ = np.array([r['step'] for r in rows], np.float64)
+  times = np.array([r['measured_time'] for r in rows], np.float64)
+  return float(np.median(np.diff(times) / np.diff(steps_)))
+
+
 WAIT_S = 120.0
 
 
@@ -111,7 +141,7 @@ def bed_cluster(bed, popen):
           raise RuntimeError(f'the bed\'s Ray cluster has {sum(n["Alive"] for n in ray.nodes())} of '
                              f'{bed.spec.hosts} nodes')
         time.sleep(0.5)
-      yield
+      yield address
     finally:
       with contextlib.suppress(Exception):
         ray.shutdown()
@@ -137,7 +167,7 @@ def local_cluster():
   ray.init(address='local', num_cpus=2, resources={SERVER_RESOURCE: 1}, include_dashboard=False, logging_level='ERROR',
            log_to_driver=False)
   try:
-    yield
+    yield None
   finally:
     ray.shutdown()
 
