@@ -114,5 +114,32 @@ class RoundsTest(absltest.TestCase):
     self.assertEqual(fit.dropped, 1)
 
 
+class AllreduceSizesTest(parameterized.TestCase):
+
+  @parameterized.parameters(2, 4)
+  def test_two_sizes_give_the_ring_through_them(self, n):
+    # A harness that pays 3 ms per message and 0.15 Gbit/s: its whole-model and fragment all-reduces give both
+    # back, and the streaming rule's fragment (network.Collectives at those figures) costs what the harness paid.
+    from waitless.cluster import network
+    link = network.AlphaBeta(latency_s=3e-3, bandwidth_gbps=0.15)
+    ring = network.Collectives(allreduce_link=link, p2p_link=link)
+    nbytes = 1.2e6
+    whole, fragment = ring.allreduce(nbytes, n), ring.allreduce(nbytes / 2, n)
+    alpha, gbps = calibration.fit_allreduce_sizes(whole, fragment, nbytes, 2, n)
+    self.assertAlmostEqual(alpha, 3e-3)
+    self.assertAlmostEqual(gbps, 0.15)
+    fitted = network.Collectives(allreduce_link=network.AlphaBeta(alpha, gbps), p2p_link=link)
+    self.assertAlmostEqual(fitted.allreduce(nbytes / 2, n), fragment)
+
+  def test_a_fragment_that_costs_as_much_as_the_model_is_refused(self):
+    with self.assertRaisesRegex(ValueError, 'not cheaper'):
+      calibration.fit_allreduce_sizes(0.05, 0.05, 1.2e6, 2, 2)
+
+  def test_a_latency_below_zero_is_clamped(self):
+    # Half the model for 0.02 s of 0.05: the line through them crosses 0 below the origin.
+    alpha, _ = calibration.fit_allreduce_sizes(0.05, 0.02, 1.2e6, 2, 2)
+    self.assertEqual(alpha, 0.0)
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -107,6 +107,27 @@ class ProfilesTest(parameterized.TestCase):
     self.assertEqual(cost.host_s, 0.25)
     self.assertIsInstance(cost.network, network.AlphaBeta)
 
+  def test_a_ray_config_charges_the_ray_push_where_the_profile_has_it(self):
+    # network.ray_p2p (calibrate --ray_p2p_only) is the point-to-point link of runtime=ray; gloo's stays for
+    # everything else, and an explicit network field still wins.
+    doc = copy.deepcopy(PROFILE)
+    doc['network']['ray_p2p'] = {'latency_s': {'value': 2e-3, 'source': 'test'},
+                                 'bandwidth_gbps': {'value': 1.0, 'source': 'test'}}
+    path = self.write(doc)
+    ray = factory.effective(self.config(path, 'kasync,k=1,runtime=ray,workers=4'))
+    self.assertAlmostEqual(ray.network.p2p(1e6), 2e-3 + 8e6 / 1e9)
+    self.assertAlmostEqual(ray.network.allreduce(1e6, 4), profiles.load(path).network.allreduce(1e6, 4))
+    spmd = factory.effective(self.config(path, 'kasync,k=1'))
+    self.assertAlmostEqual(spmd.network.p2p(1e6), 5e-5 + 8e6 / 4e9)
+    without = factory.effective(self.config(self.write(PROFILE), 'kasync,k=1,runtime=ray,workers=4'))
+    self.assertAlmostEqual(without.network.p2p(1e6), 5e-5 + 8e6 / 4e9)
+    config = self.config(path, 'kasync,k=1,runtime=ray,workers=4')
+    config.network.kind, config.cluster.explicit = 'ideal', ['network.kind']
+    self.assertEqual(factory.effective(config).network.p2p(1e6), 0.0)
+    doc['network']['ray_p2p']['bandwidth_gbps']['value'] = -1.0
+    with self.assertRaisesRegex(errors.ConfigError, 'ray_p2p.bandwidth_gbps'):
+      profiles.load(self.write(doc))
+
   def test_explicit_distribution_keeps_its_scale(self):
     config = self.config(self.write(PROFILE), 'sync,stragglers.kind=exponential,stragglers.rate=50.0')
     cost = factory.effective(config)

@@ -188,6 +188,47 @@ class CalibrateTest(absltest.TestCase):
     self.assertEqual(out.returncode, 2, out.stderr[-2000:])
     self.assertRegex(out.stderr.strip(), r'^error: --out=.* must be an existing profile')
 
+  def test_ray_p2p_fits_the_round_trip_to_two_messages_each_way(self):
+    # Round trips of 2 x (1 ms + M / 10 MB/s): one direction 1 ms and 0.08 Gbit/s.
+    sizes = [4096, 65536, 1048576]
+    rows = [[2 * (1e-3 + s / 1e7) for s in sizes]] * 2
+    got = calibrate.ray_p2p_figures(rows, sizes, 'here')
+    self.assertAlmostEqual(got['latency_s']['value'], 1e-3)
+    self.assertAlmostEqual(got['bandwidth_gbps']['value'], 0.08)
+    self.assertIn('through Ray', got['latency_s']['source'])
+    # With the runtime's own run: two learners, 0.1 s per update (a learner's cycle 0.2 s), jobs of 0.01 s: per
+    # transfer 0.095 s, of which the 1 MB at 10 MB/s are 0.1048576 s -> 0; at 4096 bytes 0.0945904 s.
+    got = calibrate.ray_p2p_figures(rows, sizes, 'here', [0.1, 0.1], 2, 0.01, 4096, [1.0, 1.0], 'm')
+    self.assertAlmostEqual(got['latency_s']['value'], 0.095 - 4096 / 1e7)
+    self.assertAlmostEqual(got['microbenchmark_latency_s']['value'], 1e-3)
+    self.assertIn('cycle', got['latency_s']['source'])
+
+  def test_ray_p2p_only_adds_the_link_every_program_reads(self):
+    # Off the bed, a local Ray: the figure a runtime=ray config's pushes are then charged (simulate).
+    path = os.path.join(self.create_tempdir().full_path, 'p.json')
+    with open(os.path.join(ROOT, 'docs', 'examples', 'testbed_174.json')) as f:
+      doc = json.load(f)
+    doc['network'].pop('ray_p2p', None)
+    with open(path, 'w') as g:
+      json.dump(doc, g)
+    out = run('--config=experiments/configs/digits.py:sync', '--ray_p2p_only', '--rounds=1', '--ray_repeats=3',
+              '--ray_sizes=4096,1048576', f'--out={path}')
+    self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+    profile = profiles.load(path)
+    self.assertIsNotNone(profile.ray_p2p)
+    self.assertGreater(profile.ray_p2p.bandwidth_gbps, 0)
+    self.assertEqual(profile.network, profiles.load(os.path.join(ROOT, 'docs', 'examples', 'testbed_174.json')).network)
+    out = run('--config=experiments/configs/digits.py:sync', '--ray_p2p_only', '--ray_sizes=4096',
+              f'--out={path}')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --ray_sizes=.* two distinct sizes')
+
+  def test_allreduce_only_refits_an_existing_profile(self):
+    out = run('--config=experiments/configs/digits.py:sync', '--allreduce_only', '--out=/nonexistent/p.json')
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    self.assertRegex(out.stderr.strip(), r'^error: --out=')
+    self.assertLen(out.stderr.strip().splitlines(), 1)
+
   def test_host_compute_fits_one_process_per_host(self):
     # Off the bed the processes run here; on it, process i in host i's cgroup (test_testbed checks the quotas).
     tmp = self.create_tempdir().full_path

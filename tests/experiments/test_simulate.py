@@ -53,6 +53,22 @@ class SimulateTest(parameterized.TestCase):
       self.assertGreaterEqual(result['mean_iteration_time'], 2e-4, name)
       self.assertLess(result['mean_iteration_time'], 1.0, name)
 
+  @parameterized.parameters(('ksync,k=1', 'KSync'), ('kbatch_sync,k=2', 'KBatchSync'), ('sync', 'KSync'))
+  def test_a_ray_config_predicts_what_the_ray_server_does(self, arg, rule):
+    # On Ray a late job runs to its end and is discarded on arrival (`ray_config.server_config`): its prediction
+    # is that rule's, not the paper's cancellation.
+    pairs = 'workers=2,devices=2,stragglers.kind=exponential,network.kind=alpha_beta'
+    ray = simulate.simulate(digits.get_config(f'{arg},runtime=ray,{pairs}'), iterations=200, nbytes=1e6)
+    name, k = (arg.split(',') + ['k=2'])[:2]
+    name = 'ksync' if name == 'sync' else name
+    arrival = simulate.simulate(digits.get_config(f'{name},{k},cancel=on_arrival,{pairs}'), iterations=200,
+                                nbytes=1e6)
+    immediate = simulate.simulate(digits.get_config(f'{name},{k},{pairs}'), iterations=200, nbytes=1e6)
+    self.assertEqual(ray['rule'], rule)
+    self.assertEqual(ray['mean_iteration_time'], arrival['mean_iteration_time'])
+    if arg != 'sync':  # K = P: nothing is late, the two rules agree
+      self.assertNotEqual(ray['mean_iteration_time'], immediate['mean_iteration_time'])
+
   def test_stragglers_make_sync_wait(self):
     config = digits.get_config('sync,stragglers.kind=slow_workers,stragglers.slow_workers=[0]')
     result = simulate.simulate(config, iterations=10, nbytes=0.0)

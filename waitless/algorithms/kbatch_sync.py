@@ -11,7 +11,9 @@ the current point from any workers, then one step. The time rules differ in one 
 that is mid-computation at an update finish its gradient at the old point, discards it on arrival and sends
 the worker to the new point; K-batch-sync cancels that work at the update and every learner restarts at once
 (Rennala with calculation stops: the same updates, never later). Rennala event by event is `kbatch_async`
-with k=B, max_delay=1 (tests/algorithms/test_ps_simulator.py: RennalaTest).
+with k=B, max_delay=1 (tests/algorithms/test_ps_simulator.py: RennalaTest), and `cancel=on_arrival` is that
+time rule for K-batch-sync (`cluster/rules/kbatch_sync.py`): what a real runtime, the Ray runtime's server
+included, does. The update is the same either way.
 
 References: Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018; Tyurin, Richtarik,
 "Optimal Time Complexities of Parallel Stochastic Optimization Methods Under a Fixed Computation Model",
@@ -20,8 +22,19 @@ NeurIPS 2023.
 
 from __future__ import annotations
 
+from waitless import config_errors as errors
+from waitless.algorithms import ksync
 from waitless.algorithms import parameter_server as ps
 
+# When the work in flight at an update stops (the time rule's choice): as K-sync's `cancel`.
+CANCEL = ksync.CANCEL
 
-SPEC = ps.make_spec('kbatch_sync', {'k': 4}, ps.validate_k, ps.k_jobs, several_jobs=True,
+
+def validate(config) -> None:
+  ps.validate_k(config)
+  errors.require(config.algorithm.cancel in CANCEL, 'algorithm.cancel', config.algorithm.cancel,
+                 f'one of {", ".join(CANCEL)}')
+
+
+SPEC = ps.make_spec('kbatch_sync', {'k': 4, 'cancel': 'immediate'}, validate, ps.k_jobs, several_jobs=True,
                     fresh_views=ps.always_fresh)

@@ -177,6 +177,31 @@ def fit_network(rows: Mapping[str, Sequence[Sequence[float]]], rounds: int, proc
   return NetworkFit(allreduce, p2p, ar_latency, p2p_latency, dropped)
 
 
+def fit_allreduce_sizes(whole_s: float, fragment_s: float, nbytes: float, fragments: int,
+                        n: int) -> tuple[float, float]:
+  """The ring all-reduce's latency per message and bandwidth from what the harness pays for an all-reduce of the
+  whole model (`nbytes`) and of one fragment of it (`nbytes / fragments`), both among `n`:
+  t = 2(n-1) alpha + 2 (n-1)/n M / beta through the two points (alpha clamped at 0).
+
+  The harness's cost per all-reduce beyond the micro-benchmark's bandwidth term is part per message, part per
+  byte (the copies and the reduction on the hosts' CPUs, TCP under the link's shaper); measured at one size it
+  cannot be split, and charged per message it is paid F times by a model split into F fragments.
+
+  Returns:
+    (alpha, bandwidth_gbps).
+
+  Raises:
+    ValueError: the fragment costs as much as the whole model or more (per-byte cost <= 0).
+  """
+  volume = 2 * (n - 1) / n * nbytes
+  per_byte = (whole_s - fragment_s) / (volume - volume / fragments)
+  if not per_byte > 0:
+    raise ValueError(f'the fragment\'s all-reduce ({fragment_s:.4g} s) is not cheaper than the whole model\'s '
+                     f'({whole_s:.4g} s): time more steps')
+  alpha = max((whole_s - per_byte * volume) / (2 * (n - 1)), 0.0)
+  return float(alpha), float(8.0 / per_byte / 1e9)
+
+
 def robust(values) -> tuple[float, float, list[int]]:
   """The median of a figure's rounds after the outliers are dropped, the kept rounds' spread, the dropped ones.
 

@@ -297,7 +297,9 @@ def effective(config: ml_collections.ConfigDict) -> Effective:
                  microbatches samples per micro-batch, o = the profile's overhead_s (or the explicit one); a
                  `trace` keeps its measured table and takes only o; an explicit distribution field
                  (`profiles.COMPUTE_FIELDS`) keeps the configured distribution, and takes only o
-    network      the profile's `network.Collectives`, unless a `network.*` field is explicit
+    network      the profile's `network.Collectives`, unless a `network.*` field is explicit; with
+                 `runtime=ray` its point-to-point link is the profile's `ray_p2p` where it has one (the Ray
+                 runtime's pushes and replies move through Ray, not through the library the collectives use)
     host_s       the profile's, unless `cluster.host_s` is explicit
   """
   c = config.cluster
@@ -316,6 +318,8 @@ def effective(config: ml_collections.ConfigDict) -> Effective:
     stragglers = ml_collections.ConfigDict(stragglers.to_dict())
     stragglers.overhead_s = overhead
   network = make_network(config.network) if any(f.startswith('network.') for f in explicit) else profile.network
+  if network is profile.network and profile.ray_p2p is not None and config.get('runtime') == 'ray':
+    network = dataclasses.replace(network, p2p_link=profile.ray_p2p)
   return Effective(stragglers, network, host_s if 'cluster.host_s' in explicit else profile.host_s, profile.name)
 
 

@@ -16,7 +16,9 @@ an object {"value": number, "source": "where it comes from", "estimate": true if
                  host's factor
   network        {"allreduce": {"form": "ring" | "tree", "latency_s": F, "bandwidth_gbps": F},
                   "p2p": {"latency_s": F, "bandwidth_gbps": F}}: `network.Collectives` (bandwidth_gbps of an
-                 all-reduce is the bus bandwidth of nccl-tests, in gigabits per second)
+                 all-reduce is the bus bandwidth of nccl-tests, in gigabits per second); optional "ray_p2p":
+                 LINK, one direction of a push and its reply through Ray (`calibrate --ray_p2p_only`), the
+                 point-to-point link of a `runtime=ray` config (`factory.effective`); in version 2 too
   host_s         F: the host's serial work per iteration, charged by the clock after every iteration
   stragglers     optional, informational (not applied: a config chooses its straggler model), e.g.
                  {"call_cv": F}, the coefficient of variation of a call's time that calibrate measured
@@ -102,6 +104,7 @@ class Profile:
   compute: Mapping[str, Compute]  # 'dataset/model' -> figures
   network: network_lib.Collectives | stacks.Stack
   host_s: float
+  ray_p2p: network_lib.AlphaBeta | None = None  # a push or a reply through Ray (None: not measured)
 
   def compute_for(self, model: str) -> Compute:
     """The compute figures of `model` ('dataset/model'); a ConfigError naming the field if the profile has none."""
@@ -292,8 +295,9 @@ def parse(doc: Mapping[str, Any], label: str) -> Profile:
     _object(doc, ('network', 'p2p'), where)
     net = network_lib.Collectives(allreduce_link=_link(doc, 'allreduce', where), p2p_link=_link(doc, 'p2p', where),
                                   form=form)
+  ray = _link(doc, 'ray_p2p', where) if 'ray_p2p' in _object(doc, ('network',), where) else None
   return Profile(name=str(doc.get('name', label)), compute=models, network=net,
-                 host_s=figure(doc, ('host_s',), where))
+                 host_s=figure(doc, ('host_s',), where), ray_p2p=ray)
 
 
 def load(name_or_path: str) -> Profile:

@@ -48,6 +48,15 @@ records it per quota as the model's `per_cpu` ({"0.8": figure, "0.4": ...}); a q
 proportion to its cores (the hosts share the machine's caches and memory), so the prediction takes a slow host's
 factor from these (`profiles.quota_factors`). `--host_compute_only` adds them to an existing profile (e.g. from a
 bed with a slow host: the quotas' figures measured on one bed, at once).
+`--ray_p2p_only` adds `network.ray_p2p` to an existing profile, the point-to-point link the parameter-server
+family's time rules charge for `runtime=ray` (`cluster.factory.effective`), where gloo's ring shift is not what
+moves the bytes: its bandwidth from a push and its reply through Ray as the Ray runtime's learner and server make
+them (`ray_runtime/transfer.py`: on the bed a learner on every host but host 0 pushing at once to a server on host
+0, as a run's learners do, else on a local Ray), fitted to t = 2 alpha + 2 M / beta; its latency, on the bed, from
+the Ray runtime itself (async SGD, a learner per host: a learner's cycle less its compute, per transfer, less the
+bandwidth term), as the collectives' latencies come from the harness.
+`--allreduce_only` refits an existing profile's all-reduce latency and bandwidth from the harness's all-reduce of
+the whole model and of a fragment of it (`calibration.fit_allreduce_sizes`).
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
 An existing `--out` keeps its other models' compute entries (the new model's is replaced), so one profile can
 hold several workloads. Bad input exits with status 2 and one line.
@@ -98,6 +107,15 @@ _HOST_COMPUTE = flags.DEFINE_bool('host_compute', True, 'On the test bed: also m
 _HOST_COMPUTE_ONLY = flags.DEFINE_bool('host_compute_only', False, 'On the test bed: measure only the hosts\' compute '
                                        'and add it (per_cpu) to the existing --out profile, e.g. on a bed with a '
                                        'slow host to measure its quota.')
+_RAY_P2P_ONLY = flags.DEFINE_bool('ray_p2p_only', False, 'Measure only a push and its reply through Ray (the Ray '
+                                   'runtime\'s transfers) and add network.ray_p2p to the existing profile --out.')
+_RAY_SIZES = flags.DEFINE_list('ray_sizes', ['4096', '65536', '1048576', '4194304'],
+                               'Bytes of the pushes (and replies) --ray_p2p_only times.')
+_RAY_REPEATS = flags.DEFINE_integer('ray_repeats', 10, 'Timed push-and-reply calls per size and round (median).')
+_ALLREDUCE_ONLY = flags.DEFINE_bool('allreduce_only', False, 'Measure only the harness\'s all-reduce of the whole '
+                                     'model and of a fragment (streaming DiLoCo\'s, M / 2) on --processes processes '
+                                     'and refit the existing profile --out\'s all-reduce latency and bandwidth from '
+                                     'the two.')
 _COLLECTIVE_SIZES = flags.DEFINE_list('collective_sizes', ['4096', '65536', '1048576', '16777216', '67108864'],
                                       'Bytes per collective.')
 
@@ -149,6 +167,129 @@ def add_host_compute(config, config_arg: str, flags_: list[str], out: str, round
   errors.require(key in doc.get('compute', {}), '--out', out, f'has no compute entry for {key}: calibrate it first')
   per_cpu = host_compute(config, config_arg, flags_, rounds)
   doc['compute'][key]['per_cpu'] = {**doc['compute'][key].get('per_cpu', {}), **per_cpu}
+  profiles.parse(doc, out)
+  atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
+  return doc
+
+
+def ray_p2p_figures(rows: Sequence[Sequence[float]], sizes: Sequence[int], where: str,
+                    update_s: Sequence[float] = (), learners: int = 1, job_s: float = 0.0, nbytes: float = 0.0,
+                    loads=None, model: str = '') -> dict:
+  """network.ray_p2p: the bandwidth of a push and its reply through Ray (per round, the medians at `sizes` fitted to
+  t = 2 alpha + 2 M / beta: `calibration.fit_alpha_beta`, two messages of M bytes), and the latency as the Ray
+  runtime pays it: per round, its async run's cycle of a learner (`learners` x `update_s`, each update one push)
+  less one job's compute `job_s`, per transfer (a push and a reply), less the bandwidth term of the model's
+  `nbytes` (as `calibration.fit_network` takes the collectives' latencies from the harness); the echo's own
+  latency kept as `microbenchmark_latency_s`. Without `update_s`, the echo's latency."""
+  fits = np.array([calibration.fit_alpha_beta([2] * len(sizes), [2 * s for s in sizes], row) for row in rows])
+  echo = (f'{SOURCE}: a push of M bytes and its reply of M bytes through Ray (an actor calling a threaded actor on '
+          f'the server\'s node, as the Ray runtime\'s learner and server), {where}, sizes {list(sizes)} bytes, the '
+          'median of the calls per size; t = 2 alpha + 2 M / beta, relative least squares; one direction\'s figures')
+  bandwidth = calibration.figure(8.0 / fits[:, 1] / 1e9, echo)
+  if not len(update_s):
+    return {'latency_s': calibration.figure(fits[:, 0], echo), 'bandwidth_gbps': bandwidth}
+  per_byte = 8.0 / (bandwidth['value'] * 1e9)  # seconds
+  latency = [max((learners * u - job_s) / 2 - nbytes * per_byte, 0.0) for u in update_s]
+  runtime = (f'{SOURCE}: the Ray runtime\'s async SGD with {learners} learner(s), {where}, the {model} model '
+             f'({nbytes:.0f} bytes): a learner\'s cycle ({learners} x the seconds per update, '
+             f'{[round(u, 5) for u in update_s]}) less one job\'s compute ({job_s:.4g} s, the profile\'s), per '
+             'transfer (a push and its reply), less the bandwidth term of the echo')
+  return {'latency_s': calibration.figure(latency, runtime, loads), 'bandwidth_gbps': bandwidth,
+          'microbenchmark_latency_s': calibration.figure(fits[:, 0], echo)}
+
+
+def ray_p2p(config, config_arg: str, flags_: list[str], doc: dict, sizes: Sequence[int], rounds: int, repeats: int,
+            steps: int) -> dict:
+  """`ray_p2p_figures` measured on the bed this program runs on (the server on host 0, a learner on every other),
+  else on a local Ray: per round the echo, then the runtime's async run."""
+  from waitless.experiments.harness.ray_runtime import transfer
+  bed = placement.current()
+  if bed is not None:
+    errors.require(bed.spec.hosts >= 2, '--ray_p2p_only', True, 'needs a bed of 2 hosts or more')
+  pushers = 1 if bed is None else bed.spec.hosts - 1  # a learner on every host but the server's, as a run's
+  key, nbytes = profiles.model_key(config), tasks.model_bytes(config)
+  compute = doc['compute'].get(key)
+  errors.require(compute is not None, '--out', '(the profile)', f'has no compute entry for {key}: calibrate it first')
+  job_s = compute['overhead_s']['value'] + config.batch_size * compute['per_sample_s']['value']  # one micro-batch
+  cluster = transfer.local_cluster() if bed is None else transfer.bed_cluster(bed, placement.popen)
+  previous = signal.signal(signal.SIGTERM, _interrupted)
+  rows, update_s, loads = [], [], []
+  try:
+    with cluster as address, tempfile.TemporaryDirectory(prefix='calibrate_ray_') as tmp:
+      for r in range(rounds):
+        loads.append(os.getloadavg()[0])
+        rows += transfer.push_reply_rows(sizes, 1, repeats, pushers)
+        if address is not None:
+          update_s.append(transfer.runtime_update_s(config_arg, flags_, pushers, steps, os.path.join(tmp, str(r)),
+                                                    address))
+  except KeyboardInterrupt:
+    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
+    sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  where = ('on this machine (a local Ray)' if bed is None else
+           f'from each of hosts 1-{pushers} to host 0 at once over {placement.links()}')
+  return ray_p2p_figures(rows, sizes, where, update_s, pushers, job_s, nbytes, loads, key)
+
+
+def add_ray_p2p(config, config_arg: str, flags_: list[str], out: str, sizes: Sequence[int], rounds: int,
+                repeats: int, steps: int) -> dict:
+  """`--ray_p2p_only`: `ray_p2p` written into the existing profile `out` as its network's `ray_p2p`."""
+  check_out(out)
+  errors.require(os.path.isfile(out), '--out', out, 'must be an existing profile (--ray_p2p_only adds to it)')
+  errors.require_int(rounds, '--rounds', 1)
+  errors.require_int(repeats, '--ray_repeats', 1)
+  errors.require(len(set(sizes)) >= 2, '--ray_sizes', list(sizes), 'needs two distinct sizes or more')
+  doc = profiles.read(out)
+  doc['network']['ray_p2p'] = ray_p2p(config, config_arg, flags_, doc, sizes, rounds, repeats, steps)
+  profiles.parse(doc, out)
+  atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
+  return doc
+
+
+def add_allreduce_sizes(config, config_arg: str, flags_: list[str], out: str, processes: int, rounds: int,
+                        steps: int) -> dict:
+  """`--allreduce_only`: per round the harness's all-reduce of the whole model and of one fragment
+  (`measure.harness_allreduce_sizes`), fitted to the ring (`calibration.fit_allreduce_sizes`), written as the
+  existing profile `out`'s `network.allreduce` latency and bandwidth (the figures they replace kept beside as
+  `previous_latency_s` and `previous_bandwidth_gbps`); returns the profile."""
+  check_out(out)
+  errors.require(os.path.isfile(out), '--out', out, 'must be an existing profile (--allreduce_only refits it)')
+  errors.require_int(rounds, '--rounds', 1)
+  check_processes(processes)
+  doc = profiles.read(out)
+  errors.require('allreduce' in doc.get('network', {}) and doc.get('version') == 1, '--out', out,
+                 'must be a version 1 profile with network.allreduce')
+  nbytes, key = tasks.model_bytes(config), profiles.model_key(config)
+  previous = signal.signal(signal.SIGTERM, _interrupted)
+  loads, times = [], []
+  try:
+    with tempfile.TemporaryDirectory(prefix='calibrate_allreduce_') as tmp:
+      for r in range(rounds):
+        loads.append(os.getloadavg()[0])
+        times.append(measure.harness_allreduce_sizes(config_arg, flags_, processes, steps, os.path.join(tmp, str(r))))
+  except KeyboardInterrupt:
+    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
+    sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  try:
+    fits = np.array([calibration.fit_allreduce_sizes(w, f, nbytes, measure.FRAGMENTS, processes) for w, f in times])
+  except ValueError as e:
+    print(f'calibrate: {e}', file=sys.stderr)
+    sys.exit(1)
+  source = (f'{SOURCE}: {processes} processes of the harness on measured time over {placement.links()}, one worker '
+            f'each, nobody slowed, the {key} model: sync (an all-reduce of {nbytes:.0f} bytes) and streaming DiLoCo '
+            f'with {measure.FRAGMENTS} fragments, H = {measure.FRAGMENTS}, d = 0 (one of '
+            f'{nbytes / measure.FRAGMENTS:.0f} bytes every step), each less local SGD that never averages; the ring '
+            f'form through the two sizes (calibration.fit_allreduce_sizes); the harness\'s seconds per round (whole, '
+            f'fragment): '
+            f'{[[round(w, 5), round(f, 5)] for w, f in times]}')
+  allreduce = doc['network']['allreduce']
+  allreduce['previous_latency_s'] = allreduce['latency_s']
+  allreduce['previous_bandwidth_gbps'] = allreduce['bandwidth_gbps']
+  allreduce['latency_s'] = calibration.figure(fits[:, 0], source, loads)
+  allreduce['bandwidth_gbps'] = calibration.figure(fits[:, 1], source, loads)
   profiles.parse(doc, out)
   atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
   return doc
@@ -447,6 +588,18 @@ def main(argv):
   config_arg = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--config='))
   overrides = [a for a in sys.argv if a.startswith('--config.') and not a.startswith('--config.cluster.')]
   try:
+    if _RAY_P2P_ONLY.value:
+      sizes = parse_ints(_RAY_SIZES.value, '--ray_sizes', 'bytes')
+      doc = add_ray_p2p(_CONFIG.value, config_arg, overrides, _OUT.value, sizes, _ROUNDS.value, _RAY_REPEATS.value,
+                        _HARNESS_STEPS.value)
+      print(json.dumps({k: v['value'] for k, v in doc['network']['ray_p2p'].items()}, indent=1))
+      return
+    if _ALLREDUCE_ONLY.value:
+      doc = add_allreduce_sizes(_CONFIG.value, config_arg, overrides, _OUT.value, _PROCESSES.value, _ROUNDS.value,
+                                _HARNESS_STEPS.value)
+      print(json.dumps({k: v['value'] for k, v in doc['network']['allreduce'].items() if isinstance(v, dict)},
+                       indent=1))
+      return
     if _HOST_COMPUTE_ONLY.value:
       doc = add_host_compute(_CONFIG.value, config_arg, overrides, _OUT.value, _ROUNDS.value)
       print(json.dumps(doc['compute'][profiles.model_key(_CONFIG.value)]['per_cpu'], indent=1))

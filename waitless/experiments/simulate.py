@@ -10,7 +10,9 @@ Prints one JSON object: `algorithm`, `workers`, `iterations`, `sim_time`, `mean_
 host time per iteration the clock charged), `measurements` (what the time rule declares in
 its `reports`, reduced over the run as declared: e.g. K-async's mean `k` and `max_staleness`, WAGMA's summed
 `behind`), and `simulator_us_per_iteration` (host cost of the simulation itself).
-The time rule is the algorithm's own (`cluster.registry.time_rule(config)`).
+The time rule is the algorithm's own (`cluster.registry.time_rule(config)`); with `runtime=ray`, that of what the
+Ray runtime's server runs (`ray_config.server_config`: sync as K-sync with K = P, K-sync's and K-batch-sync's late
+jobs discarded on arrival).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
     errors.ConfigError: a bad config field (before anything runs).
   """
   spec = registry.get(config.algorithm.name)
+  name = config.algorithm.name
   limits.check_workers(config, ray=config.get('runtime') == 'ray')  # before any field reads P
   if iterations is not None:
     errors.require_int(iterations, '--iterations', 1)
@@ -83,6 +86,9 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   errors.require_int(iterations, 'iterations', 1)
   nbytes = model_bytes(config) if nbytes is None else float(nbytes)
   errors.require_number(nbytes, 'model_bytes', 'must be a number >= 0', lambda v: v >= 0)
+  if config.get('runtime') == 'ray':  # the rule of what the Ray runtime's server does (late jobs discarded on arrival)
+    from waitless.experiments.harness.ray_runtime import ray_config
+    config = ray_config.server_config(config)
   clock = cluster_factory.make_clock(config, registry.time_rule(config), nbytes, cost)
 
   p = config.workers
@@ -106,7 +112,7 @@ def simulate(config: ml_collections.ConfigDict, iterations: Optional[int] = None
   sim_time = clock.sim_time
   per_worker = idle / sim_time if sim_time > 0 else np.zeros(p)
   return {
-      'algorithm': config.algorithm.name,
+      'algorithm': name,
       'rule': type(clock.rule).__name__,
       'workers': p,
       'iterations': done,

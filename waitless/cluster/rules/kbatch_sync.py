@@ -1,6 +1,13 @@
 """K-batch-sync SGD's time rule (`algorithms/kbatch_sync.py`): the first K mini-batch gradients, then cancel.
 
-Time per update with X ~ Exp(mu), ideal network: K / (P mu).
+Time per update with X ~ Exp(mu), ideal network: K / (P mu) (`cancel=immediate`).
+
+`cancel` says when the work in flight at an update stops: `immediate` (the paper: cancelled at the update, every
+learner restarts on W_{t+1} at once) or `on_arrival` (what a real runtime does, the Ray runtime's server
+included: a job in flight runs to its end and is discarded when it arrives, its learner then fetches the current
+model; and a learner waits for the server's reply to each push before its next job). `on_arrival` is Rennala SGD
+event by event (ALGORITHMS.md: Rennala is K-batch-sync with K = B), the events of `kbatch_async` with
+max_delay=1; its updates are the same as `immediate`'s: K gradients, all computed at W_t.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from waitless.algorithms import kbatch_sync as kbatch_sync_math
 from waitless.algorithms import parameter_server
 from waitless.cluster import schedules
 from waitless.cluster.rules import parameter_server as ps
@@ -24,7 +32,7 @@ class KBatchSync(ps.KRule):
 
   All learners start round t at S from W_t. A learner that finishes a mini-batch pushes it and immediately
   starts another one at the same W_t; the server takes the first K gradients to arrive (a fast learner may give
-  several), then cancels all work in progress:
+  several), then cancels all work in progress (`cancel=immediate`; `on_arrival`: `_iterate_on_arrival`):
     T = K-th smallest arrival over all (learner, mini-batch) completions,   end = T + p2p(M).
   Time per update with X ~ Exp(mu) and an ideal network: K / (P mu) on average. Nobody idles.
   Bytes: K pushes + P fetches of M.
@@ -35,11 +43,23 @@ class KBatchSync(ps.KRule):
   k: int
   fresh_views = True  # every learner fetches the new model
   microbatches: int = 1
+  cancel: str = 'immediate'  # or 'on_arrival' (module docstring)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.cancel not in CANCEL:
+      raise ValueError(f'cancel={self.cancel!r} must be one of {", ".join(CANCEL)}')
+
+  @property
+  def reports(self):
+    return ps.KRule.reports if self.cancel == 'immediate' else {**ps.KRule.reports, 'discarded': 'sum'}
 
   def tolerated_failures(self, workers: int) -> int:
     return workers - 1  # any single learner can deliver all K mini-batches
 
   def iterate(self, clock: 'Clock', iteration: int) -> schedules.Iteration:
+    if self.cancel == 'on_arrival':
+      return self._iterate_on_arrival(clock)
     del iteration
     p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
     up = clock.network.p2p(clock.model_bytes)
@@ -56,6 +76,43 @@ class KBatchSync(ps.KRule):
         bytes_communicated=float(k + p) * clock.model_bytes, staleness=np.zeros(p),
         measurements={'k': k, 'max_staleness': 0.0})
 
+  def _iterate_on_arrival(self, clock: 'Clock') -> schedules.Iteration:
+    """One update when the work in flight is discarded on arrival: learners keep their own finish times and views.
+
+    Arrivals in order (ties: lowest worker id), each at job end + p2p(M); the server's reply, another p2p(M)
+    later, carries the model it holds then, and the learner starts its next job on it when the reply is there:
+    - a job computed on an older model than W_t is discarded (not one of the K, its samples not consumed); its
+      learner gets W_t;
+    - a job computed on W_t is taken; its learner gets W_t (it computes on at W_t), or W_{t+1} if it was the K-th
+      (the server updates first).
+    The update is the K-th taken arrival, T; the iteration ends there (the server's time, as K-batch-async's).
+    Nobody idles (waiting for a reply is communication). Bytes: a push and a reply of M per arrival.
+    """
+    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
+    state = ps.init_learners(clock, m)
+    finish, view, version = state['finish'], state['view'], int(state['version'])
+    up = clock.network.p2p(clock.model_bytes)
+    counts, taken, discarded, arrival = np.zeros(p, np.int32), 0, 0, 0.0
+    one = np.zeros(1, np.int64)
+    while taken < k:
+      i = int(np.argmin(finish))
+      arrival = finish[i] + up
+      if view[i] < version:  # computed on an older model: discarded, the reply carries W_t
+        discarded += 1
+        view[i] = version
+      else:
+        counts[i] += 1
+        taken += 1
+        view[i] = version + 1 if taken == k else version
+      one[0] = i
+      finish[i] = clock.work(one, arrival + up, m)[0]
+    state['version'] = version + 1
+    clock.times[:] = arrival
+    return schedules.Iteration(
+        schedule=parameter_server.schedule(p, k, m, counts), idle=np.zeros(p),
+        bytes_communicated=2.0 * (k + discarded) * clock.model_bytes, staleness=np.zeros(p),
+        measurements={'k': k, 'max_staleness': 0.0, 'discarded': float(discarded)})
+
   vectorized = True
 
   def iterate_block(self, clock: 'Clock', iteration: int, n: int) -> schedules.Steps:
@@ -67,6 +124,8 @@ class KBatchSync(ps.KRule):
     replay the block at those S_t and keep it up to the first update whose events differ (a rounding tie;
     that update was replayed at its exact S_t), then repeat from there. Trace, delays, failures: `iterate`.
     """
+    if self.cancel == 'on_arrival':  # each learner's own events: one update at a time
+      return ps.loop_block(self, clock, n)
     del iteration
     if not ps.Draws.supported(clock) or clock.delay is not None:  # `bulk` draws carry no delay
       return ps.loop_block(self, clock, n)
@@ -123,5 +182,8 @@ class KBatchSync(ps.KRule):
         end_time=end, measurements={'k': np.full(n, float(k)), 'max_staleness': np.zeros(n)})
 
 
+CANCEL = kbatch_sync_math.CANCEL
+
+
 def time_rule(config) -> KBatchSync:
-  return KBatchSync(k=config.algorithm.k, microbatches=config.microbatches)
+  return KBatchSync(k=config.algorithm.k, microbatches=config.microbatches, cancel=config.algorithm.cancel)

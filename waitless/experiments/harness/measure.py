@@ -304,6 +304,24 @@ def harness_collectives(config_arg: str, flags_: list[str], processes: int, step
                       local)
 
 
+FRAGMENTS = 2  # the fragmented all-reduce's split (`harness_allreduce_sizes`)
+FRAGMENTED = f'streaming_diloco,fragments={FRAGMENTS},local_steps={FRAGMENTS},delay=0'  # one fragment every step
+
+
+def harness_allreduce_sizes(config_arg: str, flags_: list[str], processes: int, steps: int,
+                            workdir: str) -> tuple[float, float]:
+  """(the whole model's all-reduce, one fragment's) in seconds per iteration as the harness pays them on
+  `processes` processes: sync, and streaming DiLoCo with F = FRAGMENTS fragments and H = F, d = 0 (one fragment of
+  M / F bytes all-reduced, blocking, every step: what a streaming run's fragment costs), each less the
+  never-averaging local SGD, one micro-batch, nobody slowed, run one after another."""
+  runs = ((f'local_sgd,local_steps={steps}', 'local'), ('sync', 'sync'), (FRAGMENTED, 'fragment'))
+  seconds = {name: harness_seconds_per_iteration(config_arg, flags_, name, 1, steps, os.path.join(workdir, slug),
+                                                 processes)
+             for name, slug in runs}
+  local = seconds[runs[0][0]]
+  return seconds['sync'] - local, seconds[FRAGMENTED] - local
+
+
 class HarnessRounds(NamedTuple):
   """Every round of `harness_rounds`, in seconds per iteration."""
   loads: list[float]               # the load average when each round started

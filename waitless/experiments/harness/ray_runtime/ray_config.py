@@ -16,6 +16,7 @@ from waitless import config_errors as errors
 RUNTIMES = ('spmd', 'ray')
 FAMILY = ('async', 'kasync', 'kbatch_async', 'ksync', 'kbatch_sync', 'ringmaster', 'adasync')
 AS_KSYNC = 'sync'  # on Ray: ksync with K = workers
+CANCELS = ('ksync', 'kbatch_sync')  # their `cancel` is the server's: on arrival
 
 
 class RayUnavailable(ValueError):
@@ -52,11 +53,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def server_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The config the server and the learners build their pieces from: one device each, `sync` as K-sync K = P,
-  K-sync's late jobs discarded on arrival (`cluster/rules/ksync.py`'s `cancel`: what the server does)."""
+  K-sync's and K-batch-sync's late jobs discarded on arrival (`cluster/rules/ksync.py`'s and `kbatch_sync.py`'s
+  `cancel`: what the server does). `simulate` of a `runtime=ray` config predicts this config's time rule."""
   c = config.copy_and_resolve_references()
   c.devices = 1
   if c.algorithm.name == AS_KSYNC:
     c.algorithm = ml_collections.ConfigDict({'name': 'ksync', 'k': c.workers, 'cancel': 'on_arrival'})
-  if c.algorithm.name == 'ksync':  # what the server does; the time rule then predicts the runtime
+  if c.algorithm.name in CANCELS:  # what the server does; the time rule then predicts the runtime
     c.algorithm.cancel = 'on_arrival'
   return c
