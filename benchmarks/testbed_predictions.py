@@ -16,10 +16,12 @@ on each other host, `workers` = hosts - 1).
 
 Per cell (an algorithm under a condition: `equal`, every host `--cpu` cores; `slow`, the last host `--slow_cpu`):
   real        each run one `experiments.testbed -- spmd` (or `-- ray`) run of the workload on measured time
-              (`stragglers.kind=measured`), a bed of its own; its figure the median over its metrics rows after the
-              first (the first executions) of measured seconds per iteration, and its time to `--target_accuracy`
-              from the end of that row (interpolated between evaluations, as `compare` does). The cell's figure is
-              the median of `--runs` runs, run interleaved (round r runs every cell once), with their range.
+              (`stragglers.kind=measured`), a bed of its own; its figure its measured seconds per iteration over
+              its metrics rows after the first (the first executions): their time over their steps, the mean rate
+              `simulate` predicts (not the median row: rows of a periodic algorithm differ), and its time to
+              `--target_accuracy` from the end of that row (interpolated between evaluations, as `compare` does).
+              The cell's figure is the median of `--runs` runs, run interleaved (round r runs every cell once), with
+              their range.
   predicted   `experiments.simulate` of the same config on `--profile` (its compute, per-call overhead, host time,
               all-reduce and point-to-point figures); the slow host is `stragglers.worker_factors` (with
               `cluster.slow_hosts`: its host work slows too), its factor the ratio of the per-sample compute
@@ -136,7 +138,9 @@ def run(algorithm: str, condition: str, seed: int, workdir: str) -> dict:
 
 
 def figures(workdir: str) -> dict:
-  """A finished run's median seconds per iteration over its rows after the first, and its time to the target
+  """A finished run's seconds per iteration over its rows after the first (their time over their steps: the mean
+  rate `simulate` predicts), its median row (a diagnostic: where rows are unalike, e.g. local SGD's averaging every
+  4 steps in rows of 10, the median row is one kind of row, not the run's rate), and its time to the target
   accuracy from the end of the first row (None if never reached)."""
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
@@ -146,7 +150,8 @@ def figures(workdir: str) -> dict:
            if r.get('eval_accuracy') is not None]
   at, step = (statistics.crossing(evals, 'eval_accuracy', FLAGS.target_accuracy, True, x=x)[0]
               for x in ('measured_time', 'step'))
-  return {'seconds_per_iteration': float(np.median(np.diff(times) / np.diff(steps))),
+  return {'seconds_per_iteration': float((times[-1] - times[0]) / (steps[-1] - steps[0])),
+          'median_row_s': float(np.median(np.diff(times) / np.diff(steps))),
           'time_to_target': None if at is None else float(at - times[0]),
           'steps_to_target': None if step is None else float(step - steps[0])}
 
@@ -203,7 +208,8 @@ def summarize(runs: list[dict], predicted_s: float) -> dict:
   real_target = real_target if np.isfinite(real_target) else None
   # Diagnostic of the time to target's own error: each run's rows up to the target against its median row (1: the
   # target falls in steady rows; more: one-time costs after the first row, e.g. programs first compiled there).
-  early = [r['time_to_target'] / (r['steps_to_target'] * r['seconds_per_iteration']) for r in runs
+  early = [r['time_to_target'] / (r['steps_to_target'] * r.get('median_row_s', r['seconds_per_iteration']))
+           for r in runs
            if r['time_to_target'] is not None and r['steps_to_target']]
   return {'early_rows': float(np.median(early)) if early else None,
           'real_s': float(np.median(per_iteration)), 'range': (min(per_iteration), max(per_iteration)),

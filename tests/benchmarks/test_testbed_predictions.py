@@ -34,8 +34,21 @@ class TestbedPredictionsTest(absltest.TestCase):
         f.write(''.join(json.dumps(r) + '\n' for r in ROWS))
       got = tp.figures(workdir)
     self.assertAlmostEqual(got['seconds_per_iteration'], 0.02)
+    self.assertAlmostEqual(got['median_row_s'], 0.02)
     self.assertAlmostEqual(got['time_to_target'], 0.4)  # 0.9 s at step 30, from the end of the first row (0.5 s)
     self.assertAlmostEqual(got['steps_to_target'], 20)
+
+  def test_the_figure_is_the_runs_mean_rate_not_its_median_row(self):
+    # Local SGD with H = 4 in rows of 10 steps: rows of 2 averages (cheap) and of 3 (dear) alternate 3 to 2, so the
+    # median row is a cheap one; the run's rate, what `simulate` predicts, is their time over their steps.
+    rows = [{'step': 10 * (i + 1), 'measured_time': t} for i, t in enumerate([0.5, 0.8, 1.1, 1.5, 1.8, 2.2])]
+    with tempfile.TemporaryDirectory() as workdir:
+      with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in rows))
+      got = tp.figures(workdir)
+    self.assertAlmostEqual(got['median_row_s'], 0.03)
+    self.assertAlmostEqual(got['seconds_per_iteration'], 1.7 / 50)
+    self.assertIsNone(got['time_to_target'])
 
   def test_summarize(self):
     runs = [{'seconds_per_iteration': s, 'time_to_target': 20 * s, 'steps_to_target': 20} for s in (0.02, 0.03, 0.025)]
