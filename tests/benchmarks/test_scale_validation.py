@@ -57,7 +57,7 @@ class ScaleValidationTest(absltest.TestCase):
     # piz_daint_nccl's socket bandwidth: an estimate of 24 Gbit/s in [12, 75.85].
     self.assertEqual((slow.inter.bandwidth_gbps, p.stack.inter.bandwidth_gbps, fast.inter.bandwidth_gbps),
                      (12.0, 24.0, 75.85))
-    self.assertEqual(slow.congestion.shared_fraction, 0.41)
+    self.assertEqual(slow.congestion.shared_fraction, 0.58)  # the lowest ratio osu_alltoall measured
     self.assertEqual(fast.framework, p.stack.framework)  # the table's Horovod version is kept
     # The step's own estimates: the least overlap and the most variation at the slow end.
     self.assertEqual((v.SLOW.backward_share, v.SLOW.cv), (step.BACKWARD_SHARE.low, step.STEP_CV.high))

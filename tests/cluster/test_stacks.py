@@ -85,6 +85,40 @@ class MpichTest(parameterized.TestCase):
     self.assertAlmostEqual(congested.allreduce(m, 8), slow.allreduce(m, 8))
 
 
+
+class PizDaintCongestionTest(absltest.TestCase):
+  """Piz Daint's congestion is the osu_alltoall measurement the profiles cite (eth-cscs/sarus doc/cookbook/osu_mb):
+  1 MB per pair at 2-128 nodes, one rank per node, Cray MPT 7.7.2."""
+
+  # Microseconds per call, native, read from the figure's vector data; a node moves (N - 1) MB each way.
+  ALLTOALL_US = {2: 245, 4: 721, 8: 1727, 16: 3905, 32: 10426, 64: 26552, 128: 51687}
+
+  def ratio(self, nodes):
+    rate = lambda n: (n - 1) / self.ALLTOALL_US[n]
+    return rate(nodes) / (sum(rate(n) for n in (2, 4, 8)) / 3)
+
+  def test_the_profiles_charge_the_measured_ratio(self):
+    self.assertGreater(self.ratio(16), 0.93)  # within the small jobs' rate up to 16 nodes
+    self.assertLess(self.ratio(32), 0.75)
+    for name in ('piz_daint', 'piz_daint_nccl', 'piz_daint_wagma'):
+      with open(profiles.path_of(name)) as f:
+        figure = json.load(f)['network']['congestion']
+      congestion = profiles.load(name).network.congestion
+      self.assertEqual(congestion.free_nodes, 16, name)
+      self.assertAlmostEqual(congestion.shared_fraction, self.ratio(128), delta=0.005, msg=name)
+      self.assertAlmostEqual(figure['shared_fraction']['range'][0], min(self.ratio(n) for n in (32, 64, 128)),
+                             delta=0.005, msg=name)
+      self.assertEqual(figure['shared_fraction']['range'][1], 1.0, name)
+
+  def test_rabenseifner_beyond_16_nodes_at_the_shared_bandwidth(self):
+    m = 1e8
+    daint = profiles.load('piz_daint').network
+    free = dataclasses.replace(daint, congestion=None)
+    self.assertEqual(daint.allreduce(m, 16), free.allreduce(m, 16))
+    byte_s = daint.inter.bandwidth_gbps * GB
+    extra = 2 * (31 / 32) * m / byte_s * (1 / daint.congestion.shared_fraction - 1)
+    self.assertAlmostEqual(daint.collective(m, 32) - free.collective(m, 32), extra)
+
 class GlooTest(absltest.TestCase):
 
   def test_gloo_ring_is_version_1s_ring_without_a_host_reduction(self):
