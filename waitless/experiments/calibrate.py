@@ -225,24 +225,36 @@ def ray_p2p(config, config_arg: str, flags_: list[str], doc: dict, sizes: Sequen
   errors.require(compute is not None, '--out', '(the profile)', f'has no compute entry for {key}: calibrate it first')
   job_s = compute['overhead_s']['value'] + config.batch_size * compute['per_sample_s']['value']  # one micro-batch
   cluster = transfer.local_cluster() if bed is None else transfer.bed_cluster(bed, placement.popen)
+
+  def one_round(address, workdir):
+    row = transfer.push_reply_rows(sizes, 1, repeats, pushers)
+    return row, (None if address is None else
+                 transfer.runtime_update_s(config_arg, flags_, pushers, steps, workdir, address))
+
+  each, loads = _ray_rounds(cluster, rounds, one_round)
+  rows = [row for rows_, _ in each for row in rows_]
+  update_s = [u for _, u in each if u is not None]
+  where = ('on this machine (a local Ray)' if bed is None else
+           f'from each of hosts 1-{pushers} to host 0 at once over {placement.links()}')
+  return ray_p2p_figures(rows, sizes, where, update_s, pushers, job_s, nbytes, loads, key)
+
+
+def _ray_rounds(cluster, rounds: int, one_round) -> tuple[list, list[float]]:
+  """`one_round(address, workdir)` once per round on the Ray cluster `cluster` (a context manager that yields its
+  address) and the load average as each round starts; Ctrl-C or SIGTERM ends in one line, status 130."""
   previous = signal.signal(signal.SIGTERM, _interrupted)
-  rows, update_s, loads = [], [], []
+  each, loads = [], []
   try:
     with cluster as address, tempfile.TemporaryDirectory(prefix='calibrate_ray_') as tmp:
       for r in range(rounds):
         loads.append(os.getloadavg()[0])
-        rows += transfer.push_reply_rows(sizes, 1, repeats, pushers)
-        if address is not None:
-          update_s.append(transfer.runtime_update_s(config_arg, flags_, pushers, steps, os.path.join(tmp, str(r)),
-                                                    address))
+        each.append(one_round(address, os.path.join(tmp, str(r))))
   except KeyboardInterrupt:
     print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
     sys.exit(130)
   finally:
     signal.signal(signal.SIGTERM, previous)
-  where = ('on this machine (a local Ray)' if bed is None else
-           f'from each of hosts 1-{pushers} to host 0 at once over {placement.links()}')
-  return ray_p2p_figures(rows, sizes, where, update_s, pushers, job_s, nbytes, loads, key)
+  return each, loads
 
 
 def add_ray_p2p(config, config_arg: str, flags_: list[str], out: str, sizes: Sequence[int], rounds: int,
@@ -305,20 +317,9 @@ def add_ray_learner(config, config_arg: str, flags_: list[str], out: str, rounds
   link = doc['network']['ray_p2p']
   transfer_s = 2 * (link['latency_s']['value'] + nbytes * 8.0 / (link['bandwidth_gbps']['value'] * 1e9))
   learners = bed.spec.hosts - 1
-  previous = signal.signal(signal.SIGTERM, _interrupted)
-  update_s, loads = [], []
-  try:
-    with transfer.bed_cluster(bed, placement.popen) as address, \
-        tempfile.TemporaryDirectory(prefix='calibrate_ray_') as tmp:
-      for r in range(rounds):
-        loads.append(os.getloadavg()[0])
-        update_s.append(transfer.runtime_update_s(config_arg, flags_, learners, steps, os.path.join(tmp, str(r)),
-                                                  address))
-  except KeyboardInterrupt:
-    print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
-    sys.exit(130)
-  finally:
-    signal.signal(signal.SIGTERM, previous)
+  update_s, loads = _ray_rounds(
+      transfer.bed_cluster(bed, placement.popen), rounds,
+      lambda address, workdir: transfer.runtime_update_s(config_arg, flags_, learners, steps, workdir, address))
   where = f'pushing from each of hosts 1-{learners} to host 0 at once over {placement.links()}'
   link['learner_s'] = ray_learner_figure(update_s, learners, job_s, factor, transfer_s, loads, key, where, quota,
                                          base)
