@@ -128,6 +128,34 @@ class ProfilesTest(parameterized.TestCase):
     with self.assertRaisesRegex(errors.ConfigError, 'ray_p2p.bandwidth_gbps'):
       profiles.load(self.write(doc))
 
+  def test_the_ray_learners_share_is_charged_as_its_compute_at_its_hosts_factor(self):
+    # ray_p2p.learner_s (calibrate --ray_learner_only): that much of a cycle's push and reply is the learner's own
+    # CPU work; it leaves the two transfers (half each) and joins the job, so a slow learner pays it at its factor.
+    doc = copy.deepcopy(PROFILE)
+    doc['network']['ray_p2p'] = {'latency_s': {'value': 0.02, 'source': 'test'},
+                                 'bandwidth_gbps': {'value': 0.1, 'source': 'test'},
+                                 'learner_s': {'value': 0.03, 'source': 'test'}}
+    path = self.write(doc)
+    pairs = 'kasync,k=1,runtime=ray,workers=2,microbatches=2,batch_size=64'
+    cost = factory.effective(self.config(path, pairs))
+    self.assertAlmostEqual(cost.network.p2p(1e6), 0.02 - 0.015 + 8e6 / 1e8)
+    self.assertAlmostEqual(cost.stragglers.overhead_s, 2e-3 + 0.03 / 2)  # per call, two calls a job
+    plain = factory.effective(self.config(path, 'kasync,k=1,workers=2,microbatches=2,batch_size=64'))
+    self.assertAlmostEqual(plain.stragglers.overhead_s, 2e-3)  # not a Ray config: nothing moved
+    # A learner's cycle (its job of two calls, its push, its reply): with equal hosts what the link alone charged
+    # (2 x (job + 2 x the link's p2p) of the two learners), with one at factor 2 learner_s longer for that one.
+    def cycles(slow):
+      config = self.config(path, pairs)
+      config.stragglers.worker_factors = (1.0, slow)
+      clock = factory.make_clock(config, registry.time_rule(config), 1e6)
+      return clock.work(np.arange(2), 0.0, 2) + 2 * clock.network.p2p(1e6)
+    job, link = 2 * (2e-3 + 32 * 1e-4), 2 * (0.02 + 8e6 / 1e8)
+    np.testing.assert_allclose(cycles(1.0), [job + link] * 2)
+    np.testing.assert_allclose(cycles(2.0), [job + link, 2 * job + link + 0.03])
+    doc['network']['ray_p2p']['learner_s']['value'] = -0.01
+    with self.assertRaisesRegex(errors.ConfigError, 'ray_p2p.learner_s'):
+      profiles.load(self.write(doc))
+
   def test_explicit_distribution_keeps_its_scale(self):
     config = self.config(self.write(PROFILE), 'sync,stragglers.kind=exponential,stragglers.rate=50.0')
     cost = factory.effective(config)

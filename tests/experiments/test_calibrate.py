@@ -203,6 +203,16 @@ class CalibrateTest(absltest.TestCase):
     self.assertAlmostEqual(got['microbenchmark_latency_s']['value'], 1e-3)
     self.assertIn('cycle', got['latency_s']['source'])
 
+  def test_ray_learner_share_is_what_slows_with_the_learners_quota(self):
+    # Transfers of 0.17 s a cycle at the base quota, 0.02 s of it the learner's own work; at a quota twice as slow
+    # (factor 2) a cycle is 2 x 0.0064 s of compute + 0.15 + 2 x 0.02 s: two learners, an update every half cycle.
+    cycle = 2 * 0.0064 + 0.15 + 2 * 0.02
+    got = calibrate.ray_learner_figure([cycle / 2] * 3, 2, 0.0064, 2.0, 0.17, [1.0] * 3, 'm', 'here', 0.4, 0.8)
+    self.assertAlmostEqual(got['value'], 0.02)
+    self.assertIn('0.4 CPU', got['source'])
+    with self.assertRaisesRegex(errors.ConfigError, 'slower measured quota'):
+      calibrate.ray_learner_figure([0.1], 2, 0.0064, 1.0, 0.17)
+
   def test_ray_p2p_only_adds_the_link_every_program_reads(self):
     # Off the bed, a local Ray: the figure a runtime=ray config's pushes are then charged (simulate).
     path = os.path.join(self.create_tempdir().full_path, 'p.json')

@@ -299,7 +299,10 @@ def effective(config: ml_collections.ConfigDict) -> Effective:
                  (`profiles.COMPUTE_FIELDS`) keeps the configured distribution, and takes only o
     network      the profile's `network.Collectives`, unless a `network.*` field is explicit; with
                  `runtime=ray` its point-to-point link is the profile's `ray_p2p` where it has one (the Ray
-                 runtime's pushes and replies move through Ray, not through the library the collectives use)
+                 runtime's pushes and replies move through Ray, not through the library the collectives use);
+                 its `learner_s` (the learner host's own CPU work in a push and its reply) moved out of the two
+                 transfers (half from each) into the learner's job (`overhead_s` + learner_s / microbatches per
+                 call), where a slow host's factor slows it as it slows the compute
     host_s       the profile's, unless `cluster.host_s` is explicit
   """
   c = config.cluster
@@ -310,16 +313,20 @@ def effective(config: ml_collections.ConfigDict) -> Effective:
   explicit = set(c.explicit)
   compute = profile.compute_for(profiles.model_key(config))
   stragglers = config.stragglers
+  network = make_network(config.network) if any(f.startswith('network.') for f in explicit) else profile.network
+  learner = 0.0  # seconds per job of the learner host's own work in its push and reply (Ray's), charged as compute
+  if network is profile.network and profile.ray_p2p is not None and config.get('runtime') == 'ray':
+    learner = profile.ray_learner_s
+    link = profile.ray_p2p
+    network = dataclasses.replace(network, p2p_link=dataclasses.replace(link, latency_s=link.latency_s - learner / 2))
   overhead = float(stragglers.overhead_s) if 'stragglers.overhead_s' in explicit else compute.overhead_s
+  overhead += learner / config.microbatches  # a job is `microbatches` calls: `learner` once per job
   samples = config.batch_size / config.microbatches
   if explicit.isdisjoint(profiles.COMPUTE_FIELDS) and stragglers.kind != 'trace':
     stragglers = calibration.calibrated(stragglers, overhead + samples * compute.per_sample_s, overhead_s=overhead)
   else:
     stragglers = ml_collections.ConfigDict(stragglers.to_dict())
     stragglers.overhead_s = overhead
-  network = make_network(config.network) if any(f.startswith('network.') for f in explicit) else profile.network
-  if network is profile.network and profile.ray_p2p is not None and config.get('runtime') == 'ray':
-    network = dataclasses.replace(network, p2p_link=profile.ray_p2p)
   return Effective(stragglers, network, host_s if 'cluster.host_s' in explicit else profile.host_s, profile.name)
 
 

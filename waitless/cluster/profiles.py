@@ -18,7 +18,10 @@ an object {"value": number, "source": "where it comes from", "estimate": true if
                   "p2p": {"latency_s": F, "bandwidth_gbps": F}}: `network.Collectives` (bandwidth_gbps of an
                  all-reduce is the bus bandwidth of nccl-tests, in gigabits per second); optional "ray_p2p":
                  LINK, one direction of a push and its reply through Ray (`calibrate --ray_p2p_only`), the
-                 point-to-point link of a `runtime=ray` config (`factory.effective`); in version 2 too
+                 point-to-point link of a `runtime=ray` config (`factory.effective`); in version 2 too; its
+                 optional "learner_s": F, of a cycle's push and reply (2 transfers) the seconds of CPU work on the
+                 learner's own host at the quota the link was measured at (`calibrate --ray_learner_only`),
+                 charged as the learner's compute, at its host's factor
   host_s         F: the host's serial work per iteration, charged by the clock after every iteration
   stragglers     optional, informational (not applied: a config chooses its straggler model), e.g.
                  {"call_cv": F}, the coefficient of variation of a call's time that calibrate measured
@@ -105,6 +108,7 @@ class Profile:
   network: network_lib.Collectives | stacks.Stack
   host_s: float
   ray_p2p: network_lib.AlphaBeta | None = None  # a push or a reply through Ray (None: not measured)
+  ray_learner_s: float = 0.0  # of a cycle's push and reply, the learner host's CPU work (0: not measured)
 
   def compute_for(self, model: str) -> Compute:
     """The compute figures of `model` ('dataset/model'); a ConfigError naming the field if the profile has none."""
@@ -296,8 +300,12 @@ def parse(doc: Mapping[str, Any], label: str) -> Profile:
     net = network_lib.Collectives(allreduce_link=_link(doc, 'allreduce', where), p2p_link=_link(doc, 'p2p', where),
                                   form=form)
   ray = _link(doc, 'ray_p2p', where) if 'ray_p2p' in _object(doc, ('network',), where) else None
+  learner = 0.0
+  if ray is not None and 'learner_s' in _object(doc, ('network', 'ray_p2p'), where):
+    learner = figure(doc, ('network', 'ray_p2p', 'learner_s'), where)
+    errors.require(0.0 <= learner, f'{where}.network.ray_p2p.learner_s', learner, 'must be >= 0')
   return Profile(name=str(doc.get('name', label)), compute=models, network=net,
-                 host_s=figure(doc, ('host_s',), where), ray_p2p=ray)
+                 host_s=figure(doc, ('host_s',), where), ray_p2p=ray, ray_learner_s=learner)
 
 
 def load(name_or_path: str) -> Profile:

@@ -55,6 +55,15 @@ them (`ray_runtime/transfer.py`: on the bed a learner on every host but host 0 p
 0, as a run's learners do, else on a local Ray), fitted to t = 2 alpha + 2 M / beta; its latency, on the bed, from
 the Ray runtime itself (async SGD, a learner per host: a learner's cycle less its compute, per transfer, less the
 bandwidth term), as the collectives' latencies come from the harness.
+`--ray_learner_only` adds `network.ray_p2p.learner_s` to a profile that has `ray_p2p`: the part of a learner's
+cycle through Ray (a push and its reply, beyond the job's compute) that is CPU work on the learner's own host, at
+the quota the latency was measured at (the fastest of `per_cpu`). Run on a bed whose learner hosts all have
+another measured quota q (e.g. --cpus=0.8,0.4,0.4): the Ray runtime's async run as `--ray_p2p_only`'s, a
+learner's cycle less its job's compute at q (f x the profile's job, f = per_cpu[q] / per_cpu[fastest]) is the
+transfers' time at q, T_q; the profile's 2 (latency + M / bandwidth) is T_1; learner_s = (T_q - T_1) / (f - 1),
+the work that slows with the learner's quota as its compute does (the server's share is what stays).
+`cluster.factory.effective` charges it as the learner's compute (per job, at its host's factor) and takes it out
+of the transfers.
 `--allreduce_only` refits an existing profile's all-reduce latency and bandwidth from the harness's all-reduce of
 the whole model and of a fragment of it (`calibration.fit_allreduce_sizes`).
 Ctrl-C, SIGINT or SIGTERM stop every process it started and end in one line, status 130.
@@ -109,6 +118,10 @@ _HOST_COMPUTE_ONLY = flags.DEFINE_bool('host_compute_only', False, 'On the test 
                                        'slow host to measure its quota.')
 _RAY_P2P_ONLY = flags.DEFINE_bool('ray_p2p_only', False, 'Measure only a push and its reply through Ray (the Ray '
                                    'runtime\'s transfers) and add network.ray_p2p to the existing profile --out.')
+_RAY_LEARNER_ONLY = flags.DEFINE_bool('ray_learner_only', False, 'On a bed whose learner hosts have a slower '
+                                       'measured quota than the one network.ray_p2p was measured at: measure the Ray '
+                                       'runtime\'s async run there and add network.ray_p2p.learner_s (the learner '
+                                       'host\'s share of a cycle\'s transfers) to the existing profile --out.')
 _RAY_SIZES = flags.DEFINE_list('ray_sizes', ['4096', '65536', '1048576', '4194304'],
                                'Bytes of the pushes (and replies) --ray_p2p_only times.')
 _RAY_REPEATS = flags.DEFINE_integer('ray_repeats', 10, 'Timed push-and-reply calls per size and round (median).')
@@ -212,24 +225,36 @@ def ray_p2p(config, config_arg: str, flags_: list[str], doc: dict, sizes: Sequen
   errors.require(compute is not None, '--out', '(the profile)', f'has no compute entry for {key}: calibrate it first')
   job_s = compute['overhead_s']['value'] + config.batch_size * compute['per_sample_s']['value']  # one micro-batch
   cluster = transfer.local_cluster() if bed is None else transfer.bed_cluster(bed, placement.popen)
+
+  def one_round(address, workdir):
+    row = transfer.push_reply_rows(sizes, 1, repeats, pushers)
+    return row, (None if address is None else
+                 transfer.runtime_update_s(config_arg, flags_, pushers, steps, workdir, address))
+
+  each, loads = _ray_rounds(cluster, rounds, one_round)
+  rows = [row for rows_, _ in each for row in rows_]
+  update_s = [u for _, u in each if u is not None]
+  where = ('on this machine (a local Ray)' if bed is None else
+           f'from each of hosts 1-{pushers} to host 0 at once over {placement.links()}')
+  return ray_p2p_figures(rows, sizes, where, update_s, pushers, job_s, nbytes, loads, key)
+
+
+def _ray_rounds(cluster, rounds: int, one_round) -> tuple[list, list[float]]:
+  """`one_round(address, workdir)` once per round on the Ray cluster `cluster` (a context manager that yields its
+  address) and the load average as each round starts; Ctrl-C or SIGTERM ends in one line, status 130."""
   previous = signal.signal(signal.SIGTERM, _interrupted)
-  rows, update_s, loads = [], [], []
+  each, loads = [], []
   try:
     with cluster as address, tempfile.TemporaryDirectory(prefix='calibrate_ray_') as tmp:
       for r in range(rounds):
         loads.append(os.getloadavg()[0])
-        rows += transfer.push_reply_rows(sizes, 1, repeats, pushers)
-        if address is not None:
-          update_s.append(transfer.runtime_update_s(config_arg, flags_, pushers, steps, os.path.join(tmp, str(r)),
-                                                    address))
+        each.append(one_round(address, os.path.join(tmp, str(r))))
   except KeyboardInterrupt:
     print('calibrate: interrupted; its processes are stopped and no profile was written', file=sys.stderr)
     sys.exit(130)
   finally:
     signal.signal(signal.SIGTERM, previous)
-  where = ('on this machine (a local Ray)' if bed is None else
-           f'from each of hosts 1-{pushers} to host 0 at once over {placement.links()}')
-  return ray_p2p_figures(rows, sizes, where, update_s, pushers, job_s, nbytes, loads, key)
+  return each, loads
 
 
 def add_ray_p2p(config, config_arg: str, flags_: list[str], out: str, sizes: Sequence[int], rounds: int,
@@ -242,6 +267,62 @@ def add_ray_p2p(config, config_arg: str, flags_: list[str], out: str, sizes: Seq
   errors.require(len(set(sizes)) >= 2, '--ray_sizes', list(sizes), 'needs two distinct sizes or more')
   doc = profiles.read(out)
   doc['network']['ray_p2p'] = ray_p2p(config, config_arg, flags_, doc, sizes, rounds, repeats, steps)
+  profiles.parse(doc, out)
+  atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
+  return doc
+
+
+def ray_learner_figure(update_s: Sequence[float], learners: int, job_s: float, factor: float, transfer_s: float,
+                       loads=None, model: str = '', where: str = '', quota: float = 0.0, base: float = 0.0) -> dict:
+  """network.ray_p2p.learner_s: per round, the transfers' time of a learner's cycle at the slower quota (`learners` x
+  `update_s` less the job's compute there, `factor` x `job_s`) less their time at the base quota (`transfer_s`, the
+  profile's push and reply: 2 (latency + M / bandwidth)), over `factor` - 1: the seconds per cycle, at the base
+  quota, of the work that slows with the learner host's quota (its own CPU's part of a push and its reply)."""
+  errors.require(factor > 1.0, '--ray_learner_only', factor, 'needs the learner hosts on a slower measured quota than '
+                 'the fastest of per_cpu (their compute factor must be > 1)')
+  values = [(learners * u - factor * job_s - transfer_s) / (factor - 1.0) for u in update_s]
+  source = (f'{SOURCE}: the Ray runtime\'s async SGD with {learners} learner(s) on hosts of {quota:g} CPU, {where}, '
+            f'the {model} model: a learner\'s cycle ({learners} x the seconds per update, '
+            f'{[round(u, 5) for u in update_s]}) less its job\'s compute there ({factor:.4g} x {job_s:.4g} s, the '
+            f'factor of per_cpu {quota:g} against {base:g}), less the push and reply at {base:g} CPU '
+            f'({transfer_s:.5g} s, the profile\'s ray_p2p), over the factor less 1: the learner host\'s share of its '
+            'transfers, at the base quota')
+  return calibration.figure(values, source, loads)
+
+
+def add_ray_learner(config, config_arg: str, flags_: list[str], out: str, rounds: int, steps: int) -> dict:
+  """`--ray_learner_only`: `ray_learner_figure` measured on the bed this program runs on, written into the existing
+  profile `out` as `network.ray_p2p.learner_s`."""
+  from waitless.experiments.harness.ray_runtime import transfer
+  check_out(out)
+  errors.require(os.path.isfile(out), '--out', out, 'must be an existing profile (--ray_learner_only adds to it)')
+  errors.require_int(rounds, '--rounds', 1)
+  bed = placement.current()
+  errors.require(bed is not None and bed.spec.hosts >= 2, '--ray_learner_only', True,
+                 'needs the test bed of 2 hosts or more (the learners\' quota is what it measures)')
+  doc = profiles.read(out)
+  errors.require('ray_p2p' in doc['network'], '--out', out, 'has no network.ray_p2p: run --ray_p2p_only first')
+  key, nbytes = profiles.model_key(config), tasks.model_bytes(config)
+  compute = doc['compute'].get(key)
+  errors.require(compute is not None, '--out', out, f'has no compute entry for {key}: calibrate it first')
+  quotas = set(bed.spec.cpus[1:])
+  errors.require(len(quotas) == 1, '--cpus', list(bed.spec.cpus), 'the learner hosts (1..) need one quota')
+  quota = quotas.pop()
+  per_cpu = profiles.parse(doc, out).compute_for(key).per_cpu
+  measured = dict(per_cpu)
+  errors.require(quota in measured, '--cpus', quota, f'is not a quota of {key}\'s per_cpu: --host_compute_only first')
+  base = max(measured)  # the fastest quota: the one ray_p2p was measured at, the bed's own
+  factor = measured[quota] / measured[base]
+  job_s = compute['overhead_s']['value'] + config.batch_size * compute['per_sample_s']['value']
+  link = doc['network']['ray_p2p']
+  transfer_s = 2 * (link['latency_s']['value'] + nbytes * 8.0 / (link['bandwidth_gbps']['value'] * 1e9))
+  learners = bed.spec.hosts - 1
+  update_s, loads = _ray_rounds(
+      transfer.bed_cluster(bed, placement.popen), rounds,
+      lambda address, workdir: transfer.runtime_update_s(config_arg, flags_, learners, steps, workdir, address))
+  where = f'pushing from each of hosts 1-{learners} to host 0 at once over {placement.links()}'
+  link['learner_s'] = ray_learner_figure(update_s, learners, job_s, factor, transfer_s, loads, key, where, quota,
+                                         base)
   profiles.parse(doc, out)
   atomic_files.write_text(out, json.dumps(doc, indent=1) + '\n')
   return doc
@@ -592,6 +673,10 @@ def main(argv):
       sizes = parse_ints(_RAY_SIZES.value, '--ray_sizes', 'bytes')
       doc = add_ray_p2p(_CONFIG.value, config_arg, overrides, _OUT.value, sizes, _ROUNDS.value, _RAY_REPEATS.value,
                         _HARNESS_STEPS.value)
+      print(json.dumps({k: v['value'] for k, v in doc['network']['ray_p2p'].items()}, indent=1))
+      return
+    if _RAY_LEARNER_ONLY.value:
+      doc = add_ray_learner(_CONFIG.value, config_arg, overrides, _OUT.value, _ROUNDS.value, _HARNESS_STEPS.value)
       print(json.dumps({k: v['value'] for k, v in doc['network']['ray_p2p'].items()}, indent=1))
       return
     if _ALLREDUCE_ONLY.value:
