@@ -20,6 +20,7 @@ import numpy as np
 from waitless.algorithms import kbatch_sync as kbatch_sync_math
 from waitless.algorithms import parameter_server
 from waitless.cluster import schedules
+from waitless.cluster.rules import kbatch_async
 from waitless.cluster.rules import parameter_server as ps
 
 if TYPE_CHECKING:
@@ -77,41 +78,16 @@ class KBatchSync(ps.KRule):
         measurements={'k': k, 'max_staleness': 0.0})
 
   def _iterate_on_arrival(self, clock: 'Clock') -> schedules.Iteration:
-    """One update when the work in flight is discarded on arrival: learners keep their own finish times and views.
-
-    Arrivals in order (ties: lowest worker id), each at job end + p2p(M); the server's reply, another p2p(M)
-    later, carries the model it holds then, and the learner starts its next job on it when the reply is there:
-    - a job computed on an older model than W_t is discarded (not one of the K, its samples not consumed); its
-      learner gets W_t;
-    - a job computed on W_t is taken; its learner gets W_t (it computes on at W_t), or W_{t+1} if it was the K-th
-      (the server updates first).
-    The update is the K-th taken arrival, T; the iteration ends there (the server's time, as K-batch-async's).
-    Nobody idles (waiting for a reply is communication). Bytes: a push and a reply of M per arrival.
-    """
-    p, m, k = clock.workers, self.microbatches, ps.current_k(self, clock)
-    state = ps.init_learners(clock, m)
-    finish, view, version = state['finish'], state['view'], int(state['version'])
-    up = clock.network.p2p(clock.model_bytes)
-    counts, taken, discarded, arrival = np.zeros(p, np.int32), 0, 0, 0.0
-    one = np.zeros(1, np.int64)
-    while taken < k:
-      i = int(np.argmin(finish))
-      arrival = finish[i] + up
-      if view[i] < version:  # computed on an older model: discarded, the reply carries W_t
-        discarded += 1
-        view[i] = version
-      else:
-        counts[i] += 1
-        taken += 1
-        view[i] = version + 1 if taken == k else version
-      one[0] = i
-      finish[i] = clock.work(one, arrival + up, m)[0]
-    state['version'] = version + 1
-    clock.times[:] = arrival
+    """One update when the work in flight is discarded on arrival: Rennala's events, which are K-batch-async's
+    with max_delay = 1 (a job computed on an older model than W_t is discarded, its learner gets W_t; a job on
+    W_t is taken). The same clock state and events; the schedule in K-batch-sync's form (every learner fetches
+    W_{t+1}: `fresh_views`), no staleness. Bytes: a push and a reply of M per arrival."""
+    events = kbatch_async.KBatchAsync(k=self.k, microbatches=self.microbatches, max_delay=1).iterate(clock, 0)
+    p, k = clock.workers, int(events.schedule.k)
     return schedules.Iteration(
-        schedule=parameter_server.schedule(p, k, m, counts), idle=np.zeros(p),
-        bytes_communicated=2.0 * (k + discarded) * clock.model_bytes, staleness=np.zeros(p),
-        measurements={'k': k, 'max_staleness': 0.0, 'discarded': float(discarded)})
+        schedule=parameter_server.schedule(p, k, self.microbatches, events.schedule.contributions), idle=events.idle,
+        bytes_communicated=events.bytes_communicated, staleness=np.zeros(p),
+        measurements={'k': k, 'max_staleness': 0.0, 'discarded': events.measurements['discarded']})
 
   vectorized = True
 
